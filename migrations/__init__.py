@@ -1,0 +1,1 @@
+"""Alembic environment and the one linear history of gpush's schema."""
