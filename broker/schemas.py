@@ -163,7 +163,8 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 
 Memory = Annotated[str, BeforeValidator(_normalize_memory)]
-TimeLimit = Annotated[int, BeforeValidator(parse_time_limit)]
+# Stored as Slurm's [D-]HH:MM:SS, so normalising a normalised spec changes nothing.
+TimeLimit = Annotated[str, BeforeValidator(lambda v: format_duration(parse_time_limit(v)))]
 Command = Annotated[list[str] | None, BeforeValidator(_normalize_command), AfterValidator(_check_argv)]
 Principal = Annotated[str, Field(pattern=_NAME, description="letters, digits and _ . @ -, at most 64")]
 
@@ -202,7 +203,7 @@ class JobSpec(BaseModel):
     elastic: Elastic | None = None
     cpus: int = Field(1, ge=1, le=4096)
     memory: Memory | None = Field(None, description="host memory per replica, such as 16G")
-    time_limit: TimeLimit | None = Field(None, description="seconds; accepts 90 (minutes), 2h, 1-00:00:00")
+    time_limit: TimeLimit | None = Field(None, description="[D-]HH:MM:SS; accepts 90 (minutes), 2h, 1h30m, 1-00:00:00")
     command: Command = Field(None, description="argv list, or a string run by /bin/sh -c")
     image: str | None = Field(None, min_length=1, max_length=512)
     env: dict[str, str] = Field(default_factory=dict)

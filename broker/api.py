@@ -1,0 +1,278 @@
+"""The REST API of the broker (FastAPI).
+
+Routes own the transaction: each opens ``with session.begin()`` around the model
+functions of ``broker.queue`` and ``broker.auth``, which only flush. Errors leave
+as ``{"error": {"code", "message", "details"}}`` with the status of their type.
+"""
+
+# No `from __future__ import annotations`: FastAPI resolves the route signatures,
+# whose dependency aliases are local to create_app.
+
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+import broker
+from broker import auth, queue
+from broker.db import check_schema, session_factory
+from broker.errors import GpushError, InvalidRequest, NotAllowed, Unavailable
+from broker.models import ApiToken
+from broker.schemas import (
+    JobBatch,
+    JobEventOut,
+    JobOut,
+    JobPage,
+    JobSpec,
+    Kind,
+    TokenCreate,
+    TokenCreated,
+    TokenOut,
+    Whoami,
+)
+from broker.states import JobState
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class CancelResult(BaseModel):
+    job: JobOut
+    outcome: queue.CancelOutcome
+
+
+class BatchItem(BaseModel):
+    id: int
+    state: JobState
+    created: bool
+    idempotency_key: str | None
+
+
+class BatchResult(BaseModel):
+    jobs: list[BatchItem]
+    created: int
+
+
+def _error_response(exc: GpushError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+    return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status, headers=headers)
+
+
+def validation_details(errors: list[dict[str, Any]], skip: int = 0) -> list[dict[str, Any]]:
+    """Pydantic errors -> [{field, value, message}] with dotted field paths (``jobs.3.gpus``)."""
+    details = []
+    for err in errors:
+        loc = [str(part) for part in err.get("loc", ())[skip:]]
+        message = err.get("msg", "invalid").removeprefix("Value error, ")
+        value = err.get("input")
+        if isinstance(value, dict | list) and loc == [] or err.get("type") == "missing":
+            value = None
+        details.append({"field": ".".join(loc) or "(job)", "value": value, "message": message})
+    return details
+
+
+def describe_details(details: list[dict[str, Any]]) -> str:
+    parts = []
+    for d in details:
+        shown = "" if d["value"] is None else f" = {d['value']!r}"
+        parts.append(f"{d['field']}{shown}: {d['message']}")
+    return "; ".join(parts)
+
+
+def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float = 5.0) -> FastAPI:
+    """The broker's ASGI application on ``engine`` (schema must be at head)."""
+    app = FastAPI(
+        title="gpush broker",
+        version=broker.__version__,
+        description="One global queue of GPU jobs above Slurm and Kubernetes.",
+    )
+    sessions: sessionmaker[Session] = session_factory(engine)
+    cache = auth.TokenCache(ttl=token_cache_ttl)
+    app.state.engine = engine
+    app.state.token_cache = cache
+
+    @app.exception_handler(GpushError)
+    async def _gpush_error(_request: Request, exc: GpushError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = validation_details(list(exc.errors()), skip=1)
+        return _error_response(InvalidRequest(describe_details(details), details=details))
+
+    def db() -> Iterator[Session]:
+        with sessions() as session:
+            yield session
+
+    def principal(authorization: Annotated[str | None, Header()] = None) -> auth.Principal:
+        token = None
+        if authorization:
+            scheme, _, value = authorization.partition(" ")
+            token = value.strip() if scheme.lower() == "bearer" else None
+        with sessions() as session:
+            return auth.authenticate(session, token, cache)
+
+    def admin(who: Annotated[auth.Principal, Depends(principal)]) -> auth.Principal:
+        if not who.is_admin:
+            raise NotAllowed(f"only an admin may do this; {who.user!r} has role {who.role.value}")
+        return who
+
+    Db = Annotated[Session, Depends(db)]
+    Who = Annotated[auth.Principal, Depends(principal)]
+    Admin = Annotated[auth.Principal, Depends(admin)]
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """The process is up (no database check: that is /readyz)."""
+        return {"status": "ok", "version": broker.__version__}
+
+    @app.get("/readyz", tags=["health"])
+    def readyz() -> JSONResponse:
+        """The database answers and its schema is the one this broker needs."""
+        try:
+            check_schema(engine)
+        except Unavailable as exc:
+            return _error_response(exc)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/v1/whoami", response_model=Whoami, tags=["auth"])
+    def whoami(who: Who) -> Whoami:
+        return Whoami(user=who.user, tenant=who.tenant, role=who.role)
+
+    @app.post("/v1/jobs", response_model=JobOut, status_code=201, tags=["jobs"])
+    def submit(
+        spec: JobSpec,
+        session: Db,
+        who: Who,
+        response: Response,
+        idempotency_key: Annotated[str | None, Header()] = None,
+    ) -> dict[str, Any]:
+        """Queue one job. A replay of its idempotency key returns the stored job with 200."""
+        if idempotency_key is not None:
+            spec = _with_header_key(spec, idempotency_key)
+        with session.begin():
+            (result,) = queue.submit_jobs(session, [spec], who, now=clock())
+        if not result.created:
+            response.status_code = 200
+        return result.job
+
+    @app.post("/v1/jobs:batch", response_model=BatchResult, status_code=201, tags=["jobs"])
+    def submit_batch(batch: JobBatch, session: Db, who: Who, response: Response) -> BatchResult:
+        """Queue many jobs in one transaction: all of them, or none when one is refused."""
+        with session.begin():
+            results = queue.submit_jobs(session, batch.jobs, who, now=clock())
+        created = sum(r.created for r in results)
+        if not created:
+            response.status_code = 200
+        return BatchResult(
+            jobs=[
+                BatchItem(
+                    id=r.job["id"], state=r.job["state"], created=r.created,
+                    idempotency_key=r.job["spec"].get("idempotency_key"),
+                )
+                for r in results
+            ],
+            created=created,
+        )
+
+    @app.get("/v1/jobs", response_model=JobPage, tags=["jobs"])
+    def list_jobs(
+        session: Db,
+        who: Who,
+        state: Annotated[list[str] | None, Query(description="repeat or comma-separate")] = None,
+        tenant: str | None = None,
+        user: str | None = None,
+        kind: Kind | None = None,
+        limit: Annotated[int, Query(ge=1, le=queue.MAX_PAGE)] = 50,
+        cursor: str | None = None,
+    ) -> JobPage:
+        """Jobs newest first, one page at a time (``next_cursor`` until the last page)."""
+        states = _parse_states(state or [])
+        with session.begin():
+            jobs, next_cursor = queue.list_jobs(
+                session, who, states=states, tenant=tenant, user=user, kind=kind,
+                limit=limit, cursor=cursor,
+            )
+            return JobPage(jobs=[JobOut.model_validate(queue.job_row(j)) for j in jobs], next_cursor=next_cursor)
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobOut, tags=["jobs"])
+    def get_job(job_id: int, session: Db, who: Who) -> dict[str, Any]:
+        with session.begin():
+            return queue.job_row(queue.get_job(session, job_id, who))
+
+    @app.get("/v1/jobs/{job_id}/events", response_model=list[JobEventOut], tags=["jobs"])
+    def job_events(job_id: int, session: Db, who: Who) -> list[JobEventOut]:
+        """Every state change of the job, oldest first, with time, reason and actor."""
+        with session.begin():
+            events = queue.job_events(session, job_id, who)
+            return [JobEventOut.model_validate(e, from_attributes=True) for e in events]
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=CancelResult, tags=["jobs"])
+    def cancel(job_id: int, session: Db, who: Who) -> CancelResult:
+        """End a job that no cluster has yet, or record the intent for the adapter to act on."""
+        with session.begin():
+            job, outcome = queue.cancel_job(session, job_id, who, now=clock())
+            return CancelResult(job=JobOut.model_validate(queue.job_row(job)), outcome=outcome)
+
+    @app.post("/v1/admin/tokens", response_model=TokenCreated, status_code=201, tags=["admin"])
+    def create_token(body: TokenCreate, session: Db, _who: Admin) -> TokenCreated:
+        """Create an API token; its secret is in this response only."""
+        with session.begin():
+            row, secret = auth.create_token(
+                session, user=body.user, tenant=body.tenant, role=body.role,
+                description=body.description, now=clock(),
+            )
+            return TokenCreated(**TokenOut.model_validate(row, from_attributes=True).model_dump(), token=secret)
+
+    @app.get("/v1/admin/tokens", response_model=list[TokenOut], tags=["admin"])
+    def list_tokens(session: Db, _who: Admin) -> list[TokenOut]:
+        with session.begin():
+            rows = session.execute(select(ApiToken).order_by(ApiToken.id)).scalars()
+            return [TokenOut.model_validate(r, from_attributes=True) for r in rows]
+
+    @app.post("/v1/admin/tokens/{token_id}/revoke", response_model=TokenOut, tags=["admin"])
+    def revoke_token(token_id: int, session: Db, _who: Admin) -> TokenOut:
+        with session.begin():
+            row = auth.revoke_token(session, token_id, now=clock())
+            out = TokenOut.model_validate(row, from_attributes=True)
+        cache.clear()
+        return out
+
+    return app
+
+
+def _with_header_key(spec: JobSpec, header_key: str) -> JobSpec:
+    if spec.idempotency_key not in (None, header_key):
+        raise InvalidRequest(
+            "the Idempotency-Key header and the body's idempotency_key differ: send one, or the same in both",
+            details=[{"field": "idempotency_key", "value": spec.idempotency_key}],
+        )
+    try:
+        return JobSpec.model_validate({**spec.model_dump(mode="json"), "idempotency_key": header_key})
+    except ValidationError as exc:
+        details = validation_details(list(exc.errors()))
+        raise InvalidRequest(describe_details(details), details=details) from None
+
+
+def _parse_states(values: list[str]) -> list[JobState]:
+    states = []
+    for value in values:
+        for name in filter(None, (v.strip() for v in value.split(","))):
+            try:
+                states.append(JobState(name))
+            except ValueError:
+                allowed = ", ".join(s.value for s in JobState)
+                raise InvalidRequest(
+                    f"state {name!r} is not a job state: use one of {allowed}",
+                    details=[{"field": "state", "value": name}],
+                ) from None
+    return states
