@@ -1,0 +1,278 @@
+"""The ``gpush`` command line: argument parsing only; the work is in broker.commands.
+
+Exit codes (stable, for scripts): 0 ok, 1 any other error, 2 usage error or invalid
+job, 3 not found, 4 not allowed (no token, bad token, or not permitted).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from broker import commands
+from broker.client import GpushClient
+from broker.config import DEFAULT_PORT, database_url
+from broker.console import Output
+from broker.errors import EXIT_ERROR, EXIT_USAGE, GpushError
+from broker.schemas import Isolation, Kind
+from broker.states import JobState
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@dataclass
+class Settings:
+    url: str | None
+    token: str | None
+    database_url: str | None
+    _client: GpushClient | None = field(default=None, repr=False)
+
+    def client(self) -> GpushClient:
+        if self._client is None:
+            if self.url:
+                self._client = GpushClient(self.url, self.token)
+            else:
+                self._client = GpushClient.embedded(self.database_url, self.token)
+        return self._client
+
+    def resolved_database_url(self) -> str:
+        return database_url(self.database_url)
+
+
+def json_option(f):
+    return click.option("--json", "json_mode", is_flag=True, help="Print only JSON, for scripts.")(f)
+
+
+@click.group(context_settings=CONTEXT)
+@click.option("--url", envvar="GPUSH_URL", show_envvar=True, metavar="URL",
+              help="Broker to talk to (http://host:8642). Unset: run the broker in-process on the local database.")
+@click.option("--token", envvar="GPUSH_TOKEN", show_envvar=True, metavar="TOKEN",
+              help="API token. Unset in-process: the local admin token from the config directory.")
+@click.option("--database-url", envvar="GPUSH_DATABASE_URL", show_envvar=True, metavar="URL",
+              help="postgresql+psycopg://user@host/db or sqlite:///path. Default: SQLite in the user data directory.")
+@click.version_option(package_name="gpush")
+@click.pass_context
+def cli(ctx: click.Context, url: str | None, token: str | None, database_url: str | None) -> None:
+    """gpush: one global queue of GPU jobs above Slurm and Kubernetes.
+
+    With no --url, commands run the broker in this process on the embedded
+    database (SQLite in your data directory), so a first look needs no server.
+
+    Exit codes: 0 ok, 1 other error, 2 usage error or invalid job, 3 not found,
+    4 not allowed.
+    """
+    ctx.obj = Settings(url=url, token=token, database_url=database_url)
+    ctx.call_on_close(lambda: ctx.obj._client and ctx.obj._client.close())
+
+
+def _out(json_mode: bool = False) -> Output:
+    return Output(json_mode=json_mode)
+
+
+# -- jobs -------------------------------------------------------------------------
+
+
+@cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option("-f", "--file", "file", metavar="FILE", help="Job YAML (one job, or several as --- documents or a list); - reads stdin. Flags override its fields.")
+@click.option("--name", help="A name for the job.")
+@click.option("--kind", type=click.Choice([k.value for k in Kind]), help="training, inference or batch.")
+@click.option("--isolation", type=click.Choice([i.value for i in Isolation]),
+              help="exclusive (whole GPUs), hardware (MIG), process (MPS), none (time-slicing). Default: by kind.")
+@click.option("--gpus", type=int, help="GPUs or GPU slices per replica (default 1).")
+@click.option("--gpu-memory-gb", "gpu_memory_gb", type=float, help="GPU memory each GPU or slice needs, in GB (required unless exclusive).")
+@click.option("--min-replicas", type=int, help="Elastic inference: fewest replicas.")
+@click.option("--max-replicas", type=int, help="Elastic inference: most replicas.")
+@click.option("--cpus", type=int, help="CPUs per replica.")
+@click.option("--memory", help="Host memory per replica: 16G, 512M.")
+@click.option("--time-limit", help="90 (minutes), 2h, 1h30m, HH:MM:SS or D-HH:MM:SS.")
+@click.option("--image", help="Container image (Kubernetes; Slurm with a container runtime).")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment variable, repeatable.")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label, repeatable.")
+@click.option("--tenant", help="Tenant (admins only; default: your token's).")
+@click.option("--user", help="User (admins only; default: your token's).")
+@click.option("--priority", type=int, help="-1000 to 1000; higher runs first (default 0).")
+@click.option("--idempotency-key", help="Retry-safe key: the same key and spec return the same job.")
+@json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def submit(settings: Settings, file, json_mode, command, env, labels, min_replicas, max_replicas, **fields: Any) -> int:
+    """Queue a job and print its id. The command goes after --:
+
+    \b
+      gpush submit --kind training --gpus 2 -- python train.py --lr 3e-4
+      gpush submit -f job.yaml --priority 10
+    """
+    from broker.jobfile import parse_pairs
+
+    fields["env"] = parse_pairs(env, option="--env")
+    fields["labels"] = parse_pairs(labels, option="--label")
+    if min_replicas is not None or max_replicas is not None:
+        fields["elastic"] = {k: v for k, v in (("min_replicas", min_replicas), ("max_replicas", max_replicas)) if v is not None}
+    if command:
+        fields["command"] = list(command)
+    file_text = commands.read_job_file(file, lambda: sys.stdin.read()) if file else None
+    return commands.submit(settings.client(), _out(json_mode), file=file, file_text=file_text, fields=fields)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", type=int)
+@json_option
+@click.pass_obj
+def status(settings: Settings, job_id: int, json_mode: bool) -> int:
+    """Show a job: its spec, state, reason and latest events."""
+    return commands.status(settings.client(), _out(json_mode), job_id)
+
+
+@cli.command("list", context_settings=CONTEXT)
+@click.option("--state", "states", multiple=True, type=click.Choice([s.value for s in JobState]), help="Only jobs in this state; repeatable.")
+@click.option("--tenant", help="Only this tenant's jobs (admins).")
+@click.option("--user", help="Only this user's jobs.")
+@click.option("--kind", type=click.Choice([k.value for k in Kind]))
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Jobs per page.")
+@click.option("--cursor", help="Next page: the cursor the previous page printed.")
+@click.option("--all", "all_pages", is_flag=True, help="Every page.")
+@json_option
+@click.pass_obj
+def list_(settings: Settings, json_mode: bool, **filters: Any) -> int:
+    """List jobs, newest first."""
+    filters["states"] = list(filters["states"])
+    return commands.list_jobs(settings.client(), _out(json_mode), **filters)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", type=int)
+@json_option
+@click.pass_obj
+def events(settings: Settings, job_id: int, json_mode: bool) -> int:
+    """Every state change of a job, with time and reason."""
+    return commands.events(settings.client(), _out(json_mode), job_id)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@json_option
+@click.pass_obj
+def cancel(settings: Settings, job_ids: tuple[int, ...], json_mode: bool) -> int:
+    """Cancel jobs: queued ones end at once; running ones stop when their cluster confirms."""
+    return commands.cancel(settings.client(), _out(json_mode), list(job_ids))
+
+
+@cli.command(context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def whoami(settings: Settings, json_mode: bool) -> int:
+    """Show the user, tenant and role of the token in use."""
+    return commands.whoami(settings.client(), _out(json_mode))
+
+
+# -- server and database ----------------------------------------------------------
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--host", envvar="GPUSH_HOST", show_envvar=True, default="127.0.0.1", show_default=True)
+@click.option("--port", envvar="GPUSH_PORT", show_envvar=True, type=int, default=DEFAULT_PORT, show_default=True)
+@click.option("--workers", envvar="GPUSH_WORKERS", show_envvar=True, type=click.IntRange(1, 64), default=1, show_default=True,
+              help="API worker processes.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
+@click.pass_obj
+def server(settings: Settings, host: str, port: int, workers: int, log_level: str) -> int:
+    """Run the broker: the REST API on HOST:PORT over the configured database."""
+    from broker.server import serve
+
+    url = settings.resolved_database_url()
+    if url.startswith("sqlite"):
+        from broker.local import credentials_path, local_admin_token, open_database
+
+        local_admin_token(open_database(url))
+        click.echo(f"gpush: embedded database {url}; local admin token in {credentials_path()}", err=True)
+    serve(url, host=host, port=port, workers=workers, log_level=log_level)
+    return 0
+
+
+@cli.group(context_settings=CONTEXT)
+def db() -> None:
+    """Database schema: upgrade it, show its version."""
+
+
+@db.command("upgrade", context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def db_upgrade(settings: Settings, json_mode: bool) -> int:
+    """Apply every migration up to the head revision (safe to re-run)."""
+    return commands.db_upgrade(settings.resolved_database_url(), _out(json_mode))
+
+
+@db.command("current", context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def db_current(settings: Settings, json_mode: bool) -> int:
+    """Show the schema revision of the database and whether it is at head."""
+    return commands.db_current(settings.resolved_database_url(), _out(json_mode))
+
+
+# -- admin ------------------------------------------------------------------------
+
+
+@cli.group(context_settings=CONTEXT)
+def admin() -> None:
+    """Administration (needs an admin token)."""
+
+
+@admin.group(context_settings=CONTEXT)
+def token() -> None:
+    """API tokens: create, list, revoke."""
+
+
+@token.command("create", context_settings=CONTEXT)
+@click.option("--user", required=True, help="Who the token is for.")
+@click.option("--tenant", required=True, help="The tenant whose jobs the token sees.")
+@click.option("--role", type=click.Choice(["user", "admin"]), default="user", show_default=True)
+@click.option("--description", help="A note, such as what the token is for.")
+@json_option
+@click.pass_obj
+def token_create(settings: Settings, json_mode: bool, **fields: Any) -> int:
+    """Create a token and print it (shown once)."""
+    return commands.token_create(settings.client(), _out(json_mode), **fields)
+
+
+@token.command("list", context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def token_list(settings: Settings, json_mode: bool) -> int:
+    """List tokens (their prefixes; secrets are never stored)."""
+    return commands.token_list(settings.client(), _out(json_mode))
+
+
+@token.command("revoke", context_settings=CONTEXT)
+@click.argument("token_ids", type=int, nargs=-1, required=True)
+@json_option
+@click.pass_obj
+def token_revoke(settings: Settings, token_ids: tuple[int, ...], json_mode: bool) -> int:
+    """Revoke tokens by id (effective on every broker within 5 seconds)."""
+    return commands.token_revoke(settings.client(), _out(json_mode), list(token_ids))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI and turn every outcome into a stable exit code."""
+    try:
+        code = cli.main(args=argv, prog_name="gpush", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code  # usage errors: 2
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        code = EXIT_ERROR
+    except GpushError as exc:
+        click.echo(f"gpush: error: {exc.message}", err=True)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+__all__ = ["cli", "main", "EXIT_USAGE"]

@@ -1,0 +1,211 @@
+"""What each ``gpush`` command does, free of the argument parser.
+
+Each function takes a client (or a database URL), plain arguments and an
+:class:`~broker.console.Output`, and returns the exit code. ``broker.cli`` only
+parses arguments and calls these; tests and other front ends call them directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from broker import console
+from broker.client import GpushClient
+from broker.console import Output
+from broker.errors import EXIT_NOT_FOUND, EXIT_OK, GpushError, InvalidRequest, NotFound
+from broker.jobfile import build_specs, load_documents
+
+ClientFactory = Callable[[], GpushClient]
+
+
+def submit(
+    client: GpushClient, out: Output, *, file: str | None, file_text: str | None, fields: dict[str, Any]
+) -> int:
+    """Submit the job(s) of ``file`` (if any) with ``fields`` laid over them; print the ids."""
+    docs = load_documents(file_text, source=file or "-") if file_text is not None else None
+    specs = build_specs(docs, fields, source=file or "")
+    if len(specs) == 1:
+        job = client.submit(specs[0])
+        if out.json_mode:
+            out.json(job)
+        else:
+            out.line(str(job.id))
+        return EXIT_OK
+    result = client.submit_batch(specs)
+    if out.json_mode:
+        out.json(result)
+    else:
+        for item in result["jobs"]:
+            out.line(str(item["id"]))
+    return EXIT_OK
+
+
+def status(client: GpushClient, out: Output, job_id: int) -> int:
+    job = client.get(job_id)
+    if out.json_mode:
+        out.json(job)
+        return EXIT_OK
+    out.print(console.job_detail(job))
+    events = client.events(job_id)
+    if events:
+        out.line("")
+        out.print(console.events_table(events[-5:]))
+    return EXIT_OK
+
+
+def list_jobs(
+    client: GpushClient,
+    out: Output,
+    *,
+    states: list[str],
+    tenant: str | None,
+    user: str | None,
+    kind: str | None,
+    limit: int,
+    cursor: str | None,
+    all_pages: bool,
+) -> int:
+    filters = {"states": states, "tenant": tenant, "user": user, "kind": kind}
+    if all_pages:
+        jobs = list(client.iter_jobs(limit=min(max(limit, 1), 1000), **filters))
+        next_cursor = None
+    else:
+        page = client.list(limit=limit, cursor=cursor, **filters)
+        jobs, next_cursor = page.jobs, page.next_cursor
+    if out.json_mode:
+        out.json({"jobs": jobs, "next_cursor": next_cursor})
+        return EXIT_OK
+    if not jobs:
+        out.note("no jobs match" if any(v for v in filters.values()) else "no jobs yet: `gpush submit --help` shows how to add one")
+        return EXIT_OK
+    out.print(console.jobs_table(jobs))
+    if next_cursor:
+        out.note(f"more jobs: gpush list --cursor {next_cursor}  (or --all)")
+    return EXIT_OK
+
+
+def events(client: GpushClient, out: Output, job_id: int) -> int:
+    items = client.events(job_id)
+    if out.json_mode:
+        out.json(items)
+    else:
+        out.print(console.events_table(items))
+    return EXIT_OK
+
+
+def cancel(client: GpushClient, out: Output, job_ids: list[int]) -> int:
+    """Cancel every job given; go on past one that is missing and exit 3 at the end."""
+    results: list[dict[str, Any]] = []
+    code = EXIT_OK
+    for job_id in job_ids:
+        try:
+            result = client.cancel(job_id)
+        except NotFound as exc:
+            code = EXIT_NOT_FOUND
+            results.append({"id": job_id, "outcome": "not_found", "error": exc.message})
+            if not out.json_mode:
+                out.note(f"[red]error:[/] {exc.message}")
+            continue
+        job = result["job"]
+        results.append({"id": job_id, "outcome": result["outcome"], "state": job.state.value})
+        if not out.json_mode:
+            out.line(_cancel_message(job_id, result["outcome"], job.state.value))
+    if out.json_mode:
+        out.json(results)
+    return code
+
+
+def _cancel_message(job_id: int, outcome: str, state: str) -> str:
+    return {
+        "cancelled": f"job {job_id} cancelled",
+        "cancel_requested": f"job {job_id} is {state} on a cluster: cancel requested, it stops when the cluster confirms",
+        "already_requested": f"job {job_id}: cancel already requested, waiting for the cluster",
+        "already_finished": f"job {job_id} had already ended ({state}); nothing to cancel",
+    }[outcome]
+
+
+def whoami(client: GpushClient, out: Output) -> int:
+    me = client.whoami()
+    if out.json_mode:
+        out.json(me)
+    else:
+        out.line(f"{me.user} (tenant {me.tenant}, role {me.role.value}) at {client.url}")
+    return EXIT_OK
+
+
+def token_create(client: GpushClient, out: Output, *, user: str, tenant: str, role: str, description: str | None) -> int:
+    created = client.create_token(user=user, tenant=tenant, role=role, description=description)
+    if out.json_mode:
+        out.json(created)
+    else:
+        out.line(created.token)
+        out.note(
+            f"token {created.id} for {created.user} (tenant {created.tenant}, role {created.role.value}); "
+            "it is shown only now: give it to its user, who sets GPUSH_TOKEN"
+        )
+    return EXIT_OK
+
+
+def token_list(client: GpushClient, out: Output) -> int:
+    tokens = client.list_tokens()
+    if out.json_mode:
+        out.json(tokens)
+    else:
+        out.print(console.tokens_table(tokens))
+    return EXIT_OK
+
+
+def token_revoke(client: GpushClient, out: Output, token_ids: list[int]) -> int:
+    revoked = [client.revoke_token(token_id) for token_id in token_ids]
+    if out.json_mode:
+        out.json(revoked)
+    else:
+        for t in revoked:
+            out.line(f"token {t.id} ({t.user}, tenant {t.tenant}) revoked")
+    return EXIT_OK
+
+
+def db_upgrade(database_url: str, out: Output) -> int:
+    from broker.db import current_revision, head_revision, make_engine, upgrade
+
+    engine = make_engine(database_url)
+    before = current_revision(engine)
+    upgrade(engine)
+    after = current_revision(engine)
+    shown = engine.url.render_as_string(hide_password=True)
+    if out.json_mode:
+        out.json({"database": shown, "from": before, "to": after, "head": head_revision()})
+    elif before == after:
+        out.line(f"{shown}: already at {after} (head)")
+    else:
+        out.line(f"{shown}: upgraded from {before or 'empty'} to {after}")
+    return EXIT_OK
+
+
+def db_current(database_url: str, out: Output) -> int:
+    from broker.db import current_revision, head_revision, make_engine
+
+    engine = make_engine(database_url)
+    current, head = current_revision(engine), head_revision()
+    shown = engine.url.render_as_string(hide_password=True)
+    if out.json_mode:
+        out.json({"database": shown, "current": current, "head": head, "up_to_date": current == head})
+    else:
+        state = "up to date" if current == head else "behind: run `gpush db upgrade`"
+        out.line(f"{shown}: at {current or 'empty'}, head is {head} ({state})")
+    return EXIT_OK
+
+
+def read_job_file(path: str, stdin_text: Callable[[], str]) -> str:
+    if path == "-":
+        return stdin_text()
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise InvalidRequest(f"job file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"cannot read job file {path}: {exc}") from None
+
+
+__all__ = ["GpushError"]

@@ -1,0 +1,166 @@
+"""How the CLI shows things: rich tables for people, plain JSON for scripts.
+
+An :class:`Output` writes to injected streams, so commands can be driven and read
+by tests without a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+STATE_STYLE = {
+    "queued": "cyan",
+    "held": "yellow",
+    "routed": "blue",
+    "submitting": "blue",
+    "submitted": "blue",
+    "running": "green",
+    "succeeded": "bold green",
+    "failed": "bold red",
+    "cancelled": "dim",
+    "requeued": "magenta",
+}
+
+
+class Output:
+    def __init__(self, *, json_mode: bool = False, stdout: TextIO | None = None, stderr: TextIO | None = None):
+        self.json_mode = json_mode
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.console = Console(file=self.stdout, soft_wrap=False, highlight=False)
+        if not self.console.is_terminal:
+            # Piped or captured: no terminal width to respect, so do not truncate.
+            self.console = Console(file=self.stdout, soft_wrap=False, highlight=False, width=240)
+        self.err_console = Console(file=self.stderr, highlight=False)
+
+    def json(self, value: Any) -> None:
+        self.stdout.write(json.dumps(_plain(value), indent=2, sort_keys=False) + "\n")
+
+    def line(self, text: str) -> None:
+        self.stdout.write(text + "\n")
+
+    def note(self, text: str) -> None:
+        """A remark for people, on stderr so that stdout stays parseable."""
+        self.err_console.print(text)
+
+    def print(self, renderable: Any) -> None:
+        self.console.print(renderable)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def local_time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def age(value: datetime, now: datetime | None = None) -> str:
+    seconds = int(((now or datetime.now(timezone.utc)) - value).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def styled_state(state: str) -> str:
+    style = STATE_STYLE.get(state, "")
+    return f"[{style}]{state}[/]" if style else state
+
+
+def gpu_request(spec: dict[str, Any]) -> str:
+    text = str(spec.get("gpus", 1))
+    if spec.get("gpu_memory_gb"):
+        text += f" × {spec['gpu_memory_gb']:g}GB"
+    elastic = spec.get("elastic")
+    if elastic:
+        text += f" ({elastic['min_replicas']}-{elastic['max_replicas']} replicas)"
+    return text
+
+
+def jobs_table(jobs: list[Any]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "NAME", "STATE", "KIND", "ISOLATION", "GPUS", "TENANT", "USER", "AGE", "REASON"):
+        table.add_column(column, no_wrap=column != "REASON", overflow="fold",
+                         min_width=len(column) if column in ("ID", "STATE", "KIND") else None)
+    for job in jobs:
+        state = styled_state(job.state.value) + (" [yellow](cancelling)[/]" if job.cancel_requested_at and job.state.value not in ("cancelled", "succeeded", "failed") else "")
+        table.add_row(
+            str(job.id), job.name or "-", state, job.kind.value, job.isolation.value,
+            gpu_request(job.spec), job.tenant, job.user, age(job.created_at), job.state_reason or "",
+        )
+    return table
+
+
+def job_detail(job: Any) -> Table:
+    spec = job.spec
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    rows = [
+        ("Job", str(job.id) + (f" ({job.name})" if job.name else "")),
+        ("State", styled_state(job.state.value)),
+        ("Reason", job.state_reason or "-"),
+        ("Cancel requested", local_time(job.cancel_requested_at) if job.cancel_requested_at else "no"),
+        ("Kind", job.kind.value),
+        ("Isolation", job.isolation.value),
+        ("GPUs", gpu_request(spec)),
+        ("CPUs / memory", f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"),
+        ("Time limit", spec.get("time_limit") or "cluster default"),
+        ("Command", " ".join(_quote(a) for a in spec["command"]) if spec.get("command") else "-"),
+        ("Image", spec.get("image") or "-"),
+        ("Tenant / user", f"{job.tenant} / {job.user}"),
+        ("Priority", str(job.priority)),
+        ("Labels", ", ".join(f"{k}={v}" for k, v in spec.get("labels", {}).items()) or "-"),
+        ("Idempotency key", spec.get("idempotency_key") or "-"),
+        ("Created", local_time(job.created_at)),
+        ("Updated", local_time(job.updated_at)),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def events_table(events: list[Any]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("TIME", "FROM", "TO", "BY", "REASON"):
+        table.add_column(column, no_wrap=column != "REASON", overflow="fold")
+    for e in events:
+        to = styled_state(e.to_state.value) if e.type == "transition" else f"[yellow]{e.type}[/]"
+        table.add_row(local_time(e.at), e.from_state.value if e.from_state else "-", to, e.actor or "-", e.reason or "")
+    return table
+
+
+def tokens_table(tokens: list[Any]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "PREFIX", "USER", "TENANT", "ROLE", "CREATED", "REVOKED", "DESCRIPTION"):
+        table.add_column(column, no_wrap=column != "DESCRIPTION", overflow="fold")
+    for t in tokens:
+        table.add_row(
+            str(t.id), t.prefix + "…", t.user, t.tenant, t.role.value, local_time(t.created_at),
+            local_time(t.revoked_at) if t.revoked_at else "-", t.description or "",
+        )
+    return table
