@@ -18,7 +18,15 @@ from sqlalchemy import Engine
 
 from broker import auth
 from broker.config import config_dir
-from broker.db import check_schema, is_sqlite, make_engine, session_factory, upgrade
+from broker.db import (
+    check_schema,
+    current_revision,
+    head_revision,
+    is_sqlite,
+    make_engine,
+    session_factory,
+    upgrade,
+)
 from broker.errors import Unauthenticated
 from broker.schemas import Role
 
@@ -33,7 +41,8 @@ def open_database(url: str, *, auto_upgrade: bool | None = None) -> Engine:
     """
     engine = make_engine(url)
     if auto_upgrade if auto_upgrade is not None else is_sqlite(engine):
-        upgrade(engine)
+        if current_revision(engine) != head_revision():
+            upgrade(engine)
     else:
         check_schema(engine)
     return engine

@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -194,18 +195,18 @@ class JobSpec(BaseModel):
     name: str | None = Field(None, pattern=_NAME, description="a name to recognise the job by")
     kind: Kind
     isolation: Isolation | None = Field(
-        None, description="exclusive | hardware | process | none; default by kind"
+        None, validate_default=True, description="exclusive | hardware | process | none; default by kind"
     )
     gpus: int = Field(1, ge=1, le=1024, description="GPUs, or GPU slices, per replica")
     gpu_memory_gb: float | None = Field(
-        None, gt=0, le=1024, description="GPU memory each GPU or slice must have, in GB"
+        None, gt=0, le=1024, validate_default=True, description="GPU memory each GPU or slice must have, in GB"
     )
-    elastic: Elastic | None = None
+    elastic: Elastic | None = Field(None, validate_default=True)
     cpus: int = Field(1, ge=1, le=4096)
     memory: Memory | None = Field(None, description="host memory per replica, such as 16G")
     time_limit: TimeLimit | None = Field(None, description="[D-]HH:MM:SS; accepts 90 (minutes), 2h, 1h30m, 1-00:00:00")
     command: Command = Field(None, description="argv list, or a string run by /bin/sh -c")
-    image: str | None = Field(None, min_length=1, max_length=512)
+    image: str | None = Field(None, min_length=1, max_length=512, validate_default=True)
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     tenant: Principal | None = None
@@ -231,20 +232,41 @@ class JobSpec(BaseModel):
                 raise ValueError(f"label {key}={value!r}: a value is at most 63 of A-Z a-z 0-9 - _ . and starts and ends alphanumeric")
         return labels
 
-    @model_validator(mode="after")
-    def _consistent(self) -> JobSpec:
-        if self.isolation is None:
-            self.isolation = DEFAULT_ISOLATION[self.kind]
-        if self.command is None and self.image is None:
-            raise ValueError("a job needs a command, an image, or both")
-        if self.elastic is not None and self.kind != Kind.INFERENCE:
-            raise ValueError(f"elastic replicas are for kind inference, not {self.kind.value}")
-        if self.isolation != Isolation.EXCLUSIVE and self.gpu_memory_gb is None:
+    # Cross-field rules are field validators (validate_default=True) rather than one
+    # model validator, so each error names the field it is about. Fields validate in
+    # declaration order: kind, isolation, gpu_memory_gb, elastic, command, image.
+
+    @field_validator("isolation", mode="after")
+    @classmethod
+    def _default_isolation(cls, value: Isolation | None, info: ValidationInfo) -> Isolation | None:
+        kind = info.data.get("kind")
+        return value if value is not None or kind is None else DEFAULT_ISOLATION[kind]
+
+    @field_validator("gpu_memory_gb", mode="after")
+    @classmethod
+    def _memory_for_sharing(cls, value: float | None, info: ValidationInfo) -> float | None:
+        isolation = info.data.get("isolation")
+        if value is None and isolation not in (None, Isolation.EXCLUSIVE):
             raise ValueError(
-                f"isolation {self.isolation.value} shares a GPU, so gpu_memory_gb is required: "
-                "it picks the MIG slice or MPS share, or caps a time-sliced job's memory"
+                f"isolation {isolation.value} shares a GPU, so gpu_memory_gb is required: it picks "
+                "the MIG slice or MPS share, or caps a time-sliced job's memory"
             )
-        return self
+        return value
+
+    @field_validator("elastic", mode="after")
+    @classmethod
+    def _elastic_is_inference(cls, value: Elastic | None, info: ValidationInfo) -> Elastic | None:
+        kind = info.data.get("kind")
+        if value is not None and kind not in (None, Kind.INFERENCE):
+            raise ValueError(f"elastic replicas are for kind inference, not {kind.value}")
+        return value
+
+    @field_validator("image", mode="after")
+    @classmethod
+    def _something_to_run(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and info.data.get("command") is None and "command" in info.data:
+            raise ValueError("a job needs a command, an image, or both")
+        return value
 
     def fingerprint(self) -> str:
         """sha256 of the spec without its idempotency key: equal for equal requests."""

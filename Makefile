@@ -1,0 +1,48 @@
+# gpush developer and CI entry points. `make test` works on a fresh machine:
+# it creates the virtual environment, installs gpush with its test extras,
+# starts PostgreSQL if it is down, and runs the fast and the integration suites.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help venv postgres test test-fast test-integration demo bench clean
+
+help:
+	@echo "make demo     first look: embedded broker (SQLite), example jobs, list"
+	@echo "make test     everything CI runs: fast tests (SQLite) + integration (PostgreSQL)"
+	@echo "make bench    submission throughput and latency on SQLite and PostgreSQL"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+postgres:
+	integration/scripts/ensure-postgres.sh
+
+# pytest exits 5 when a suite collects no tests; that is not a failure of the suite.
+define run_pytest
+	$(BIN)/python -m pytest $(1); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests in $(1)"; rc=0; fi; exit $$rc
+endef
+
+test-fast: venv
+	$(call run_pytest,tests -q)
+
+test-integration: venv postgres
+	$(call run_pytest,integration -q)
+
+test: test-fast test-integration
+
+demo: venv
+	@integration/scripts/demo.sh $(BIN)/gpush
+
+bench: venv postgres
+	$(BIN)/python integration/bench/submit.py --json bench-results.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results.json
