@@ -1,0 +1,127 @@
+"""Fixtures shared by tests/ (SQLite) and integration/ (real services).
+
+``database_url`` is the seam: tests/ gets a fresh SQLite file per test, and
+integration/conftest.py overrides it with a fresh PostgreSQL database cloned from a
+migrated template, so the same API and state tests run on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import pytest
+from a2wsgi import ASGIMiddleware
+from sqlalchemy import Engine
+
+from broker import auth
+from broker.api import create_app
+from broker.client import GpushClient
+from broker.db import session_factory
+from broker.local import open_database
+from broker.schemas import Role
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(tmp_path_factory, monkeypatch):
+    """No test reads or writes the developer's own gpush data, config or settings."""
+    home = tmp_path_factory.mktemp("gpush-home")
+    monkeypatch.setenv("GPUSH_DATA_DIR", str(home / "data"))
+    monkeypatch.setenv("GPUSH_CONFIG_DIR", str(home / "config"))
+    for name in ("GPUSH_URL", "GPUSH_TOKEN", "GPUSH_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def database_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'gpush.db'}"
+
+
+@pytest.fixture
+def engine(database_url) -> Iterator[Engine]:
+    engine = open_database(database_url, auto_upgrade=True)
+    yield engine
+    engine.dispose()
+
+
+@dataclass
+class FakeClock:
+    """An injected clock that tests move by hand."""
+
+    now: datetime
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc))
+
+
+@pytest.fixture
+def sessions(engine):
+    return session_factory(engine)
+
+
+@pytest.fixture
+def app(engine, clock):
+    return create_app(engine, clock=clock, token_cache_ttl=0)
+
+
+@pytest.fixture
+def make_token(sessions, clock) -> Callable[..., str]:
+    def make(user: str = "alice", tenant: str = "ml", role: str = "user") -> str:
+        with sessions() as session, session.begin():
+            _row, secret = auth.create_token(
+                session, user=user, tenant=tenant, role=Role(role), description=None, now=clock()
+            )
+        return secret
+
+    return make
+
+
+def in_process(app) -> httpx.WSGITransport:
+    """HTTP to the ASGI app without a socket (the embedded broker does the same)."""
+    return httpx.WSGITransport(app=ASGIMiddleware(app))
+
+
+@pytest.fixture
+def http(app, make_token) -> Callable[..., httpx.Client]:
+    """Raw HTTP to the app: ``http(user=..., tenant=..., role=...)``, or ``http(token=None)``."""
+    clients = []
+
+    def make(token: str | None | bool = True, **who: str) -> httpx.Client:
+        client = httpx.Client(base_url="http://gpush.test", transport=in_process(app))
+        if token is True:
+            token = make_token(**who)
+        if token:
+            client.headers["Authorization"] = f"Bearer {token}"
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def sdk(app, make_token) -> Callable[..., GpushClient]:
+    """The client SDK over the app in this process: ``sdk(user=..., tenant=..., role=...)``."""
+    clients = []
+
+    def make(**who: str) -> GpushClient:
+        client = GpushClient(
+            "http://gpush.test", make_token(**who), transport=in_process(app), retries=1
+        )
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
