@@ -1,0 +1,78 @@
+"""Integration fixtures: the real PostgreSQL of this machine.
+
+Each test gets a fresh database cloned from a template that was migrated once per
+run (``CREATE DATABASE ... TEMPLATE``), so tests are isolated and fast. PostgreSQL
+that does not answer is a failure, never a skip: `make test` starts it first.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from broker.db import make_engine, upgrade
+
+ADMIN_DSN = os.environ.get("GPUSH_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _sqlalchemy_url(dsn: str, dbname: str) -> str:
+    base = dsn.rsplit("/", 1)[0]
+    return f"{base.replace('postgresql://', 'postgresql+psycopg://', 1)}/{dbname}"
+
+
+def _admin() -> psycopg.Connection:
+    try:
+        return psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.fail(
+            f"PostgreSQL at {ADMIN_DSN} does not answer ({exc}); run integration/scripts/ensure-postgres.sh",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> str:
+    name = f"gpush_tpl_{os.getpid()}"
+    with _admin() as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    engine = make_engine(_sqlalchemy_url(ADMIN_DSN, name))
+    upgrade(engine)
+    engine.dispose()
+    yield name
+    drop_database(name)
+
+
+def create_database(template: str | None = None) -> str:
+    name = f"gpush_t_{uuid.uuid4().hex[:12]}"
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template:
+        statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+    with _admin() as conn:
+        conn.execute(statement)
+    return name
+
+
+def drop_database(name: str) -> None:
+    with _admin() as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def empty_pg_url() -> str:
+    """A new PostgreSQL database with no schema, dropped after the test."""
+    name = create_database()
+    yield _sqlalchemy_url(ADMIN_DSN, name)
+    drop_database(name)
+
+
+@pytest.fixture
+def database_url(pg_template) -> str:
+    """Overrides the SQLite URL of the shared fixtures with a migrated PostgreSQL clone."""
+    name = create_database(template=pg_template)
+    yield _sqlalchemy_url(ADMIN_DSN, name)
+    drop_database(name)

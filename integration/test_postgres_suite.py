@@ -1,0 +1,8 @@
+"""The API and state tests of tests/, run against the real PostgreSQL.
+
+The tests are the same functions; integration/conftest.py swaps the database
+under them (a fresh clone of a migrated template per test).
+"""
+
+from tests.test_api import *  # noqa: F401,F403
+from tests.test_states import *  # noqa: F401,F403

@@ -1,0 +1,108 @@
+"""Real `gpush server` processes over HTTP, several sharing one PostgreSQL, driven by the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+GPUSH = str(Path(sys.executable).with_name("gpush"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpush(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([GPUSH, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=60)
+    if check and result.returncode != 0:
+        raise AssertionError(f"gpush {' '.join(args)} exited {result.returncode}: {result.stderr}")
+    return result
+
+
+def start_server(database_url: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [GPUSH, "--database-url", database_url, "server", "--port", str(port), "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"gpush server exited {proc.returncode}: {proc.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("gpush server did not become ready in 30 s")
+
+
+@pytest.fixture
+def servers(database_url):
+    procs = []
+    urls = []
+    for _ in range(2):
+        proc, url = start_server(database_url)
+        procs.append(proc)
+        urls.append(url)
+    yield urls
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_two_servers_share_one_queue(servers, database_url):
+    a, b = servers
+    token = gpush("--database-url", database_url, "admin", "token", "create",
+                  "--user", "alice", "--tenant", "ml").stdout.strip()
+    env = {"GPUSH_TOKEN": token}
+    job_id = gpush("--url", a, "submit", "--kind", "training", "--gpus", "2", "--idempotency-key", "k1",
+                   "--", "python", "train.py", "--note", "it's $(here); ok", env=env).stdout.strip()
+    # A retry that lands on the other server finds the same job.
+    again = gpush("--url", b, "submit", "--kind", "training", "--gpus", "2", "--idempotency-key", "k1",
+                  "--", "python", "train.py", "--note", "it's $(here); ok", env=env).stdout.strip()
+    assert again == job_id
+    job = json.loads(gpush("--url", b, "status", job_id, "--json", env=env).stdout)
+    assert job["spec"]["command"] == ["python", "train.py", "--note", "it's $(here); ok"]
+    assert json.loads(gpush("--url", b, "cancel", job_id, "--json", env=env).stdout)[0]["outcome"] == "cancelled"
+    events = json.loads(gpush("--url", a, "events", job_id, "--json", env=env).stdout)
+    assert [e["to_state"] for e in events] == ["queued", "cancelled"]
+    listed = json.loads(gpush("--url", a, "list", "--json", env=env).stdout)
+    assert [j["id"] for j in listed["jobs"]] == [int(job_id)]
+
+
+def test_cli_exit_codes_over_http(servers, database_url):
+    url = servers[0]
+    token = gpush("--database-url", database_url, "admin", "token", "create",
+                  "--user", "bob", "--tenant", "vision").stdout.strip()
+    assert gpush("--url", url, "--token", token, "status", "999", check=False).returncode == 3
+    assert gpush("--url", url, "--token", "gpush_wrong", "list", check=False).returncode == 4
+    assert gpush("--url", url, "list", check=False).returncode == 4  # no token at all
+    bad = gpush("--url", url, "--token", token, "submit", "--kind", "training", "--gpus", "0", "--", "x", check=False)
+    assert bad.returncode == 2 and "gpus" in bad.stderr
+    assert gpush("--url", url, "--token", token, "admin", "token", "list", check=False).returncode == 4
+
+
+def test_server_refuses_an_unmigrated_postgresql(empty_pg_url):
+    result = gpush("--database-url", empty_pg_url, "server", "--port", str(free_port()), check=False)
+    assert result.returncode == 1
+    assert "gpush db upgrade" in result.stderr
+    upgraded = json.loads(gpush("--database-url", empty_pg_url, "db", "upgrade", "--json").stdout)
+    assert upgraded["from"] is None and upgraded["to"] == upgraded["head"]
+    assert json.loads(gpush("--database-url", empty_pg_url, "db", "current", "--json").stdout)["up_to_date"]
