@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -61,7 +61,7 @@ class FakeClock:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock(datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc))
+    return FakeClock(datetime(2026, 1, 5, 9, 0, tzinfo=UTC))
 
 
 @pytest.fixture
@@ -116,9 +116,7 @@ def sdk(app, make_token) -> Callable[..., GpushClient]:
     clients = []
 
     def make(**who: str) -> GpushClient:
-        client = GpushClient(
-            "http://gpush.test", make_token(**who), transport=in_process(app), retries=1
-        )
+        client = GpushClient("http://gpush.test", make_token(**who), transport=in_process(app), retries=1)
         clients.append(client)
         return client
 

@@ -9,7 +9,7 @@ as ``{"error": {"code", "message", "details"}}`` with the status of their type.
 # whose dependency aliases are local to create_app.
 
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
@@ -42,7 +42,7 @@ Clock = Callable[[], datetime]
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class CancelResult(BaseModel):
@@ -176,7 +176,9 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         return BatchResult(
             jobs=[
                 BatchItem(
-                    id=r.job["id"], state=r.job["state"], created=r.created,
+                    id=r.job["id"],
+                    state=r.job["state"],
+                    created=r.created,
                     idempotency_key=r.job["spec"].get("idempotency_key"),
                 )
                 for r in results
@@ -199,8 +201,14 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         states = _parse_states(state or [])
         with session.begin():
             jobs, next_cursor = queue.list_jobs(
-                session, who, states=states, tenant=tenant, user=user, kind=kind,
-                limit=limit, cursor=cursor,
+                session,
+                who,
+                states=states,
+                tenant=tenant,
+                user=user,
+                kind=kind,
+                limit=limit,
+                cursor=cursor,
             )
             return JobPage(jobs=[JobOut.model_validate(queue.job_row(j)) for j in jobs], next_cursor=next_cursor)
 
@@ -228,8 +236,12 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         """Create an API token; its secret is in this response only."""
         with session.begin():
             row, secret = auth.create_token(
-                session, user=body.user, tenant=body.tenant, role=body.role,
-                description=body.description, now=clock(),
+                session,
+                user=body.user,
+                tenant=body.tenant,
+                role=body.role,
+                description=body.description,
+                now=clock(),
             )
             return TokenCreated(**TokenOut.model_validate(row, from_attributes=True).model_dump(), token=secret)
 

@@ -79,9 +79,7 @@ def revoke_token(session: Session, token_id: int, *, now: datetime) -> ApiToken:
     if row is None:
         raise NotFound(f"no API token with id {token_id}: `gpush admin token list` shows them")
     if row.revoked_at is None:
-        session.execute(
-            update(ApiToken).where(ApiToken.id == token_id).values(revoked_at=now)
-        )
+        session.execute(update(ApiToken).where(ApiToken.id == token_id).values(revoked_at=now))
         row.revoked_at = now
     return row
 

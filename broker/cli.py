@@ -47,12 +47,27 @@ def json_option(f):
 
 
 @click.group(context_settings=CONTEXT)
-@click.option("--url", envvar="GPUSH_URL", show_envvar=True, metavar="URL",
-              help="Broker to talk to (http://host:8642). Unset: run the broker in-process on the local database.")
-@click.option("--token", envvar="GPUSH_TOKEN", show_envvar=True, metavar="TOKEN",
-              help="API token. Unset in-process: the local admin token from the config directory.")
-@click.option("--database-url", envvar="GPUSH_DATABASE_URL", show_envvar=True, metavar="URL",
-              help="postgresql+psycopg://user@host/db or sqlite:///path. Default: SQLite in the user data directory.")
+@click.option(
+    "--url",
+    envvar="GPUSH_URL",
+    show_envvar=True,
+    metavar="URL",
+    help="Broker to talk to (http://host:8642). Unset: run the broker in-process on the local database.",
+)
+@click.option(
+    "--token",
+    envvar="GPUSH_TOKEN",
+    show_envvar=True,
+    metavar="TOKEN",
+    help="API token. Unset in-process: the local admin token from the config directory.",
+)
+@click.option(
+    "--database-url",
+    envvar="GPUSH_DATABASE_URL",
+    show_envvar=True,
+    metavar="URL",
+    help="postgresql+psycopg://user@host/db or sqlite:///path. Default: SQLite in the user data directory.",
+)
 @click.version_option(package_name="gpush")
 @click.pass_context
 def cli(ctx: click.Context, url: str | None, token: str | None, database_url: str | None) -> None:
@@ -76,13 +91,27 @@ def _out(json_mode: bool = False) -> Output:
 
 
 @cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
-@click.option("-f", "--file", "file", metavar="FILE", help="Job YAML (one job, or several as --- documents or a list); - reads stdin. Flags override its fields.")
+@click.option(
+    "-f",
+    "--file",
+    "file",
+    metavar="FILE",
+    help="Job YAML (one job, or several as --- documents or a list); - reads stdin. Flags override its fields.",
+)
 @click.option("--name", help="A name for the job.")
 @click.option("--kind", type=click.Choice([k.value for k in Kind]), help="training, inference or batch.")
-@click.option("--isolation", type=click.Choice([i.value for i in Isolation]),
-              help="exclusive (whole GPUs), hardware (MIG), process (MPS), none (time-slicing). Default: by kind.")
+@click.option(
+    "--isolation",
+    type=click.Choice([i.value for i in Isolation]),
+    help="exclusive (whole GPUs), hardware (MIG), process (MPS), none (time-slicing). Default: by kind.",
+)
 @click.option("--gpus", type=int, help="GPUs or GPU slices per replica (default 1).")
-@click.option("--gpu-memory-gb", "gpu_memory_gb", type=float, help="GPU memory each GPU or slice needs, in GB (required unless exclusive).")
+@click.option(
+    "--gpu-memory-gb",
+    "gpu_memory_gb",
+    type=float,
+    help="GPU memory each GPU or slice needs, in GB (required unless exclusive).",
+)
 @click.option("--min-replicas", type=int, help="Elastic inference: fewest replicas.")
 @click.option("--max-replicas", type=int, help="Elastic inference: most replicas.")
 @click.option("--cpus", type=int, help="CPUs per replica.")
@@ -110,7 +139,9 @@ def submit(settings: Settings, file, json_mode, command, env, labels, min_replic
     fields["env"] = parse_pairs(env, option="--env")
     fields["labels"] = parse_pairs(labels, option="--label")
     if min_replicas is not None or max_replicas is not None:
-        fields["elastic"] = {k: v for k, v in (("min_replicas", min_replicas), ("max_replicas", max_replicas)) if v is not None}
+        fields["elastic"] = {
+            k: v for k, v in (("min_replicas", min_replicas), ("max_replicas", max_replicas)) if v is not None
+        }
     if command:
         fields["command"] = list(command)
     file_text = commands.read_job_file(file, lambda: sys.stdin.read()) if file else None
@@ -127,7 +158,13 @@ def status(settings: Settings, job_id: int, json_mode: bool) -> int:
 
 
 @cli.command("list", context_settings=CONTEXT)
-@click.option("--state", "states", multiple=True, type=click.Choice([s.value for s in JobState]), help="Only jobs in this state; repeatable.")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([s.value for s in JobState]),
+    help="Only jobs in this state; repeatable.",
+)
 @click.option("--tenant", help="Only this tenant's jobs (admins).")
 @click.option("--user", help="Only this user's jobs.")
 @click.option("--kind", type=click.Choice([k.value for k in Kind]))
@@ -174,9 +211,21 @@ def whoami(settings: Settings, json_mode: bool) -> int:
 @cli.command(context_settings=CONTEXT)
 @click.option("--host", envvar="GPUSH_HOST", show_envvar=True, default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="GPUSH_PORT", show_envvar=True, type=int, default=DEFAULT_PORT, show_default=True)
-@click.option("--workers", envvar="GPUSH_WORKERS", show_envvar=True, type=click.IntRange(1, 64), default=1, show_default=True,
-              help="API worker processes.")
-@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
+@click.option(
+    "--workers",
+    envvar="GPUSH_WORKERS",
+    show_envvar=True,
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="API worker processes.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    default="info",
+    show_default=True,
+)
 @click.pass_obj
 def server(settings: Settings, host: str, port: int, workers: int, log_level: str) -> int:
     """Run the broker: the REST API on HOST:PORT over the configured database."""

@@ -176,11 +176,11 @@ class GpushClient:
     def whoami(self) -> Whoami:
         return Whoami.model_validate(self._request("GET", "/v1/whoami"))
 
-    def create_token(self, *, user: str, tenant: str, role: str = "user", description: str | None = None) -> TokenCreated:
+    def create_token(
+        self, *, user: str, tenant: str, role: str = "user", description: str | None = None
+    ) -> TokenCreated:
         body = {"user": user, "tenant": tenant, "role": role, "description": description}
-        return TokenCreated.model_validate(
-            self._request("POST", "/v1/admin/tokens", json=body, safe_to_retry=False)
-        )
+        return TokenCreated.model_validate(self._request("POST", "/v1/admin/tokens", json=body, safe_to_retry=False))
 
     def list_tokens(self) -> list[TokenOut]:
         return [TokenOut.model_validate(t) for t in self._request("GET", "/v1/admin/tokens")]

@@ -7,8 +7,9 @@ parses arguments and calls these; tests and other front ends call them directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from broker import console
 from broker.client import GpushClient
@@ -19,9 +20,7 @@ from broker.jobfile import build_specs, load_documents
 ClientFactory = Callable[[], GpushClient]
 
 
-def submit(
-    client: GpushClient, out: Output, *, file: str | None, file_text: str | None, fields: dict[str, Any]
-) -> int:
+def submit(client: GpushClient, out: Output, *, file: str | None, file_text: str | None, fields: dict[str, Any]) -> int:
     """Submit the job(s) of ``file`` (if any) with ``fields`` laid over them; print the ids."""
     docs = load_documents(file_text, source=file or "-") if file_text is not None else None
     specs = build_specs(docs, fields, source=file or "")
@@ -77,7 +76,11 @@ def list_jobs(
         out.json({"jobs": jobs, "next_cursor": next_cursor})
         return EXIT_OK
     if not jobs:
-        out.note("no jobs match" if any(v for v in filters.values()) else "no jobs yet: `gpush submit --help` shows how to add one")
+        out.note(
+            "no jobs match"
+            if any(v for v in filters.values())
+            else "no jobs yet: `gpush submit --help` shows how to add one"
+        )
         return EXIT_OK
     out.print(console.jobs_table(jobs))
     if next_cursor:
@@ -119,7 +122,9 @@ def cancel(client: GpushClient, out: Output, job_ids: list[int]) -> int:
 def _cancel_message(job_id: int, outcome: str, state: str) -> str:
     return {
         "cancelled": f"job {job_id} cancelled",
-        "cancel_requested": f"job {job_id} is {state} on a cluster: cancel requested, it stops when the cluster confirms",
+        "cancel_requested": (
+            f"job {job_id} is {state} on a cluster: cancel requested, it stops when the cluster confirms"
+        ),
         "already_requested": f"job {job_id}: cancel already requested, waiting for the cluster",
         "already_finished": f"job {job_id} had already ended ({state}); nothing to cancel",
     }[outcome]
@@ -134,7 +139,9 @@ def whoami(client: GpushClient, out: Output) -> int:
     return EXIT_OK
 
 
-def token_create(client: GpushClient, out: Output, *, user: str, tenant: str, role: str, description: str | None) -> int:
+def token_create(
+    client: GpushClient, out: Output, *, user: str, tenant: str, role: str, description: str | None
+) -> int:
     created = client.create_token(user=user, tenant=tenant, role=role, description=description)
     if out.json_mode:
         out.json(created)

@@ -35,11 +35,9 @@ def normalize_database_url(url: str) -> str:
     """
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 
 def database_url(explicit: str | None = None) -> str:
-    return normalize_database_url(
-        explicit or os.environ.get("GPUSH_DATABASE_URL") or default_database_url()
-    )
+    return normalize_database_url(explicit or os.environ.get("GPUSH_DATABASE_URL") or default_database_url())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from pydantic import BaseModel
@@ -73,7 +73,7 @@ def local_time(value: datetime | None) -> str:
 
 
 def age(value: datetime, now: datetime | None = None) -> str:
-    seconds = int(((now or datetime.now(timezone.utc)) - value).total_seconds())
+    seconds = int(((now or datetime.now(UTC)) - value).total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"
@@ -98,13 +98,29 @@ def gpu_request(spec: dict[str, Any]) -> str:
 def jobs_table(jobs: list[Any]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("ID", "NAME", "STATE", "KIND", "ISOLATION", "GPUS", "TENANT", "USER", "AGE", "REASON"):
-        table.add_column(column, no_wrap=column != "REASON", overflow="fold",
-                         min_width=len(column) if column in ("ID", "STATE", "KIND") else None)
+        table.add_column(
+            column,
+            no_wrap=column != "REASON",
+            overflow="fold",
+            min_width=len(column) if column in ("ID", "STATE", "KIND") else None,
+        )
     for job in jobs:
-        state = styled_state(job.state.value) + (" [yellow](cancelling)[/]" if job.cancel_requested_at and job.state.value not in ("cancelled", "succeeded", "failed") else "")
+        state = styled_state(job.state.value) + (
+            " [yellow](cancelling)[/]"
+            if job.cancel_requested_at and job.state.value not in ("cancelled", "succeeded", "failed")
+            else ""
+        )
         table.add_row(
-            str(job.id), job.name or "-", state, job.kind.value, job.isolation.value,
-            gpu_request(job.spec), job.tenant, job.user, age(job.created_at), job.state_reason or "",
+            str(job.id),
+            job.name or "-",
+            state,
+            job.kind.value,
+            job.isolation.value,
+            gpu_request(job.spec),
+            job.tenant,
+            job.user,
+            age(job.created_at),
+            job.state_reason or "",
         )
     return table
 
@@ -160,7 +176,13 @@ def tokens_table(tokens: list[Any]) -> Table:
         table.add_column(column, no_wrap=column != "DESCRIPTION", overflow="fold")
     for t in tokens:
         table.add_row(
-            str(t.id), t.prefix + "…", t.user, t.tenant, t.role.value, local_time(t.created_at),
-            local_time(t.revoked_at) if t.revoked_at else "-", t.description or "",
+            str(t.id),
+            t.prefix + "…",
+            t.user,
+            t.tenant,
+            t.role.value,
+            local_time(t.created_at),
+            local_time(t.revoked_at) if t.revoked_at else "-",
+            t.description or "",
         )
     return table

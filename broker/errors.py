@@ -83,9 +83,7 @@ class StateConflict(GpushError):
     exit_code = EXIT_ERROR
 
     def __init__(self, job_id: int, expected: str, actual: str | None):
-        super().__init__(
-            f"job {job_id} is {actual or 'gone'}, not {expected}: another process changed it first"
-        )
+        super().__init__(f"job {job_id} is {actual or 'gone'}, not {expected}: another process changed it first")
         self.job_id = job_id
         self.expected = expected
         self.actual = actual
@@ -104,16 +102,16 @@ class Unavailable(GpushError):
 ERRORS_BY_CODE: dict[str, type[GpushError]] = {
     StateConflict.code: Conflict,
     **{
-    cls.code: cls
-    for cls in (
-        GpushError,
-        InvalidRequest,
-        NotFound,
-        Unauthenticated,
-        NotAllowed,
-        Conflict,
-        IllegalTransition,
-        Unavailable,
-    )
+        cls.code: cls
+        for cls in (
+            GpushError,
+            InvalidRequest,
+            NotFound,
+            Unauthenticated,
+            NotAllowed,
+            Conflict,
+            IllegalTransition,
+            Unavailable,
+        )
     },
 }

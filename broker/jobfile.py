@@ -59,7 +59,9 @@ def load_documents(text: str, *, source: str) -> list[dict[str, Any]]:
     return docs
 
 
-def build_specs(file_docs: list[dict[str, Any]] | None, overrides: dict[str, Any], *, source: str = "") -> list[JobSpec]:
+def build_specs(
+    file_docs: list[dict[str, Any]] | None, overrides: dict[str, Any], *, source: str = ""
+) -> list[JobSpec]:
     """Merge flags over each file document (flags win) and validate each job."""
     overrides = {k: v for k, v in overrides.items() if v is not None and v != {} and v != ()}
     docs = file_docs or [{}]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -23,7 +24,7 @@ from sqlalchemy.orm import Session
 from broker.auth import Principal
 from broker.errors import Conflict, InvalidRequest, NotAllowed, NotFound, StateConflict
 from broker.models import Job, JobEvent
-from broker.schemas import Kind, JobSpec
+from broker.schemas import JobSpec, Kind
 from broker.states import CANCEL_NEEDS_CLUSTER, CANCELLABLE_AT_ONCE, TERMINAL, JobState, set_state
 
 MAX_PAGE = 1000
@@ -46,9 +47,7 @@ def _owner(spec: JobSpec, principal: Principal) -> tuple[str, str]:
                 f"your token belongs to tenant {principal.tenant!r}; only an admin submits for tenant {tenant!r}"
             )
         if user != principal.user:
-            raise NotAllowed(
-                f"your token belongs to user {principal.user!r}; only an admin submits as user {user!r}"
-            )
+            raise NotAllowed(f"your token belongs to user {principal.user!r}; only an admin submits as user {user!r}")
     return tenant, user
 
 
@@ -73,9 +72,7 @@ _JOB_FIELDS = (
 )
 
 
-def submit_jobs(
-    session: Session, specs: Sequence[JobSpec], principal: Principal, *, now: datetime
-) -> list[Submitted]:
+def submit_jobs(session: Session, specs: Sequence[JobSpec], principal: Principal, *, now: datetime) -> list[Submitted]:
     """Put jobs in the queue, all or none; replays of an idempotency key return the stored job.
 
     Raises :class:`Conflict` if a key was used before with another spec, and
@@ -117,9 +114,7 @@ def _submit_keyed(session, prepared, keyed, principal, now) -> list[Submitted]:
         keys = [k for t, k in seen if t == tenant]
         for chunk_start in range(0, len(keys), 500):
             rows = session.execute(
-                select(Job).where(
-                    Job.tenant == tenant, Job.idempotency_key.in_(keys[chunk_start : chunk_start + 500])
-                )
+                select(Job).where(Job.tenant == tenant, Job.idempotency_key.in_(keys[chunk_start : chunk_start + 500]))
             ).scalars()
             existing.update({(j.tenant, j.idempotency_key): j for j in rows})
     results: dict[int, Submitted] = {}
@@ -174,9 +169,7 @@ def _insert(session: Session, prepared, principal: Principal, now: datetime) -> 
         }
         for _index, spec, tenant, user, body, digest in prepared
     ]
-    ids = session.execute(
-        insert(Job).returning(Job.id, sort_by_parameter_order=True), rows
-    ).scalars().all()
+    ids = session.execute(insert(Job).returning(Job.id, sort_by_parameter_order=True), rows).scalars().all()
     actor = principal.user
     session.execute(
         insert(JobEvent),
@@ -264,11 +257,7 @@ def list_jobs(
 
 def job_events(session: Session, job_id: int, principal: Principal) -> list[JobEvent]:
     get_job(session, job_id, principal)
-    return list(
-        session.execute(
-            select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
-        ).scalars()
-    )
+    return list(session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars())
 
 
 class CancelOutcome(StrEnum):
@@ -278,9 +267,7 @@ class CancelOutcome(StrEnum):
     ALREADY_FINISHED = "already_finished"
 
 
-def cancel_job(
-    session: Session, job_id: int, principal: Principal, *, now: datetime
-) -> tuple[Job, CancelOutcome]:
+def cancel_job(session: Session, job_id: int, principal: Principal, *, now: datetime) -> tuple[Job, CancelOutcome]:
     """Cancel a job: end it now if no cluster has it, else record the intent.
 
     Retries when the scheduler moves the job between our read and our write, so a
@@ -296,8 +283,13 @@ def cancel_job(
                 return job, CancelOutcome.ALREADY_FINISHED
             if state in CANCELLABLE_AT_ONCE:
                 set_state(
-                    session, job_id, state, JobState.CANCELLED,
-                    reason=f"cancelled by {actor}", now=now, actor=actor,
+                    session,
+                    job_id,
+                    state,
+                    JobState.CANCELLED,
+                    reason=f"cancelled by {actor}",
+                    now=now,
+                    actor=actor,
                 )
                 session.refresh(job)
                 return job, CancelOutcome.CANCELLED
@@ -314,8 +306,12 @@ def cancel_job(
                 continue
             session.add(
                 JobEvent(
-                    job_id=job_id, at=now, type="cancel_requested", from_state=state.value,
-                    to_state=state.value, actor=actor,
+                    job_id=job_id,
+                    at=now,
+                    type="cancel_requested",
+                    from_state=state.value,
+                    to_state=state.value,
+                    actor=actor,
                     reason=f"cancel requested by {actor}; the cluster is asked to stop the job",
                 )
             )

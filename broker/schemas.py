@@ -124,9 +124,7 @@ def parse_time_limit(value: Any) -> int:
                     h, mi, s = nums if len(nums) == 3 else (0, nums[0], 0)
                 seconds = ((days * 24 + h) * 60 + mi) * 60 + s
         if seconds is None:
-            raise ValueError(
-                f"{value!r} is not a duration: use minutes (90), 1h30m, or Slurm's HH:MM:SS or D-HH:MM:SS"
-            )
+            raise ValueError(f"{value!r} is not a duration: use minutes (90), 1h30m, or Slurm's HH:MM:SS or D-HH:MM:SS")
     if seconds <= 0:
         raise ValueError(f"{value!r} must be longer than zero")
     if seconds > 365 * 24 * 3600:
@@ -181,9 +179,7 @@ class Elastic(BaseModel):
     @model_validator(mode="after")
     def _ordered(self) -> Elastic:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(
-                f"min_replicas ({self.min_replicas}) is more than max_replicas ({self.max_replicas})"
-            )
+            raise ValueError(f"min_replicas ({self.min_replicas}) is more than max_replicas ({self.max_replicas})")
         return self
 
 
@@ -219,7 +215,9 @@ class JobSpec(BaseModel):
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         for key in env:
             if not _ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not an environment variable name: use letters, digits and _, not starting with a digit")
+                raise ValueError(
+                    f"{key!r} is not an environment variable name: use letters, digits and _, not starting with a digit"
+                )
         return env
 
     @field_validator("labels")
@@ -229,7 +227,10 @@ class JobSpec(BaseModel):
             if not _LABEL_KEY.match(key):
                 raise ValueError(f"label key {key!r} is not valid: [prefix/]name, name at most 63 of A-Z a-z 0-9 - _ .")
             if not _LABEL_VALUE.match(value):
-                raise ValueError(f"label {key}={value!r}: a value is at most 63 of A-Z a-z 0-9 - _ . and starts and ends alphanumeric")
+                raise ValueError(
+                    f"label {key}={value!r}: a value is at most 63 of A-Z a-z 0-9 - _ . "
+                    "and starts and ends alphanumeric"
+                )
         return labels
 
     # Cross-field rules are field validators (validate_default=True) rather than one

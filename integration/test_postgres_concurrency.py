@@ -47,9 +47,11 @@ def test_two_connections_race_to_move_a_job_and_exactly_one_wins(sessions, clock
         assert sorted(outcomes) == ["lost", "won"]
         with sessions() as session:
             state = session.get(Job, job_id).state
-            events = session.execute(
-                select(JobEvent.to_state).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
-            ).scalars().all()
+            events = (
+                session.execute(select(JobEvent.to_state).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
+                .scalars()
+                .all()
+            )
         assert events == ["queued", state]
 
 

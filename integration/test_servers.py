@@ -23,7 +23,9 @@ def free_port() -> int:
 
 
 def gpush(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([GPUSH, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=60)
+    result = subprocess.run(
+        [GPUSH, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=60
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"gpush {' '.join(args)} exited {result.returncode}: {result.stderr}")
     return result
@@ -33,7 +35,10 @@ def start_server(database_url: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
         [GPUSH, "--database-url", database_url, "server", "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -69,14 +74,45 @@ def servers(database_url):
 
 def test_two_servers_share_one_queue(servers, database_url):
     a, b = servers
-    token = gpush("--database-url", database_url, "admin", "token", "create",
-                  "--user", "alice", "--tenant", "ml").stdout.strip()
+    token = gpush(
+        "--database-url", database_url, "admin", "token", "create", "--user", "alice", "--tenant", "ml"
+    ).stdout.strip()
     env = {"GPUSH_TOKEN": token}
-    job_id = gpush("--url", a, "submit", "--kind", "training", "--gpus", "2", "--idempotency-key", "k1",
-                   "--", "python", "train.py", "--note", "it's $(here); ok", env=env).stdout.strip()
+    job_id = gpush(
+        "--url",
+        a,
+        "submit",
+        "--kind",
+        "training",
+        "--gpus",
+        "2",
+        "--idempotency-key",
+        "k1",
+        "--",
+        "python",
+        "train.py",
+        "--note",
+        "it's $(here); ok",
+        env=env,
+    ).stdout.strip()
     # A retry that lands on the other server finds the same job.
-    again = gpush("--url", b, "submit", "--kind", "training", "--gpus", "2", "--idempotency-key", "k1",
-                  "--", "python", "train.py", "--note", "it's $(here); ok", env=env).stdout.strip()
+    again = gpush(
+        "--url",
+        b,
+        "submit",
+        "--kind",
+        "training",
+        "--gpus",
+        "2",
+        "--idempotency-key",
+        "k1",
+        "--",
+        "python",
+        "train.py",
+        "--note",
+        "it's $(here); ok",
+        env=env,
+    ).stdout.strip()
     assert again == job_id
     job = json.loads(gpush("--url", b, "status", job_id, "--json", env=env).stdout)
     assert job["spec"]["command"] == ["python", "train.py", "--note", "it's $(here); ok"]
@@ -89,8 +125,9 @@ def test_two_servers_share_one_queue(servers, database_url):
 
 def test_cli_exit_codes_over_http(servers, database_url):
     url = servers[0]
-    token = gpush("--database-url", database_url, "admin", "token", "create",
-                  "--user", "bob", "--tenant", "vision").stdout.strip()
+    token = gpush(
+        "--database-url", database_url, "admin", "token", "create", "--user", "bob", "--tenant", "vision"
+    ).stdout.strip()
     assert gpush("--url", url, "--token", token, "status", "999", check=False).returncode == 3
     assert gpush("--url", url, "--token", "gpush_wrong", "list", check=False).returncode == 4
     assert gpush("--url", url, "list", check=False).returncode == 4  # no token at all

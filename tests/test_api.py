@@ -39,9 +39,15 @@ def test_health_endpoints_need_no_token(http):
 def test_every_other_endpoint_needs_a_valid_token(http, header):
     client = http(token=None)
     headers = {"Authorization": header} if header else {}
-    for method, path in [("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs/1"),
-                         ("GET", "/v1/jobs/1/events"), ("POST", "/v1/jobs/1/cancel"), ("GET", "/v1/whoami"),
-                         ("GET", "/v1/admin/tokens")]:
+    for method, path in [
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/1"),
+        ("GET", "/v1/jobs/1/events"),
+        ("POST", "/v1/jobs/1/cancel"),
+        ("GET", "/v1/whoami"),
+        ("GET", "/v1/admin/tokens"),
+    ]:
         response = client.request(method, path, headers=headers, json=TRAIN if method == "POST" else None)
         assert response.status_code == 401, (method, path)
         assert response.headers["WWW-Authenticate"] == "Bearer"
@@ -84,7 +90,11 @@ def test_submit_queues_the_job_with_its_owner_and_an_event(http):
     assert response.status_code == 201
     job = response.json()
     assert (job["state"], job["tenant"], job["user"], job["kind"], job["isolation"]) == (
-        "queued", "ml", "alice", "training", "exclusive"
+        "queued",
+        "ml",
+        "alice",
+        "training",
+        "exclusive",
     )
     assert job["spec"]["time_limit"] == "02:00:00" and job["spec"]["memory"] == "32G"
     assert client.get(f"/v1/jobs/{job['id']}").json() == job
@@ -192,7 +202,10 @@ def test_batch_replay_and_duplicates_within_a_batch(http, sessions):
     replay = client.post("/v1/jobs:batch", json={"jobs": jobs})
     assert replay.status_code == 200 and replay.json()["created"] == 0
     assert [j["id"] for j in replay.json()["jobs"]] == [j["id"] for j in first["jobs"]]
-    clash = client.post("/v1/jobs:batch", json={"jobs": [{**TRAIN, "idempotency_key": "c"}, {**TRAIN, "gpus": 3, "idempotency_key": "c"}]})
+    clash = client.post(
+        "/v1/jobs:batch",
+        json={"jobs": [{**TRAIN, "idempotency_key": "c"}, {**TRAIN, "gpus": 3, "idempotency_key": "c"}]},
+    )
     assert clash.status_code == 422 and "different specs" in clash.json()["error"]["message"]
     assert count_jobs(sessions) == 2
 
@@ -211,8 +224,11 @@ def test_tenants_see_only_their_jobs_and_others_are_not_found(http):
     theirs = bob.post("/v1/jobs", json=TRAIN).json()["id"]
     assert [j["id"] for j in alice.get("/v1/jobs").json()["jobs"]] == [mine]
     assert alice.get("/v1/jobs", params={"tenant": "vision"}).json()["jobs"] == []
-    for method, path in [("GET", f"/v1/jobs/{theirs}"), ("GET", f"/v1/jobs/{theirs}/events"),
-                         ("POST", f"/v1/jobs/{theirs}/cancel")]:
+    for method, path in [
+        ("GET", f"/v1/jobs/{theirs}"),
+        ("GET", f"/v1/jobs/{theirs}/events"),
+        ("POST", f"/v1/jobs/{theirs}/cancel"),
+    ]:
         response = alice.request(method, path)
         assert response.status_code == 404, path
         assert response.json()["error"]["code"] == "not_found"
@@ -243,7 +259,11 @@ def test_list_filters_and_pages_newest_first(http, sessions, clock):
         if not cursor:
             break
     assert seen == ids[::-1]
-    assert [j["id"] for j in client.get("/v1/jobs", params={"kind": "inference"}).json()["jobs"]] == [ids[6], ids[3], ids[0]]
+    assert [j["id"] for j in client.get("/v1/jobs", params={"kind": "inference"}).json()["jobs"]] == [
+        ids[6],
+        ids[3],
+        ids[0],
+    ]
     assert [j["id"] for j in client.get("/v1/jobs", params={"state": "held"}).json()["jobs"]] == [ids[1]]
     both = client.get("/v1/jobs", params=[("state", "held"), ("state", "queued")]).json()["jobs"]
     assert len(both) == 7
@@ -253,8 +273,13 @@ def test_list_filters_and_pages_newest_first(http, sessions, clock):
 
 @pytest.mark.parametrize(
     "params,field",
-    [({"state": "sleeping"}, "state"), ({"cursor": "garbage!"}, "cursor"), ({"limit": 0}, "limit"),
-     ({"limit": 5000}, "limit"), ({"kind": "x"}, "kind")],
+    [
+        ({"state": "sleeping"}, "state"),
+        ({"cursor": "garbage!"}, "cursor"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 5000}, "limit"),
+        ({"kind": "x"}, "kind"),
+    ],
 )
 def test_bad_list_parameters_are_422(http, params, field):
     response = http().get("/v1/jobs", params=params)
@@ -272,17 +297,21 @@ def test_cancel_of_a_queued_job_ends_it_at_once(http):
     assert result["outcome"] == "cancelled" and result["job"]["state"] == "cancelled"
     events = client.get(f"/v1/jobs/{job_id}/events").json()
     assert [(e["from_state"], e["to_state"], e["actor"]) for e in events] == [
-        (None, "queued", "alice"), ("queued", "cancelled", "alice")
+        (None, "queued", "alice"),
+        ("queued", "cancelled", "alice"),
     ]
     again = client.post(f"/v1/jobs/{job_id}/cancel").json()
     assert again["outcome"] == "already_finished" and len(client.get(f"/v1/jobs/{job_id}/events").json()) == 2
 
 
-@pytest.mark.parametrize("path", [
-    (JobState.QUEUED, JobState.ROUTED, JobState.SUBMITTING),
-    (JobState.QUEUED, JobState.ROUTED, JobState.SUBMITTING, JobState.SUBMITTED),
-    (JobState.QUEUED, JobState.ROUTED, JobState.SUBMITTING, JobState.SUBMITTED, JobState.RUNNING),
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        (JobState.QUEUED, JobState.ROUTED, JobState.SUBMITTING),
+        (JobState.QUEUED, JobState.ROUTED, JobState.SUBMITTING, JobState.SUBMITTED),
+        (JobState.QUEUED, JobState.ROUTED, JobState.SUBMITTING, JobState.SUBMITTED, JobState.RUNNING),
+    ],
+)
 def test_cancel_of_a_job_on_a_cluster_records_the_intent(http, sessions, clock, path):
     client = http()
     job_id = client.post("/v1/jobs", json=TRAIN).json()["id"]
@@ -297,10 +326,13 @@ def test_cancel_of_a_job_on_a_cluster_records_the_intent(http, sessions, clock, 
     assert client.post(f"/v1/jobs/{job_id}/cancel").json()["outcome"] == "already_requested"
 
 
-@pytest.mark.parametrize("path", [
-    (JobState.QUEUED, JobState.HELD),
-    (JobState.QUEUED, JobState.ROUTED),
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        (JobState.QUEUED, JobState.HELD),
+        (JobState.QUEUED, JobState.ROUTED),
+    ],
+)
 def test_cancel_of_held_or_routed_jobs_ends_them(http, sessions, clock, path):
     client = http()
     job_id = client.post("/v1/jobs", json=TRAIN).json()["id"]
@@ -311,8 +343,17 @@ def test_cancel_of_held_or_routed_jobs_ends_them(http, sessions, clock, path):
 def test_events_count_matches_what_happened(http, sessions, clock):
     client = http()
     job_id = client.post("/v1/jobs", json=TRAIN).json()["id"]
-    move(sessions, clock, job_id, JobState.QUEUED, JobState.ROUTED, JobState.SUBMITTING, JobState.SUBMITTED,
-         JobState.RUNNING, JobState.SUCCEEDED)
+    move(
+        sessions,
+        clock,
+        job_id,
+        JobState.QUEUED,
+        JobState.ROUTED,
+        JobState.SUBMITTING,
+        JobState.SUBMITTED,
+        JobState.RUNNING,
+        JobState.SUCCEEDED,
+    )
     events = client.get(f"/v1/jobs/{job_id}/events").json()
     assert [e["to_state"] for e in events] == ["queued", "routed", "submitting", "submitted", "running", "succeeded"]
     with sessions() as session:

@@ -24,8 +24,16 @@ S = JobState
 def _queued_job(sessions, clock) -> int:
     with sessions() as session, session.begin():
         job = Job(
-            tenant="ml", user="alice", kind="training", isolation="exclusive", priority=0,
-            state="queued", spec={}, spec_hash="x", created_at=clock(), updated_at=clock(),
+            tenant="ml",
+            user="alice",
+            kind="training",
+            isolation="exclusive",
+            priority=0,
+            state="queued",
+            spec={},
+            spec_hash="x",
+            created_at=clock(),
+            updated_at=clock(),
         )
         session.add(job)
         session.flush()

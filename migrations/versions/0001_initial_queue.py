@@ -77,9 +77,7 @@ def upgrade() -> None:
         sa.Column("to_state", sa.String(16), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("actor", sa.String(128), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_job_events_job_id_jobs"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_job_events_job_id_jobs"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_job_events")),
     )
     op.create_index(op.f("ix_job_events_job_id"), "job_events", ["job_id"])
