@@ -193,6 +193,17 @@ def db_upgrade(database_url: str, out: Output) -> int:
 def db_current(database_url: str, out: Output) -> int:
     from broker.db import current_revision, head_revision, make_engine
 
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(database_url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
+        # Reading the version of a database that does not exist must not create it.
+        current, head, shown = None, head_revision(), database_url
+        if out.json_mode:
+            out.json({"database": shown, "current": None, "head": head, "up_to_date": False})
+        else:
+            out.line(f"{shown}: does not exist yet; the first gpush command creates it")
+        return EXIT_OK
     engine = make_engine(database_url)
     current, head = current_revision(engine), head_revision()
     shown = engine.url.render_as_string(hide_password=True)

@@ -83,7 +83,7 @@ def submit_jobs(session: Session, specs: Sequence[JobSpec], principal: Principal
         tenant, user = _owner(spec, principal)
         body = spec.model_dump(mode="json")
         body["tenant"], body["user"] = tenant, user
-        prepared.append((index, spec, tenant, user, body, spec.fingerprint()))
+        prepared.append((index, spec, tenant, user, body, spec.fingerprint(tenant=tenant, user=user)))
 
     keyed = [p for p in prepared if p[1].idempotency_key]
     if not keyed:
@@ -104,7 +104,7 @@ def _submit_keyed(session, prepared, keyed, principal, now) -> list[Submitted]:
         ident = (tenant, spec.idempotency_key)
         if ident in seen and seen[ident][1] != digest:
             raise InvalidRequest(
-                f"jobs {seen[ident][0]} and {index} of the batch use idempotency key "
+                f"jobs.{seen[ident][0]} and jobs.{index} of the batch use idempotency key "
                 f"{spec.idempotency_key!r} for different specs",
                 details=[{"field": f"jobs.{index}.idempotency_key", "value": spec.idempotency_key}],
             )

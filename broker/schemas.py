@@ -9,6 +9,7 @@ that two specs that mean the same thing hash the same for idempotent submission.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import re
 from datetime import datetime
@@ -53,7 +54,8 @@ DEFAULT_ISOLATION = {
 }
 
 _MEMORY_UNITS = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+# 16G, 16GB, 16GiB (Slurm and people) and 16Gi (Kubernetes).
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B|i)?\s*$", re.IGNORECASE)
 
 
 def parse_memory_mib(value: Any) -> int:
@@ -71,7 +73,7 @@ def parse_memory_mib(value: Any) -> int:
         raise ValueError(f"{value!r} is less than 1 MiB")
     if mib > 64 * 1024 * 1024:
         raise ValueError(f"{value!r} is more than 64 TiB, which no node has")
-    return int(mib)
+    return math.ceil(mib)  # a fraction of a MiB rounds up: never less than asked
 
 
 def format_memory(mib: int) -> str:
@@ -186,7 +188,9 @@ class Elastic(BaseModel):
 class JobSpec(BaseModel):
     """What a user asks for, independent of where it lands (DESIGN.md, "The job")."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    # No str_strip_whitespace: argv elements and env values must reach the program
+    # byte for byte; name-like fields refuse whitespace through their patterns.
+    model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(None, pattern=_NAME, description="a name to recognise the job by")
     kind: Kind
@@ -209,6 +213,18 @@ class JobSpec(BaseModel):
     user: Principal | None = None
     priority: int = Field(0, ge=-1000, le=1000)
     idempotency_key: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")
+
+    @field_validator("env", "labels", mode="before")
+    @classmethod
+    def _scalars_as_strings(cls, mapping: Any) -> Any:
+        # YAML reads `OMP_NUM_THREADS: 4` as a number and `debug: true` as a bool;
+        # the user meant the text, as a shell would pass it.
+        if not isinstance(mapping, dict):
+            return mapping
+        return {
+            k: ("true" if v else "false") if isinstance(v, bool) else str(v) if isinstance(v, int | float) else v
+            for k, v in mapping.items()
+        }
 
     @field_validator("env")
     @classmethod
@@ -269,9 +285,15 @@ class JobSpec(BaseModel):
             raise ValueError("a job needs a command, an image, or both")
         return value
 
-    def fingerprint(self) -> str:
-        """sha256 of the spec without its idempotency key: equal for equal requests."""
+    def fingerprint(self, *, tenant: str | None = None, user: str | None = None) -> str:
+        """sha256 of the spec without its idempotency key: equal for equal requests.
+
+        ``tenant`` and ``user`` are the owner the broker resolved, so a job that
+        names its own tenant and one that leaves it to the token hash the same.
+        """
         body = self.model_dump(mode="json", exclude={"idempotency_key"})
+        body["tenant"] = tenant or body["tenant"]
+        body["user"] = user or body["user"]
         return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
