@@ -191,9 +191,9 @@ def db_upgrade(database_url: str, out: Output) -> int:
 
 
 def db_current(database_url: str, out: Output) -> int:
-    from broker.db import current_revision, head_revision, make_engine
-
     from sqlalchemy.engine import make_url
+
+    from broker.db import current_revision, head_revision, make_engine
 
     parsed = make_url(database_url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():

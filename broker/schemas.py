@@ -9,8 +9,8 @@ that two specs that mean the same thing hash the same for idempotent submission.
 from __future__ import annotations
 
 import hashlib
-import math
 import json
+import math
 import re
 from datetime import datetime
 from enum import StrEnum
