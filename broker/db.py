@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -36,6 +37,13 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            # SQLite has one writer. One connection per process makes the threads of
+            # a process queue for it in order, instead of polling SQLite's busy
+            # handler, whose back-off sleeps (up to 100 ms) made latency erratic.
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout=SQLITE_BUSY_TIMEOUT_MS / 1000,
+            json_serializer=_json_text,
         )
 
         @event.listens_for(engine, "connect")
@@ -56,7 +64,16 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    # No pool_pre_ping: it costs a round trip per request. A connection the server
+    # dropped fails one request, which SQLAlchemy turns into a pool reset and the
+    # API into a 503 that clients retry.
+    return create_engine(
+        url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800, json_serializer=_json_text
+    )
+
+
+def _json_text(value: object) -> str:
+    return orjson.dumps(value).decode()
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -17,10 +17,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from broker import jobstore
 from broker.auth import Principal
 from broker.errors import Conflict, InvalidRequest, NotAllowed, NotFound, StateConflict
 from broker.models import Job, JobEvent
@@ -38,21 +38,12 @@ class Submitted:
     created: bool
 
 
-def _owner(spec: JobSpec, principal: Principal) -> tuple[str, str]:
-    tenant = spec.tenant or principal.tenant
-    user = spec.user or principal.user
-    if not principal.is_admin:
-        if tenant != principal.tenant:
-            raise NotAllowed(
-                f"your token belongs to tenant {principal.tenant!r}; only an admin submits for tenant {tenant!r}"
-            )
-        if user != principal.user:
-            raise NotAllowed(f"your token belongs to user {principal.user!r}; only an admin submits as user {user!r}")
-    return tenant, user
-
-
-def job_row(job: Job) -> dict[str, Any]:
-    return {c: getattr(job, c) for c in _JOB_FIELDS}
+@dataclass(slots=True)
+class _Pending:
+    index: int
+    key: str | None
+    digest: str
+    row: dict[str, Any]
 
 
 _JOB_FIELDS = (
@@ -72,125 +63,157 @@ _JOB_FIELDS = (
 )
 
 
+def job_row(job: Job) -> dict[str, Any]:
+    return {c: getattr(job, c) for c in _JOB_FIELDS}
+
+
+def _stored(row: dict[str, Any], job_id: int) -> dict[str, Any]:
+    """What job_row() would read back for a row just written with this id."""
+    return {c: job_id if c == "id" else row[c] for c in _JOB_FIELDS}
+
+
+def _owner(spec: JobSpec, principal: Principal) -> tuple[str, str]:
+    tenant = spec.tenant or principal.tenant
+    user = spec.user or principal.user
+    if not principal.is_admin:
+        if tenant != principal.tenant:
+            raise NotAllowed(
+                f"your token belongs to tenant {principal.tenant!r}; only an admin submits for tenant {tenant!r}"
+            )
+        if user != principal.user:
+            raise NotAllowed(f"your token belongs to user {principal.user!r}; only an admin submits as user {user!r}")
+    return tenant, user
+
+
+def _prepare(index: int, spec: JobSpec, principal: Principal, now: datetime) -> _Pending:
+    tenant, user = _owner(spec, principal)
+    body = spec.model_dump(mode="json")
+    body["tenant"], body["user"] = tenant, user
+    row = {
+        "name": spec.name,
+        "tenant": tenant,
+        "user": user,
+        "kind": body["kind"],
+        "isolation": body["isolation"],
+        "priority": spec.priority,
+        "state": JobState.QUEUED.value,
+        "state_reason": None,
+        "spec": body,
+        "spec_hash": spec_fingerprint(body),
+        "idempotency_key": spec.idempotency_key,
+        "cancel_requested_at": None,
+        "created_at": now,
+        "updated_at": now,
+    }
+    return _Pending(index, spec.idempotency_key, row["spec_hash"], row)
+
+
 def submit_jobs(session: Session, specs: Sequence[JobSpec], principal: Principal, *, now: datetime) -> list[Submitted]:
-    """Put jobs in the queue, all or none; replays of an idempotency key return the stored job.
+    """Put jobs in the queue, all or none; a replayed idempotency key returns the stored job.
 
     Raises :class:`Conflict` if a key was used before with another spec, and
     :class:`InvalidRequest` if one batch uses a key twice for different specs.
+    Keys are unique per tenant; the database's unique index is the arbiter when
+    two requests race with one key. Inserts are optimistic: keys are looked up
+    only when the index refuses one, which is the rare case of a retry.
     """
-    prepared = []
-    for index, spec in enumerate(specs):
-        tenant, user = _owner(spec, principal)
-        body = spec.model_dump(mode="json")
-        body["tenant"], body["user"] = tenant, user
-        prepared.append((index, spec, tenant, user, body, spec.fingerprint(tenant=tenant, user=user)))
-
-    keyed = [p for p in prepared if p[1].idempotency_key]
-    if not keyed:
-        return _insert(session, prepared, principal, now)
-    try:
-        with session.begin_nested():
-            return _submit_keyed(session, prepared, keyed, principal, now)
-    except IntegrityError:
-        # Another request inserted one of our keys between our lookup and our insert:
-        # look again; the stored job now answers the replay (or the conflict).
-        with session.begin_nested():
-            return _submit_keyed(session, prepared, keyed, principal, now)
-
-
-def _submit_keyed(session, prepared, keyed, principal, now) -> list[Submitted]:
-    seen: dict[tuple[str, str], tuple[int, str]] = {}
-    for index, spec, tenant, _user, _body, digest in keyed:
-        ident = (tenant, spec.idempotency_key)
-        if ident in seen and seen[ident][1] != digest:
-            raise InvalidRequest(
-                f"jobs.{seen[ident][0]} and jobs.{index} of the batch use idempotency key "
-                f"{spec.idempotency_key!r} for different specs",
-                details=[{"field": f"jobs.{index}.idempotency_key", "value": spec.idempotency_key}],
-            )
-        seen.setdefault(ident, (index, digest))
-    existing: dict[tuple[str, str], Job] = {}
-    for tenant in {t for t, _ in seen}:
-        keys = [k for t, k in seen if t == tenant]
-        for chunk_start in range(0, len(keys), 500):
-            rows = session.execute(
-                select(Job).where(Job.tenant == tenant, Job.idempotency_key.in_(keys[chunk_start : chunk_start + 500]))
-            ).scalars()
-            existing.update({(j.tenant, j.idempotency_key): j for j in rows})
-    results: dict[int, Submitted] = {}
-    fresh = []
-    first_of_key: dict[tuple[str, str], int] = {}
-    for item in prepared:
-        index, spec, tenant, _user, _body, digest = item
-        ident = (tenant, spec.idempotency_key) if spec.idempotency_key else None
-        if ident and ident in existing:
-            job = existing[ident]
-            if job.spec_hash != digest:
-                raise Conflict(
-                    f"idempotency key {spec.idempotency_key!r} was used for job {job.id} with a "
-                    "different spec: use a new key for a new job",
-                    details=[{"field": "idempotency_key", "value": spec.idempotency_key, "job_id": job.id}],
-                )
-            results[index] = Submitted(job_row(job), created=False)
-        elif ident and ident in first_of_key:
-            continue  # the same job twice in one batch: filled in below
-        else:
-            if ident:
-                first_of_key[ident] = index
-            fresh.append(item)
-    for sub, item in zip(_insert(session, fresh, principal, now), fresh):
-        results[item[0]] = sub
-    for index, spec, tenant, *_ in prepared:
-        if index not in results:
-            first = results[first_of_key[(tenant, spec.idempotency_key)]]
-            results[index] = Submitted(first.job, created=False)
-    return [results[i] for i in range(len(prepared))]
-
-
-def _insert(session: Session, prepared, principal: Principal, now: datetime) -> list[Submitted]:
-    if not prepared:
-        return []
-    rows = [
-        {
-            "name": spec.name,
-            "tenant": tenant,
-            "user": user,
-            "kind": spec.kind.value,
-            "isolation": spec.isolation.value,
-            "priority": spec.priority,
-            "state": JobState.QUEUED.value,
-            "state_reason": None,
-            "spec": body,
-            "spec_hash": digest,
-            "idempotency_key": spec.idempotency_key,
-            "cancel_requested_at": None,
-            "created_at": now,
-            "updated_at": now,
-        }
-        for _index, spec, tenant, user, body, digest in prepared
+    pending = [_prepare(i, spec, principal, now) for i, spec in enumerate(specs)]
+    unique, first_of = _dedupe(pending)
+    if len(unique) == 1:
+        results = {unique[0].index: _submit_one(session, unique[0])}
+    elif not any(p.key for p in unique):
+        ids = jobstore.insert_many(session, [p.row for p in unique])
+        results = {p.index: Submitted(_stored(p.row, i), created=True) for p, i in zip(unique, ids, strict=True)}
+    else:
+        results = _submit_keyed(session, unique)
+    return [
+        results[p.index] if p.index in results else Submitted(results[first_of[p.index]].job, created=False)
+        for p in pending
     ]
-    ids = session.execute(insert(Job).returning(Job.id, sort_by_parameter_order=True), rows).scalars().all()
-    actor = principal.user
-    session.execute(
-        insert(JobEvent),
-        [
-            {
-                "job_id": job_id,
-                "at": now,
-                "type": "transition",
-                "from_state": None,
-                "to_state": JobState.QUEUED.value,
-                "reason": "submitted",
-                "actor": actor,
-            }
-            for job_id in ids
-        ],
-    )
-    out = []
-    for job_id, row in zip(ids, rows):
-        row["id"] = job_id
-        out.append(Submitted({c: row[c] for c in _JOB_FIELDS}, created=True))
-    return out
+
+
+def spec_fingerprint(body: dict[str, Any]) -> str:
+    """sha256 of a resolved spec body without its idempotency key (see JobSpec.fingerprint)."""
+    return JobSpec.fingerprint_of(body)
+
+
+def _dedupe(pending: list[_Pending]) -> tuple[list[_Pending], dict[int, int]]:
+    """The jobs to insert, and for a job repeated in one batch (same key), its first copy."""
+    seen: dict[tuple[str, str], _Pending] = {}
+    unique: list[_Pending] = []
+    first_of: dict[int, int] = {}
+    for p in pending:
+        if not p.key:
+            unique.append(p)
+            continue
+        first = seen.setdefault((p.row["tenant"], p.key), p)
+        if first is p:
+            unique.append(p)
+        elif first.digest != p.digest:
+            raise InvalidRequest(
+                f"jobs.{first.index} and jobs.{p.index} of the batch use idempotency key {p.key!r} for different specs",
+                details=[{"field": f"jobs.{p.index}.idempotency_key", "value": p.key}],
+            )
+        else:
+            first_of[p.index] = first.index
+    return unique, first_of
+
+
+def _replay(job: Job, p: _Pending) -> Submitted:
+    if job.spec_hash != p.digest:
+        raise Conflict(
+            f"idempotency key {p.key!r} was used for job {job.id} with a different spec: use a new key for a new job",
+            details=[{"field": "idempotency_key", "value": p.key, "job_id": job.id}],
+        )
+    return Submitted(job_row(job), created=False)
+
+
+def _submit_one(session: Session, p: _Pending) -> Submitted:
+    job_id = jobstore.insert_one(session, p.row)
+    if job_id is not None:
+        return Submitted(_stored(p.row, job_id), created=True)
+    existing = _existing(session, [(p.row["tenant"], p.key)])
+    return _replay(existing[(p.row["tenant"], p.key)], p)
+
+
+def _existing(session: Session, idents: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Job]:
+    by_tenant: dict[str, list[str]] = {}
+    for tenant, key in set(idents):
+        by_tenant.setdefault(tenant, []).append(key)
+    found: dict[tuple[str, str], Job] = {}
+    for tenant, keys in by_tenant.items():
+        for start in range(0, len(keys), 500):
+            rows = session.execute(
+                select(Job).where(Job.tenant == tenant, Job.idempotency_key.in_(keys[start : start + 500]))
+            ).scalars()
+            found.update({(j.tenant, j.idempotency_key): j for j in rows})
+    return found
+
+
+def _submit_keyed(session: Session, unique: list[_Pending]) -> dict[int, Submitted]:
+    for attempt in range(3):
+        try:
+            with session.begin_nested():
+                if attempt == 0:  # optimistic: no replays in the batch
+                    existing: dict[tuple[str, str], Job] = {}
+                else:
+                    existing = _existing(session, [(p.row["tenant"], p.key) for p in unique if p.key])
+                results = {
+                    p.index: _replay(existing[(p.row["tenant"], p.key)], p)
+                    for p in unique
+                    if p.key and (p.row["tenant"], p.key) in existing
+                }
+                fresh = [p for p in unique if p.index not in results]
+                ids = jobstore.insert_many(session, [p.row for p in fresh])
+                results.update(
+                    {p.index: Submitted(_stored(p.row, i), created=True) for p, i in zip(fresh, ids, strict=True)}
+                )
+                return results
+        except jobstore.KeyTaken:
+            # A key of the batch is taken (a replay), or was taken by a request racing
+            # this one since we looked: look (again) and let the stored jobs answer.
+            continue
+    raise Conflict("the batch's idempotency keys kept being taken by concurrent requests: retry the batch")
 
 
 def get_job(session: Session, job_id: int, principal: Principal) -> Job:
@@ -256,8 +279,23 @@ def list_jobs(
 
 
 def job_events(session: Session, job_id: int, principal: Principal) -> list[JobEvent]:
-    get_job(session, job_id, principal)
-    return list(session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars())
+    """The job's history, oldest first, starting with its submission.
+
+    The submission is read off the job's row (it is not stored twice), as event 0.
+    """
+    job = get_job(session, job_id, principal)
+    submitted = JobEvent(
+        id=0,
+        job_id=job.id,
+        at=job.created_at,
+        type="transition",
+        from_state=None,
+        to_state=JobState.QUEUED.value,
+        reason="submitted",
+        actor=job.user,
+    )
+    stored = session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars()
+    return [submitted, *stored]
 
 
 class CancelOutcome(StrEnum):

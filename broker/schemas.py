@@ -9,13 +9,13 @@ that two specs that mean the same thing hash the same for idempotent submission.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
+import orjson
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -291,10 +291,16 @@ class JobSpec(BaseModel):
         ``tenant`` and ``user`` are the owner the broker resolved, so a job that
         names its own tenant and one that leaves it to the token hash the same.
         """
-        body = self.model_dump(mode="json", exclude={"idempotency_key"})
+        body = self.model_dump(mode="json")
         body["tenant"] = tenant or body["tenant"]
         body["user"] = user or body["user"]
-        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        return self.fingerprint_of(body)
+
+    @staticmethod
+    def fingerprint_of(body: dict[str, Any]) -> str:
+        """The fingerprint of a spec already dumped to JSON types."""
+        without_key = {k: v for k, v in body.items() if k != "idempotency_key"}
+        return hashlib.sha256(orjson.dumps(without_key, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 class JobBatch(BaseModel):

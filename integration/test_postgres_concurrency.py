@@ -52,7 +52,7 @@ def test_two_connections_race_to_move_a_job_and_exactly_one_wins(sessions, clock
                 .scalars()
                 .all()
             )
-        assert events == ["queued", state]
+        assert events == [state]  # one stored change: the winner's
 
 
 def test_concurrent_submissions_with_one_key_create_one_job(sessions, clock):

@@ -211,13 +211,15 @@ def _client_process(port: int, token: str, threads: int, proc_index: int, run_id
     go.set()
     for worker in workers:
         worker.join()
-    pipe.send({
-        "latencies": [list(lat) for lat in latencies],
-        "errors": sum(errors),
-        "first_error": first_error[0] if first_error else None,
-        "last_done": max(last_done),
-        "cpu_s": time.process_time() - cpu_before,
-    })
+    pipe.send(
+        {
+            "latencies": [list(lat) for lat in latencies],
+            "errors": sum(errors),
+            "first_error": first_error[0] if first_error else None,
+            "last_done": max(last_done),
+            "cpu_s": time.process_time() - cpu_before,
+        }
+    )
     pipe.close()
 
 
@@ -341,7 +343,7 @@ def _baseline_row(n: int) -> tuple[str, str, str, str, str, dict[str, Any]]:
 def baseline_postgres(conninfo: str, duration: float) -> Row:
     with psycopg.connect(conninfo) as conn:
         conn.execute(
-            "CREATE TABLE bench_baseline (id bigserial PRIMARY KEY, tenant text, \"user\" text, kind text,"
+            'CREATE TABLE bench_baseline (id bigserial PRIMARY KEY, tenant text, "user" text, kind text,'
             " state text, idempotency_key text, spec jsonb, created_at timestamptz DEFAULT now())"
         )
         conn.commit()
@@ -350,7 +352,7 @@ def baseline_postgres(conninfo: str, duration: float) -> Row:
         def insert(n: int) -> None:
             *cols, spec = _baseline_row(n)
             cur.execute(
-                "INSERT INTO bench_baseline (tenant, \"user\", kind, state, idempotency_key, spec)"
+                'INSERT INTO bench_baseline (tenant, "user", kind, state, idempotency_key, spec)'
                 " VALUES (%s, %s, %s, %s, %s, %s)",
                 (*cols, Jsonb(spec)),
             )
@@ -389,8 +391,20 @@ def baseline_sqlite(path: Path, duration: float) -> Row:
 def _baseline_result(backend: str, scenario: str, n: int, seconds: float, latencies: list[float]) -> Row:
     p50, p99 = latency_ms(latencies)
     rate = n / seconds
-    return Row(backend=backend, scenario=scenario, clients=1, requests=n, jobs=n, errors=0,
-               seconds=seconds, jobs_per_s=rate, p50_ms=p50, p99_ms=p99, baseline_per_s=rate, ratio=1.0)
+    return Row(
+        backend=backend,
+        scenario=scenario,
+        clients=1,
+        requests=n,
+        jobs=n,
+        errors=0,
+        seconds=seconds,
+        jobs_per_s=rate,
+        p50_ms=p50,
+        p99_ms=p99,
+        baseline_per_s=rate,
+        ratio=1.0,
+    )
 
 
 # -- the gpush server under test --------------------------------------------------
@@ -413,8 +427,9 @@ def free_port() -> int:
 
 def gpush_cli(env: dict[str, str], url: str, *args: str) -> str:
     """Run ``gpush --database-url URL ARGS`` in-process mode; its stdout, or RuntimeError."""
-    proc = subprocess.run([gpush_executable(), "--database-url", url, *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [gpush_executable(), "--database-url", url, *args], env=env, capture_output=True, text=True, timeout=120
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"gpush {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
     return proc.stdout
@@ -441,8 +456,20 @@ def process_group_cpu_s(pgid: int) -> float | None:
 def gpush_server(env: dict[str, str], url: str, workers: int, log: Path) -> Iterator[tuple[int, int]]:
     """A ``gpush server`` in its own process group; yields (port, pgid), stops it on exit."""
     port = free_port()
-    cmd = [gpush_executable(), "--database-url", url, "server", "--host", "127.0.0.1",
-           "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    cmd = [
+        gpush_executable(),
+        "--database-url",
+        url,
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--log-level",
+        "warning",
+    ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -517,8 +544,10 @@ def postgres_database(pg_url: str) -> Iterator[tuple[str, str]]:
         drop(conn)
         conn.execute(f"CREATE DATABASE {BENCH_DATABASE}")
     try:
-        yield (bench.render_as_string(hide_password=False),
-               bench.set(drivername="postgresql").render_as_string(hide_password=False))
+        yield (
+            bench.render_as_string(hide_password=False),
+            bench.set(drivername="postgresql").render_as_string(hide_password=False),
+        )
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             drop(conn)
@@ -540,10 +569,14 @@ def bench_backend(backend: str, settings: Settings, workdir: Path) -> list[Row]:
         return _bench_server(backend, url, env, baseline, settings, workdir)
 
 
-def _bench_server(backend: str, url: str, env: dict[str, str], baseline: Row,
-                  settings: Settings, workdir: Path) -> list[Row]:
-    created = json.loads(gpush_cli(env, url, "admin", "token", "create", "--user", "bench",
-                                   "--tenant", "bench", "--role", "admin", "--json"))
+def _bench_server(
+    backend: str, url: str, env: dict[str, str], baseline: Row, settings: Settings, workdir: Path
+) -> list[Row]:
+    created = json.loads(
+        gpush_cli(
+            env, url, "admin", "token", "create", "--user", "bench", "--tenant", "bench", "--role", "admin", "--json"
+        )
+    )
     token = created["token"]
     rows = [baseline]
     with gpush_server(env, url, settings.workers, workdir / f"server-{backend}.log") as (port, pgid):
@@ -566,15 +599,29 @@ def _bench_server(backend: str, url: str, env: dict[str, str], baseline: Row,
     return rows
 
 
-def _load_row(backend: str, scenario: str, clients: int, jobs_per_request: int, load: LoadResult,
-              cpu_before: float | None, cpu_after: float | None) -> Row:
+def _load_row(
+    backend: str,
+    scenario: str,
+    clients: int,
+    jobs_per_request: int,
+    load: LoadResult,
+    cpu_before: float | None,
+    cpu_after: float | None,
+) -> Row:
     jobs = len(load.latencies) * jobs_per_request
     p50, p99 = latency_ms(load.latencies)
     server_cpu = None if cpu_before is None or cpu_after is None or not jobs else (cpu_after - cpu_before) / jobs * 1e3
     return Row(
-        backend=backend, scenario=scenario if scenario == "single" else f"batch {jobs_per_request}",
-        clients=clients, requests=load.requests, jobs=jobs, errors=load.errors, seconds=load.seconds,
-        jobs_per_s=jobs / load.seconds if load.seconds > 0 else 0.0, p50_ms=p50, p99_ms=p99,
+        backend=backend,
+        scenario=scenario if scenario == "single" else f"batch {jobs_per_request}",
+        clients=clients,
+        requests=load.requests,
+        jobs=jobs,
+        errors=load.errors,
+        seconds=load.seconds,
+        jobs_per_s=jobs / load.seconds if load.seconds > 0 else 0.0,
+        p50_ms=p50,
+        p99_ms=p99,
         server_cpu_ms_per_job=server_cpu,
         client_cpu_ms_per_request=load.client_cpu_s / load.requests * 1e3 if load.requests else None,
         first_error=load.first_error,
@@ -613,8 +660,20 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def print_table(rows: list[Row]) -> None:
     table = Table(title="gpush submissions through the HTTP API", title_justify="left")
-    for name in ("backend", "scenario", "clients", "requests", "jobs/s", "p50 ms", "p99 ms",
-                 "baseline/s", "ratio", "CPU ms/job", "errors", "target"):
+    for name in (
+        "backend",
+        "scenario",
+        "clients",
+        "requests",
+        "jobs/s",
+        "p50 ms",
+        "p99 ms",
+        "baseline/s",
+        "ratio",
+        "CPU ms/job",
+        "errors",
+        "target",
+    ):
         table.add_column(name, justify="left" if name in ("backend", "scenario", "target") else "right")
     previous = None
     for row in rows:
@@ -623,10 +682,19 @@ def print_table(rows: list[Row]) -> None:
         previous = row.backend
         target = ", ".join(f"{goal} {'met' if met else 'MISSED'}" for goal, met in (row.targets or {}).items())
         table.add_row(
-            row.backend, row.scenario, str(row.clients), f"{row.requests:,}", _fmt(row.jobs_per_s, 0),
-            _fmt(row.p50_ms, 2), _fmt(row.p99_ms, 2), _fmt(row.baseline_per_s, 0), _fmt(row.ratio, 3),
-            _fmt(row.server_cpu_ms_per_job, 3), str(row.errors) if row.errors else "",
-            target, style="red" if row.errors else None,
+            row.backend,
+            row.scenario,
+            str(row.clients),
+            f"{row.requests:,}",
+            _fmt(row.jobs_per_s, 0),
+            _fmt(row.p50_ms, 2),
+            _fmt(row.p99_ms, 2),
+            _fmt(row.baseline_per_s, 0),
+            _fmt(row.ratio, 3),
+            _fmt(row.server_cpu_ms_per_job, 3),
+            str(row.errors) if row.errors else "",
+            target,
+            style="red" if row.errors else None,
         )
     console.print(table)
 
@@ -635,25 +703,42 @@ def print_table(rows: list[Row]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", metavar="PATH", help="Also write the results as JSON to PATH.")
-    parser.add_argument("--duration", type=float, default=5.0, metavar="SECONDS",
-                        help="Length of each single-submit measurement and of each baseline (default 5).")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="Length of each single-submit measurement and of each baseline (default 5).",
+    )
     parser.add_argument("--backends", default="sqlite,postgres", help="Comma-separated: sqlite, postgres.")
-    parser.add_argument("--pg-url", default=os.environ.get("GPUSH_BENCH_PG_URL", DEFAULT_PG_URL),
-                        help=f"PostgreSQL server to use; the benchmark creates and drops its own database "
-                             f"{BENCH_DATABASE!r} there (default {DEFAULT_PG_URL}).")
-    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
-                        help=f"uvicorn worker processes of the gpush server, on both backends "
-                             f"(default {DEFAULT_WORKERS}: the CPUs, at most 2).")
+    parser.add_argument(
+        "--pg-url",
+        default=os.environ.get("GPUSH_BENCH_PG_URL", DEFAULT_PG_URL),
+        help=f"PostgreSQL server to use; the benchmark creates and drops its own database "
+        f"{BENCH_DATABASE!r} there (default {DEFAULT_PG_URL}).",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        metavar="N",
+        help=f"uvicorn worker processes of the gpush server, on both backends "
+        f"(default {DEFAULT_WORKERS}: the CPUs, at most 2).",
+    )
     parser.add_argument("--batches", type=int, default=5, help="Batch requests to send (default 5).")
     parser.add_argument("--batch-size", type=int, default=1000, help="Jobs per batch request (default 1000).")
-    parser.add_argument("--client-procs", type=int, default=DEFAULT_CLIENT_PROCS, metavar="N",
-                        help=f"Client processes the concurrent clients are spread over, as threads "
-                             f"(default {DEFAULT_CLIENT_PROCS}).")
-    parser.add_argument("--quick", action="store_true",
-                        help="Smoke run: 1 s measurements, 2 batches.")
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=DEFAULT_CLIENT_PROCS,
+        metavar="N",
+        help=f"Client processes the concurrent clients are spread over, as threads (default {DEFAULT_CLIENT_PROCS}).",
+    )
+    parser.add_argument("--quick", action="store_true", help="Smoke run: 1 s measurements, 2 batches.")
     args = parser.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(args.backends) - set(BACKENDS)
@@ -671,8 +756,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = Settings(
-        duration=args.duration, warmup=min(1.0, args.duration), batches=args.batches,
-        batch_size=args.batch_size, client_procs=args.client_procs, workers=args.workers, pg_url=args.pg_url,
+        duration=args.duration,
+        warmup=min(1.0, args.duration),
+        batches=args.batches,
+        batch_size=args.batch_size,
+        client_procs=args.client_procs,
+        workers=args.workers,
+        pg_url=args.pg_url,
     )
     machine = machine_info()
     console.print(
@@ -700,17 +790,23 @@ def main(argv: list[str] | None = None) -> int:
         )
     for row in rows:
         if row.errors:
-            failures.append(f"{row.backend} {row.scenario} x{row.clients}: {row.errors} failed requests, "
-                            f"first: {row.first_error}")
+            failures.append(
+                f"{row.backend} {row.scenario} x{row.clients}: {row.errors} failed requests, first: {row.first_error}"
+            )
     for failure in failures:
         console.print(f"[red]error: {failure}[/red]")
     if args.json:
         report = {
             "machine": machine,
             "settings": {
-                "duration_s": settings.duration, "warmup_s": settings.warmup, "clients": list(settings.clients),
-                "batches": settings.batches, "batch_size": settings.batch_size, "backends": args.backends,
-                "workers": settings.workers, "client_procs": settings.client_procs,
+                "duration_s": settings.duration,
+                "warmup_s": settings.warmup,
+                "clients": list(settings.clients),
+                "batches": settings.batches,
+                "batch_size": settings.batch_size,
+                "backends": args.backends,
+                "workers": settings.workers,
+                "client_procs": settings.client_procs,
                 "client": "stdlib http.client, one keep-alive connection per client",
             },
             "results": [asdict(row) for row in rows],
