@@ -104,3 +104,21 @@ def test_cancel_racing_the_scheduler_is_never_lost(sessions, clock):
         else:
             assert outcome == "cancel_requested"
             assert job.state == "submitting" and job.cancel_requested_at is not None
+
+
+def test_concurrent_batches_sharing_keys_create_one_job_per_key(sessions, clock):
+    shared = [SPEC.model_copy(update={"idempotency_key": f"shard-{i}"}) for i in range(50)]
+    barrier = threading.Barrier(4)
+
+    def submit(worker: int) -> list[int]:
+        own = [SPEC.model_copy(update={"idempotency_key": f"own-{worker}-{i}"}) for i in range(10)]
+        barrier.wait()
+        with sessions() as session, session.begin():
+            results = queue.submit_jobs(session, shared + own, ALICE, now=clock())
+        return [r.job["id"] for r in results]
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(submit, range(4)))
+    assert len({tuple(a[:50]) for a in answers}) == 1  # every batch got the same 50 shared jobs
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Job)) == 50 + 4 * 10

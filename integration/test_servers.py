@@ -78,41 +78,11 @@ def test_two_servers_share_one_queue(servers, database_url):
         "--database-url", database_url, "admin", "token", "create", "--user", "alice", "--tenant", "ml"
     ).stdout.strip()
     env = {"GPUSH_TOKEN": token}
-    job_id = gpush(
-        "--url",
-        a,
-        "submit",
-        "--kind",
-        "training",
-        "--gpus",
-        "2",
-        "--idempotency-key",
-        "k1",
-        "--",
-        "python",
-        "train.py",
-        "--note",
-        "it's $(here); ok",
-        env=env,
-    ).stdout.strip()
+    submit = ["submit", "--kind", "training", "--gpus", "2", "--idempotency-key", "k1"]
+    command = ["--", "python", "train.py", "--note", "it's $(here); ok"]
+    job_id = gpush("--url", a, *submit, *command, env=env).stdout.strip()
     # A retry that lands on the other server finds the same job.
-    again = gpush(
-        "--url",
-        b,
-        "submit",
-        "--kind",
-        "training",
-        "--gpus",
-        "2",
-        "--idempotency-key",
-        "k1",
-        "--",
-        "python",
-        "train.py",
-        "--note",
-        "it's $(here); ok",
-        env=env,
-    ).stdout.strip()
+    again = gpush("--url", b, *submit, *command, env=env).stdout.strip()
     assert again == job_id
     job = json.loads(gpush("--url", b, "status", job_id, "--json", env=env).stdout)
     assert job["spec"]["command"] == ["python", "train.py", "--note", "it's $(here); ok"]
