@@ -216,9 +216,7 @@ def whoami(settings: Settings, json_mode: bool) -> int:
     envvar="GPUSH_WORKERS",
     show_envvar=True,
     type=click.IntRange(1, 64),
-    default=1,
-    show_default=True,
-    help="API worker processes.",
+    help="API worker processes. Default: 1 on SQLite (one writer); on PostgreSQL, the CPUs + 1, at most 8.",
 )
 @click.option(
     "--log-level",
@@ -227,11 +225,15 @@ def whoami(settings: Settings, json_mode: bool) -> int:
     show_default=True,
 )
 @click.pass_obj
-def server(settings: Settings, host: str, port: int, workers: int, log_level: str) -> int:
+def server(settings: Settings, host: str, port: int, workers: int | None, log_level: str) -> int:
     """Run the broker: the REST API on HOST:PORT over the configured database."""
+    import os
+
     from broker.server import serve
 
     url = settings.resolved_database_url()
+    if workers is None:
+        workers = 1 if url.startswith("sqlite") else min((os.cpu_count() or 1) + 1, 8)
     if url.startswith("sqlite"):
         from broker.local import credentials_path, local_admin_token, open_database
 
