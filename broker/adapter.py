@@ -1,0 +1,202 @@
+"""The adapter protocol: the one boundary between the broker and a cluster.
+
+Every cluster kind (the simulated fleet, Slurm, Kubernetes) implements
+:class:`ClusterAdapter`. The broker imports adapters only through
+:func:`adapter_class`, which maps a cluster's ``kind`` to its class.
+
+What callers may assume of every adapter:
+
+- **Idempotent by gpush job id.** ``submit(job, placement)`` twice for the same job
+  id creates one backend job and returns the same backend id. Every backend job
+  carries the gpush job id (a label, a name, a comment), so ``find(job_id)`` answers
+  after a broker crash, and the broker never submits a job twice.
+- **Asynchronous and eventually consistent.** ``submit`` returns once the cluster has
+  accepted the job, not when it runs. ``statuses`` and ``inventory`` are the
+  cluster's view at the time of the call and may lag the broker's own decisions.
+- **Typed failures.** :class:`Rejected` means the cluster refused this job for a
+  reason retrying will not fix (the job fails); :class:`Unreachable` means the call
+  may be retried later (the job goes back to the queue, or the cycle skips the
+  cluster). Anything else is a bug.
+- **No user work in the broker.** Adapters talk to a cluster; they never run jobs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from broker.schemas import JobSpec
+
+
+class Sharing(StrEnum):
+    """How a job shares a GPU on a cluster: the ``sharing`` of a routing rule."""
+
+    SLURM_EXCLUSIVE = "slurm/exclusive"  # whole GPUs as typed GRES
+    SLURM_MIG = "slurm/mig"  # a MIG instance as typed GRES (gpu:1g.5gb)
+    SLURM_MPS = "slurm/mps"  # a share of an MPS GPU (gres/mps)
+    K8S_TIMESLICE = "k8s/timeslice"  # a time-slicing replica of nvidia.com/gpu
+    K8S_MIG = "k8s/mig"  # nvidia.com/mig-<profile> under the mixed strategy
+    K8S_EXCLUSIVE = "k8s/exclusive"  # whole nvidia.com/gpu on a node without time-slicing
+
+    @property
+    def flavor(self) -> str:
+        """The cluster kind that offers this mode: ``slurm`` or ``k8s``."""
+        return self.value.split("/", 1)[0]
+
+    @property
+    def isolation(self) -> str:
+        """The isolation class this mode gives (broker.schemas.Isolation values)."""
+        return {
+            "exclusive": "exclusive",
+            "mig": "hardware",
+            "mps": "process",
+            "timeslice": "none",
+        }[self.value.split("/", 1)[1]]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the broker decided a job runs. ``units`` is per replica: whole GPUs,
+    MIG instances, time-slice replicas, or MPS shares (percent of one GPU)."""
+
+    cluster: str
+    sharing: Sharing
+    units: int
+    gpu_equivalents: float  # physical GPU-equivalents the whole job holds
+    node: str | None = None  # the node the broker fitted it on (clusters may choose another)
+    mig_profile: str | None = None
+    gpu_model: str | None = None
+    gpu_memory_gb: float | None = None  # the job's memory limit per unit (time-slicing, MPS)
+    replicas: int = 1
+    partition: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (v.value if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Placement:
+        return cls(**{**data, "sharing": Sharing(data["sharing"])})
+
+
+class BackendState(StrEnum):
+    PENDING = "pending"  # accepted, waiting in the cluster
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class BackendJob:
+    """A cluster's view of one gpush job."""
+
+    job_id: int
+    backend_id: str
+    state: BackendState
+    reason: str | None = None  # in the user's terms: "waiting for a 1g.5gb slice: all 7 busy"
+    node: str | None = None
+    exit_code: int | None = None
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class StatusPage:
+    """Status changes since a cursor; pass ``cursor`` back to get only newer ones."""
+
+    jobs: list[BackendJob]
+    cursor: str | None
+
+
+@dataclass(frozen=True)
+class CapacityUnit:
+    """One kind of schedulable GPU unit on one node, as a cluster reports it.
+
+    For whole GPUs and MIG instances a unit is one device; for time-slicing it is one
+    replica (``gpu_equivalent`` = 1/replicas); for MPS it is one percent of a GPU
+    (``capacity`` = 100 per GPU, ``gpu_equivalent`` = 0.01).
+    """
+
+    cluster: str
+    node: str
+    sharing: Sharing
+    gpu_model: str
+    unit_memory_gb: float  # memory one unit may use (a slice's memory; a whole GPU's)
+    capacity: int
+    allocated: int
+    gpu_equivalent: float  # physical GPU-equivalents of one unit
+    mig_profile: str | None = None
+    gpus: tuple[int, ...] = ()  # device indexes on the node this unit lives on
+    gpu_memory_gb: float | None = None  # memory of the physical GPU (time-slicing guard)
+    in_mig_mode: bool = False
+    broken: str | None = None  # why nothing may be placed here (a drift finding), or None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        return max(self.capacity - self.allocated, 0)
+
+
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    detail: str
+    version: str | None = None
+
+
+class AdapterError(Exception):
+    """Base of the errors an adapter raises on purpose."""
+
+
+class Rejected(AdapterError):
+    """The cluster refused the job for a reason that retrying will not fix."""
+
+
+class Unreachable(AdapterError):
+    """The cluster did not answer; the call may be retried later."""
+
+
+@runtime_checkable
+class ClusterAdapter(Protocol):
+    """What every cluster kind implements (see the module docstring for guarantees)."""
+
+    name: str
+
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+        """Hand the job to the cluster; returns the backend id. Idempotent by ``job_id``."""
+
+    def cancel(self, job_id: int) -> None:
+        """Stop the job if the cluster has it; no error if it does not."""
+
+    def find(self, job_id: int) -> BackendJob | None:
+        """The cluster's job tagged with this gpush id, finished ones included, or None."""
+
+    def statuses(self, cursor: str | None = None) -> StatusPage:
+        """Jobs whose state changed since ``cursor`` (all known jobs when None)."""
+
+    def inventory(self) -> list[CapacityUnit]:
+        """What the cluster offers now, per node and unit kind."""
+
+    def health(self) -> Health:
+        """Whether the cluster answers, and its version."""
+
+
+# The one place the broker names adapter modules: kind -> "module:Class".
+ADAPTERS: dict[str, str] = {
+    "sim": "broker.simfleet:SimulatedCluster",
+    "slurm": "adapters.slurm:SlurmAdapter",
+    "k8s": "adapters.k8s:KubernetesAdapter",
+}
+
+
+def adapter_class(kind: str) -> type:
+    """The adapter class for a cluster kind, imported on first use (SDKs stay optional)."""
+    try:
+        target = ADAPTERS[kind]
+    except KeyError:
+        raise ValueError(f"unknown cluster kind {kind!r}: use one of {', '.join(ADAPTERS)}") from None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
