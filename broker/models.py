@@ -13,7 +13,9 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -86,6 +88,12 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
     # Set when a user cancels a job the cluster already has; the adapter acts on it.
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Where the scheduler placed it (broker.adapter.Placement as a dict) and what the
+    # cluster calls it; gpu_equivalents is what it counts in its tenant's ledger.
+    cluster: Mapped[str | None] = mapped_column(String(64))
+    placement: Mapped[dict[str, Any] | None] = mapped_column(Document)
+    backend_id: Mapped[str | None] = mapped_column(String(128))
+    gpu_equivalents: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
@@ -96,6 +104,8 @@ class Job(Base):
         Index("ix_jobs_tenant_state", "tenant", "state"),
         Index("ix_jobs_tenant_id", "tenant", "id"),
         Index("ix_jobs_user_id", "user", "id"),
+        # Status sync and capacity: a cluster's jobs by state.
+        Index("ix_jobs_cluster_state", "cluster", "state"),
         # Idempotent submission: one job per key within a tenant.
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
     )
@@ -132,3 +142,53 @@ class ApiToken(Base):
     description: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Cluster(Base):
+    """A cluster an admin registered: its kind picks the adapter, its config feeds it."""
+
+    __tablename__ = "clusters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    config: Mapped[dict[str, Any]] = mapped_column(Document)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Where the status sync left off (the adapter's StatusPage cursor).
+    status_cursor: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class PolicyVersion(Base):
+    """One immutable version of the routing policy, as its author wrote it."""
+
+    __tablename__ = "policy_versions"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    text: Mapped[str] = mapped_column(Text)
+    author: Mapped[str] = mapped_column(String(64))
+    comment: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ActivePolicy(Base):
+    """The one active policy version (a single row, id 1), changed by compare-and-set."""
+
+    __tablename__ = "active_policy"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(Integer, ForeignKey("policy_versions.version"))
+    activated_by: Mapped[str] = mapped_column(String(64))
+    activated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Tenant(Base):
+    """A tenant's fair-share weight and GPU quota, in physical GPU-equivalents."""
+
+    __tablename__ = "tenants"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    gpu_quota: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

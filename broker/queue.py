@@ -60,6 +60,10 @@ _JOB_FIELDS = (
     "created_at",
     "updated_at",
     "spec",
+    "cluster",
+    "placement",
+    "backend_id",
+    "gpu_equivalents",
 )
 
 
@@ -104,6 +108,10 @@ def _prepare(index: int, spec: JobSpec, principal: Principal, now: datetime) -> 
         "cancel_requested_at": None,
         "created_at": now,
         "updated_at": now,
+        "cluster": None,
+        "placement": None,
+        "backend_id": None,
+        "gpu_equivalents": None,
     }
     return _Pending(index, spec.idempotency_key, row["spec_hash"], row)
 

@@ -323,6 +323,10 @@ class JobOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     spec: dict[str, Any]
+    cluster: str | None = Field(None, description="where the scheduler placed it")
+    placement: dict[str, Any] | None = Field(None, description="cluster, sharing, node, MIG profile, units")
+    backend_id: str | None = Field(None, description="the cluster's id for it (Slurm job id, Pod name)")
+    gpu_equivalents: float | None = Field(None, description="physical GPU-equivalents it holds")
 
 
 class JobPage(BaseModel):
