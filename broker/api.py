@@ -23,11 +23,13 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import broker
-from broker import auth, queue
+from broker import auth, clusters, queue, tenants
+from broker.clusters import AdapterPool
 from broker.db import check_schema, session_factory
 from broker.errors import GpushError, InvalidRequest, NotAllowed, Unavailable
 from broker.models import ApiToken
 from broker.schemas import (
+    ClusterCreate,
     Elastic,
     JobBatch,
     JobEventOut,
@@ -35,6 +37,7 @@ from broker.schemas import (
     JobPage,
     JobSpec,
     Kind,
+    TenantSet,
     TokenCreate,
     TokenCreated,
     TokenOut,
@@ -305,6 +308,69 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
             out = TokenOut.model_validate(row, from_attributes=True)
         cache.clear()
         return out
+
+    # -- clusters and tenants (admins change them; everyone may look) -------------------
+
+    adapters = AdapterPool(clock)
+    app.state.adapters = adapters
+
+    @app.post("/v1/clusters", status_code=201, tags=["clusters"])
+    def add_cluster(body: ClusterCreate, session: Db, who: Admin) -> dict[str, Any]:
+        """Register a cluster; its adapter must accept the config and the cluster must answer."""
+
+        def answers(adapter) -> None:
+            health = adapter.health()
+            if not health.ok:
+                raise InvalidRequest(f"cluster {body.name} does not answer: {health.detail}")
+
+        with session.begin():
+            info = clusters.add_cluster(
+                session,
+                name=body.name,
+                kind=body.kind,
+                config=body.config,
+                actor=who.user,
+                now=clock(),
+                replace=body.replace,
+                check=answers,
+            )
+            queue.release_held(session, reason=f"cluster {info.name} registered", now=clock())
+        return clusters.summarize(info, adapters.get(info))
+
+    @app.get("/v1/clusters", tags=["clusters"])
+    def list_clusters(session: Db, _who: Who) -> list[dict[str, Any]]:
+        """Registered clusters with their health and capacity (GPU-equivalents by sharing mode)."""
+        with session.begin():
+            infos = clusters.list_clusters(session)
+        return [clusters.summarize(info, adapters.get(info)) for info in infos]
+
+    @app.delete("/v1/clusters/{name}", status_code=204, tags=["clusters"])
+    def remove_cluster(name: str, session: Db, _who: Admin) -> Response:
+        with session.begin():
+            clusters.remove_cluster(session, name)
+        return Response(status_code=204)
+
+    @app.put("/v1/tenants/{name}", tags=["tenants"])
+    def set_tenant(name: str, body: TenantSet, session: Db, _who: Admin) -> dict[str, Any]:
+        """Set a tenant's fair-share weight and GPU quota (physical GPU-equivalents)."""
+        with session.begin():
+            tenants.set_tenant(
+                session,
+                name,
+                weight=body.weight,
+                gpu_quota=body.gpu_quota,
+                clear_quota=body.clear_quota,
+                now=clock(),
+            )
+            usage = {u.name: u for u in tenants.tenant_usage(session)}
+        return usage[name].__dict__
+
+    @app.get("/v1/tenants", tags=["tenants"])
+    def list_tenants(session: Db, who: Who) -> list[dict[str, Any]]:
+        """Tenants with weight, quota and the GPU-equivalents they hold now."""
+        with session.begin():
+            rows = tenants.tenant_usage(session)
+        return [u.__dict__ for u in rows if who.can_see_tenant(u.name)]
 
     return app
 

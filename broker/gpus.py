@@ -13,7 +13,7 @@ its compute slices over the GPU's: a 1g slice of an A100 is 1/7, a 3g is 3/7.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ MODELS: tuple[GpuModel, ...] = (
 )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _index() -> dict[str, GpuModel]:
     out: dict[str, GpuModel] = {}
     for model in MODELS:

@@ -367,3 +367,17 @@ def cancel_job(session: Session, job_id: int, principal: Principal, *, now: date
         except StateConflict:
             continue
     raise Conflict(f"job {job_id} kept changing state while being cancelled: try again")
+
+
+def release_held(session: Session, *, reason: str, now: datetime) -> int:
+    """Put held jobs back in the queue when what held them may have gone (a new policy, a
+    new cluster): the next cycle routes them again, and holds them again if nothing changed."""
+    held = session.execute(select(Job.id).where(Job.state == JobState.HELD.value)).scalars().all()
+    moved = 0
+    for job_id in held:
+        try:
+            set_state(session, job_id, JobState.HELD, JobState.QUEUED, reason=reason, now=now, actor="broker")
+            moved += 1
+        except StateConflict:
+            pass
+    return moved

@@ -378,3 +378,22 @@ class Whoami(BaseModel):
     user: str
     tenant: str
     role: Role
+
+
+class ClusterCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,62}[a-z0-9])?$", description="lower-case DNS label, such as slurm-a"
+    )
+    kind: str = Field(description="sim | slurm | k8s")
+    config: dict[str, Any] = Field(default_factory=dict, description="what the adapter needs (URL, fleet, ...)")
+    replace: bool = False
+
+
+class TenantSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float | None = Field(None, gt=0, description="fair-share weight (default 1)")
+    gpu_quota: float | None = Field(None, ge=0, description="most GPU-equivalents held at once")
+    clear_quota: bool = False
