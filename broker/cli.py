@@ -306,6 +306,90 @@ def token_revoke(settings: Settings, token_ids: tuple[int, ...], json_mode: bool
     return commands.token_revoke(settings.client(), _out(json_mode), list(token_ids))
 
 
+# -- clusters and tenants -----------------------------------------------------------
+
+
+@cli.group(context_settings=CONTEXT)
+def cluster() -> None:
+    """Clusters gpush places jobs on: add, list, remove."""
+
+
+@cluster.command("add", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--kind", type=click.Choice(["sim", "slurm", "k8s"]), required=True, help="Which adapter talks to it.")
+@click.option("--fleet", "fleet", metavar="FILE", help="sim: the fleet file (its text is stored with the cluster).")
+@click.option("--fleet-cluster", help="sim: which cluster of the fleet file (default: NAME).")
+@click.option("--speed", type=float, help="sim: virtual seconds per wall-clock second (default 1).")
+@click.option("--config", "pairs", multiple=True, metavar="KEY=VALUE", help="Adapter setting, repeatable.")
+@click.option("--replace", is_flag=True, help="Change the configuration of a registered cluster.")
+@json_option
+@click.pass_obj
+def cluster_add(settings: Settings, name, kind, fleet, fleet_cluster, speed, pairs, replace, json_mode) -> int:
+    """Register cluster NAME (admins). The cluster must answer.
+
+    \b
+      gpush cluster add slurm-a --kind sim --fleet examples/fleet.yaml
+      gpush cluster add slurm-prod --kind slurm --config url=http://slurm:6820 --config partition=gpu
+    """
+    from broker.jobfile import parse_pairs
+
+    config: dict[str, Any] = parse_pairs(pairs, option="--config")
+    if fleet:
+        config["fleet_yaml"] = commands.read_job_file(fleet, lambda: sys.stdin.read())
+    if fleet_cluster:
+        config["cluster"] = fleet_cluster
+    if speed is not None:
+        config["speed"] = speed
+    return commands.cluster_add(
+        settings.client(), _out(json_mode), name=name, kind=kind, config=config, replace=replace
+    )
+
+
+@cluster.command("list", context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def cluster_list(settings: Settings, json_mode: bool) -> int:
+    """Registered clusters with health and capacity."""
+    return commands.cluster_list(settings.client(), _out(json_mode))
+
+
+@cluster.command("remove", context_settings=CONTEXT)
+@click.argument("name")
+@click.pass_obj
+def cluster_remove(settings: Settings, name: str) -> int:
+    """Forget cluster NAME (admins). Jobs on it are not touched."""
+    settings.client().remove_cluster(name)
+    click.echo(f"cluster {name} removed")
+    return 0
+
+
+@cli.group(context_settings=CONTEXT)
+def tenant() -> None:
+    """Tenants: fair-share weights and GPU quotas."""
+
+
+@tenant.command("set", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--weight", type=float, help="Fair-share weight (default 1): shares under contention are proportional.")
+@click.option("--gpu-quota", type=float, help="Most physical GPU-equivalents the tenant holds at once.")
+@click.option("--no-quota", "clear_quota", is_flag=True, help="Remove the tenant's quota.")
+@json_option
+@click.pass_obj
+def tenant_set(settings: Settings, name: str, weight, gpu_quota, clear_quota, json_mode) -> int:
+    """Set tenant NAME's weight and quota (admins)."""
+    return commands.tenant_set(
+        settings.client(), _out(json_mode), name, weight=weight, gpu_quota=gpu_quota, clear_quota=clear_quota
+    )
+
+
+@tenant.command("list", context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def tenant_list(settings: Settings, json_mode: bool) -> int:
+    """Tenants with weight, quota and GPU-equivalents in use."""
+    return commands.tenant_list(settings.client(), _out(json_mode))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn every outcome into a stable exit code."""
     try:

@@ -91,7 +91,9 @@ class GpushClient:
             raise _Retryable(_error_from(response))
         return response
 
-    def _request(self, method: str, path: str, *, safe_to_retry: bool = True, **kwargs: Any) -> Any:
+    def _request(
+        self, method: str, path: str, *, safe_to_retry: bool = True, expect_body: bool = True, **kwargs: Any
+    ) -> Any:
         attempts = self._retries if safe_to_retry else 1
         sender = retry(
             retry=retry_if_exception_type(_Retryable),
@@ -110,7 +112,7 @@ class GpushClient:
             ) from None
         if response.status_code >= 400:
             raise _error_from(response)
-        return response.json()
+        return response.json() if expect_body else None
 
     # -- jobs ---------------------------------------------------------------------
 
@@ -170,6 +172,27 @@ class GpushClient:
         result = self._request("POST", f"/v1/jobs/{int(job_id)}/cancel")
         result["job"] = JobOut.model_validate(result["job"])
         return result
+
+    # -- clusters and tenants -----------------------------------------------------
+
+    def add_cluster(self, name: str, kind: str, config: dict[str, Any], *, replace: bool = False) -> dict[str, Any]:
+        body = {"name": name, "kind": kind, "config": config, "replace": replace}
+        return self._request("POST", "/v1/clusters", json=body, safe_to_retry=False)
+
+    def list_clusters(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/clusters")
+
+    def remove_cluster(self, name: str) -> None:
+        self._request("DELETE", f"/v1/clusters/{name}", expect_body=False)
+
+    def set_tenant(
+        self, name: str, *, weight: float | None = None, gpu_quota: float | None = None, clear_quota: bool = False
+    ) -> dict[str, Any]:
+        body = {"weight": weight, "gpu_quota": gpu_quota, "clear_quota": clear_quota}
+        return self._request("PUT", f"/v1/tenants/{name}", json=body)
+
+    def list_tenants(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/tenants")
 
     # -- identity and admin -------------------------------------------------------
 

@@ -215,6 +215,54 @@ def db_current(database_url: str, out: Output) -> int:
     return EXIT_OK
 
 
+def cluster_add(
+    client: GpushClient, out: Output, *, name: str, kind: str, config: dict[str, Any], replace: bool
+) -> int:
+    summary = client.add_cluster(name, kind, config, replace=replace)
+    if out.json_mode:
+        out.json(summary)
+    else:
+        out.line(f"cluster {name} ({kind}) registered: {_capacity_line(summary)}")
+    return EXIT_OK
+
+
+def cluster_list(client: GpushClient, out: Output) -> int:
+    summaries = client.list_clusters()
+    if out.json_mode:
+        out.json(summaries)
+        return EXIT_OK
+    if not summaries:
+        out.note("no clusters: an admin adds one with `gpush cluster add NAME --kind sim|slurm|k8s ...`")
+        return EXIT_OK
+    out.print(console.clusters_table(summaries))
+    return EXIT_OK
+
+
+def _capacity_line(summary: dict[str, Any]) -> str:
+    health = summary["health"]
+    state = "healthy" if health["ok"] else f"UNHEALTHY ({health['detail']})"
+    return f"{state}, {summary['nodes']} nodes, {summary['gpu_free']:.1f} of {summary['gpu_total']:.1f} GPUs free"
+
+
+def tenant_set(client: GpushClient, out: Output, name: str, **fields: Any) -> int:
+    row = client.set_tenant(name, **fields)
+    if out.json_mode:
+        out.json(row)
+    else:
+        quota = "no quota" if row["gpu_quota"] is None else f"quota {row['gpu_quota']:g} GPU"
+        out.line(f"tenant {name}: weight {row['weight']:g}, {quota}")
+    return EXIT_OK
+
+
+def tenant_list(client: GpushClient, out: Output) -> int:
+    rows = client.list_tenants()
+    if out.json_mode:
+        out.json(rows)
+    else:
+        out.print(console.tenants_table(rows))
+    return EXIT_OK
+
+
 def read_job_file(path: str, stdin_text: Callable[[], str]) -> str:
     if path == "-":
         return stdin_text()

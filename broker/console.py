@@ -186,3 +186,30 @@ def tokens_table(tokens: list[Any]) -> Table:
             t.description or "",
         )
     return table
+
+
+def clusters_table(summaries: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("NAME", "KIND", "HEALTH", "NODES", "GPUS FREE/TOTAL", "BY SHARING (free/total GPU)"):
+        table.add_column(column, no_wrap=column != "BY SHARING (free/total GPU)", overflow="fold")
+    for c in summaries:
+        health = "[green]ok[/]" if c["health"]["ok"] else f"[red]down[/] {c['health']['detail']}"
+        sharing = ", ".join(
+            f"{mode} {row['gpu_free']:.1f}/{row['gpu_total']:.1f}" for mode, row in sorted(c["capacity"].items())
+        )
+        table.add_row(
+            c["name"], c["kind"], health, str(c["nodes"]), f"{c['gpu_free']:.1f}/{c['gpu_total']:.1f}", sharing or "-"
+        )
+    return table
+
+
+def tenants_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("TENANT", "WEIGHT", "GPU QUOTA", "GPU USED", "RUNNING", "QUEUED"):
+        table.add_column(column, no_wrap=True)
+    for t in rows:
+        quota = "-" if t["gpu_quota"] is None else f"{t['gpu_quota']:g}"
+        table.add_row(
+            t["name"], f"{t['weight']:g}", quota, f"{t['gpu_used']:.2f}", str(t["jobs_running"]), str(t["jobs_queued"])
+        )
+    return table
