@@ -23,7 +23,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import broker
-from broker import auth, clusters, queue, tenants
+from broker import auth, clusters, policystore, queue, tenants
+from broker import policy as policy_engine
+from broker.capacity import CapacityView, Fit
 from broker.clusters import AdapterPool
 from broker.db import check_schema, session_factory
 from broker.errors import GpushError, InvalidRequest, NotAllowed, Unavailable
@@ -31,12 +33,16 @@ from broker.models import ApiToken
 from broker.schemas import (
     ClusterCreate,
     Elastic,
+    ExplainRequest,
     JobBatch,
     JobEventOut,
     JobOut,
     JobPage,
     JobSpec,
     Kind,
+    PolicyApply,
+    PolicyRollback,
+    PolicyText,
     TenantSet,
     TokenCreate,
     TokenCreated,
@@ -371,6 +377,118 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         with session.begin():
             rows = tenants.tenant_usage(session)
         return [u.__dict__ for u in rows if who.can_see_tenant(u.name)]
+
+    # -- routing policy ---------------------------------------------------------------
+
+    def cluster_views(session: Session) -> dict[str, Any]:
+        views = {}
+        for info in clusters.list_clusters(session):
+            try:
+                units = adapters.get(info).inventory()
+            except Exception:  # an unreachable cluster still exists: validate what is known
+                units = []
+            views[info.name] = policy_engine.cluster_view(info.name, info.kind, units)
+        return views
+
+    @app.get("/v1/policy/schema", tags=["policy"])
+    def policy_schema() -> dict[str, Any]:
+        """JSON Schema of the policy YAML, for editors."""
+        return policy_engine.policy_json_schema()
+
+    @app.post("/v1/policy:validate", tags=["policy"])
+    def validate_policy(body: PolicyText, session: Db, _who: Who) -> dict[str, Any]:
+        """Check a policy against the registered clusters without applying it."""
+        with session.begin():
+            views = cluster_views(session)
+        _parsed, report = policystore.check(body.text, views, source=body.source)
+        return {**report.to_dict(), "describe": report.describe()}
+
+    @app.post("/v1/policy", status_code=201, tags=["policy"])
+    def apply_policy(body: PolicyApply, session: Db, who: Admin) -> dict[str, Any]:
+        """Validate and activate a new policy version (refused: the active one stays)."""
+        with session.begin():
+            views = cluster_views(session)
+            info, report = policystore.apply(
+                session,
+                body.text,
+                comment=body.comment,
+                author=who.user,
+                now=clock(),
+                views=views,
+                base_version=body.base_version,
+                source=body.source,
+            )
+        return {**info.to_dict(), "warnings": [f.to_dict() for f in report.warnings], "describe": report.describe()}
+
+    @app.post("/v1/policy:rollback", status_code=201, tags=["policy"])
+    def rollback_policy(body: PolicyRollback, session: Db, who: Admin) -> dict[str, Any]:
+        """Make an earlier version active again (as a new version)."""
+        with session.begin():
+            views = cluster_views(session)
+            info, report = policystore.rollback(
+                session, body.version, comment=body.comment, author=who.user, now=clock(), views=views
+            )
+        return {**info.to_dict(), "describe": report.describe()}
+
+    @app.get("/v1/policy", tags=["policy"])
+    def show_policy(session: Db, _who: Who, version: int | None = None) -> dict[str, Any]:
+        """The active policy, or a stored version, with its text."""
+        with session.begin():
+            row, active = policystore.get_version(session, version)
+            return {
+                "version": row.version,
+                "author": row.author,
+                "comment": row.comment,
+                "created_at": row.created_at.isoformat(),
+                "active": active,
+                "text": row.text,
+            }
+
+    @app.get("/v1/policy/history", tags=["policy"])
+    def policy_history(session: Db, _who: Who) -> list[dict[str, Any]]:
+        with session.begin():
+            return [v.to_dict() for v in policystore.history(session)]
+
+    @app.get("/v1/policy/diff", tags=["policy"])
+    def policy_diff(a: int, b: int, session: Db, _who: Who) -> dict[str, str]:
+        with session.begin():
+            return {"diff": policystore.diff(session, a, b)}
+
+    @app.post("/v1/policy:explain", tags=["policy"])
+    def explain(body: ExplainRequest, session: Db, who: Who) -> dict[str, Any]:
+        """Every rule tried for a job, in order, and why; then where it would be placed now."""
+        with session.begin():
+            if body.job_id is not None:
+                job = queue.get_job(session, body.job_id, who)
+                spec, tenant = JobSpec.model_validate(job.spec), job.tenant
+            elif body.spec is not None:
+                spec, tenant = body.spec, body.spec.tenant or who.tenant
+            else:
+                raise InvalidRequest("give job_id or spec", details=[{"field": "job_id", "value": None}])
+            row, _active = policystore.get_version(session, body.version)
+            parsed = policystore.parsed(row.version, row.text)
+            infos = clusters.list_clusters(session, enabled_only=True)
+        decision = policy_engine.evaluate(parsed, spec, tenant)
+        inventory = {}
+        for info in infos:
+            try:
+                inventory[info.name] = adapters.get(info).inventory()
+            except Exception:
+                inventory[info.name] = []
+        view = CapacityView.build(inventory)
+        placements = []
+        for route in decision.routes:
+            fit = view.fit(spec, route.cluster, route.sharing, partition=route.partition)
+            if isinstance(fit, Fit):
+                placements.append({"route": str(route), "fits": True, "placement": fit.placement.to_dict()})
+                break
+            placements.append({"route": str(route), "fits": False, "reason": fit.reason, "never": fit.never})
+        return {
+            **decision.to_dict(),
+            "policy_version": row.version,
+            "explain": decision.explain(),
+            "placement": placements,
+        }
 
     return app
 

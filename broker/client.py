@@ -194,6 +194,41 @@ class GpushClient:
     def list_tenants(self) -> list[dict[str, Any]]:
         return self._request("GET", "/v1/tenants")
 
+    # -- routing policy -------------------------------------------------------------
+
+    def policy_schema(self) -> dict[str, Any]:
+        return self._request("GET", "/v1/policy/schema")
+
+    def validate_policy(self, text: str, *, source: str = "policy") -> dict[str, Any]:
+        return self._request("POST", "/v1/policy:validate", json={"text": text, "source": source})
+
+    def apply_policy(
+        self, text: str, *, comment: str, base_version: int | None = None, source: str = "policy"
+    ) -> dict[str, Any]:
+        body = {"text": text, "comment": comment, "base_version": base_version, "source": source}
+        return self._request("POST", "/v1/policy", json=body, safe_to_retry=False)
+
+    def rollback_policy(self, version: int, *, comment: str = "") -> dict[str, Any]:
+        body = {"version": version, "comment": comment}
+        return self._request("POST", "/v1/policy:rollback", json=body, safe_to_retry=False)
+
+    def show_policy(self, version: int | None = None) -> dict[str, Any]:
+        return self._request("GET", "/v1/policy", params={"version": version} if version is not None else None)
+
+    def policy_history(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/policy/history")
+
+    def policy_diff(self, a: int, b: int) -> str:
+        return self._request("GET", "/v1/policy/diff", params={"a": a, "b": b})["diff"]
+
+    def explain(
+        self, *, job_id: int | None = None, spec: JobSpec | dict[str, Any] | None = None, version: int | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"job_id": job_id, "version": version}
+        if spec is not None:
+            body["spec"] = _spec_body(spec)
+        return self._request("POST", "/v1/policy:explain", json=body)
+
     # -- identity and admin -------------------------------------------------------
 
     def whoami(self) -> Whoami:

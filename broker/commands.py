@@ -14,7 +14,7 @@ from typing import Any
 from broker import console
 from broker.client import GpushClient
 from broker.console import Output
-from broker.errors import EXIT_NOT_FOUND, EXIT_OK, GpushError, InvalidRequest, NotFound
+from broker.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, GpushError, InvalidRequest, NotFound
 from broker.jobfile import build_specs, load_documents
 
 ClientFactory = Callable[[], GpushClient]
@@ -260,6 +260,95 @@ def tenant_list(client: GpushClient, out: Output) -> int:
         out.json(rows)
     else:
         out.print(console.tenants_table(rows))
+    return EXIT_OK
+
+
+def policy_validate(client: GpushClient, out: Output, *, text: str, source: str) -> int:
+    report = client.validate_policy(text, source=source)
+    if out.json_mode:
+        out.json(report)
+    else:
+        out.line(report["describe"])
+    return EXIT_OK if report["ok"] else EXIT_USAGE
+
+
+def policy_apply(client: GpushClient, out: Output, *, text: str, source: str, comment: str, base: int | None) -> int:
+    if base is None:
+        # Apply on top of the version active now: if another admin applies between this
+        # read and our write, the broker refuses ours instead of silently replacing theirs.
+        try:
+            base = client.show_policy()["version"]
+        except NotFound:
+            base = None
+    result = client.apply_policy(text, comment=comment, base_version=base, source=source)
+    if out.json_mode:
+        out.json(result)
+    else:
+        out.line(f"policy version {result['version']} is active ({comment})")
+        for warning in result["warnings"]:
+            out.note(f"[yellow]warning:[/] {warning['message']}")
+    return EXIT_OK
+
+
+def policy_rollback(client: GpushClient, out: Output, *, version: int, comment: str) -> int:
+    result = client.rollback_policy(version, comment=comment)
+    if out.json_mode:
+        out.json(result)
+    else:
+        out.line(f"policy version {result['version']} is active: {result['comment']}")
+    return EXIT_OK
+
+
+def policy_show(client: GpushClient, out: Output, *, version: int | None) -> int:
+    shown = client.show_policy(version)
+    if out.json_mode:
+        out.json(shown)
+    else:
+        state = "active" if shown["active"] else "not active"
+        out.note(
+            f"# version {shown['version']} ({state}) by {shown['author']} at {shown['created_at']}: {shown['comment']}"
+        )
+        out.stdout.write(shown["text"] if shown["text"].endswith("\n") else shown["text"] + "\n")
+    return EXIT_OK
+
+
+def policy_history(client: GpushClient, out: Output) -> int:
+    rows = client.policy_history()
+    if out.json_mode:
+        out.json(rows)
+    elif not rows:
+        out.note("no policy applied yet: `gpush policy apply policies/default.yaml -m 'first policy'`")
+    else:
+        out.print(console.policy_history_table(rows))
+    return EXIT_OK
+
+
+def policy_diff(client: GpushClient, out: Output, a: int, b: int) -> int:
+    text = client.policy_diff(a, b)
+    if out.json_mode:
+        out.json({"a": a, "b": b, "diff": text})
+    else:
+        out.stdout.write(text)
+    return EXIT_OK
+
+
+def policy_explain(client: GpushClient, out: Output, *, job_id: int | None, spec: Any, version: int | None) -> int:
+    result = client.explain(job_id=job_id, spec=spec, version=version)
+    if out.json_mode:
+        out.json(result)
+        return EXIT_OK
+    out.line(f"policy version {result['policy_version']}")
+    out.line(result["explain"])
+    for step in result["placement"]:
+        if step["fits"]:
+            p = step["placement"]
+            where = f" on node {p['node']}" if p.get("node") else ""
+            profile = f" {p['mig_profile']}" if p.get("mig_profile") else ""
+            out.line(
+                f"placement: {step['route']}{profile}{where}: fits now ({p['gpu_equivalents']:.3g} GPU-equivalents)"
+            )
+        else:
+            out.line(f"placement: {step['route']}: {step['reason']}")
     return EXIT_OK
 
 

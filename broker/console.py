@@ -213,3 +213,13 @@ def tenants_table(rows: list[dict[str, Any]]) -> Table:
             t["name"], f"{t['weight']:g}", quota, f"{t['gpu_used']:.2f}", str(t["jobs_running"]), str(t["jobs_queued"])
         )
     return table
+
+
+def policy_history_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("VERSION", "ACTIVE", "AUTHOR", "TIME", "COMMENT"):
+        table.add_column(column, no_wrap=column != "COMMENT", overflow="fold")
+    for r in rows:
+        when = local_time(datetime.fromisoformat(r["created_at"]))
+        table.add_row(str(r["version"]), "*" if r["active"] else "", r["author"], when, r["comment"])
+    return table

@@ -32,8 +32,16 @@ from functools import cache
 from typing import Annotated, Any, ClassVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
-from pydantic import model_validator as _model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from broker.adapter import CapacityUnit, Sharing
@@ -106,7 +114,7 @@ class _Bounds(BaseModel):
     min: float | None = None
     max: float | None = None
 
-    @_model_validator(mode="after")
+    @model_validator(mode="after")
     def _ordered(self) -> _Bounds:
         if self.min is None and self.max is None:
             raise ValueError("an empty range: give min, max or both (inclusive), or leave the key out to match any")
@@ -420,6 +428,8 @@ def load_policy(text: str, source: str = "policy") -> Policy:
         for err in exc.errors():
             loc = tuple(err["loc"])
             value = err.get("input")
+            if loc and loc[-1] == 0 and loc not in values and loc[:-1] in values:
+                loc = loc[:-1]  # `kind: trainig`: one value written where a list is allowed
             if err["type"] == "duplicate_rule_name":
                 loc = ("rules", err["ctx"]["index"], "name")
                 value = err["ctx"]["name"]

@@ -397,3 +397,32 @@ class TenantSet(BaseModel):
     weight: float | None = Field(None, gt=0, description="fair-share weight (default 1)")
     gpu_quota: float | None = Field(None, ge=0, description="most GPU-equivalents held at once")
     clear_quota: bool = False
+
+
+class PolicyText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(description="the policy YAML")
+    source: str = Field("policy", max_length=256, description="a name for messages, such as the file name")
+
+
+class PolicyApply(PolicyText):
+    comment: str = Field(min_length=1, max_length=2000, description="why: kept in the policy's history")
+    base_version: int | None = Field(
+        None, description="the active version this edit was made against; refused if another admin applied since"
+    )
+
+
+class PolicyRollback(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int
+    comment: str = ""
+
+
+class ExplainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int | None = None
+    spec: JobSpec | None = None
+    version: int | None = Field(None, description="a stored policy version; default the active one")
