@@ -55,6 +55,9 @@ def make_adapter(name: str, kind: str, config: dict[str, Any], clock: Clock) -> 
         cls = adapter_class(kind)
     except ImportError as exc:
         raise InvalidRequest(f"the {kind} adapter is not available in this installation: {exc}") from None
+    if kind == "sim":
+        # The pool applies a simulated cluster's speed to its clock (AdapterPool._clock_for).
+        config = {k: v for k, v in config.items() if k != "speed"}
     return cls(name, config, clock=clock)
 
 

@@ -8,7 +8,6 @@ per step: each step commits its own writes, so a crash between steps loses nothi
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -282,31 +281,40 @@ class Scheduler:
             policy = self._policy(session)
             candidates = self._claim(session)
             usage, weights, quotas = self._ledger(session)
-        total = view.total_gpu_equivalents() or 1.0
         active_tenants = set(usage) | {c.tenant for c in candidates}
         weight_sum = sum(weights.get(t, 1.0) for t in active_tenants) or 1.0
 
         def deficit(tenant: str) -> float:
-            return weights.get(tenant, 1.0) / weight_sum - usage.get(tenant, 0.0) / total
+            # A tenant's weighted share minus its share of what all tenants hold now: the
+            # next job goes to whoever is furthest below. Shares of what is in use (not of
+            # the whole fleet) make tenants converge to their weights on any contended pool,
+            # and a tenant alone may use everything.
+            in_use = sum(usage.values()) or 1.0
+            return weights.get(tenant, 1.0) / weight_sum - usage.get(tenant, 0.0) / in_use
 
         by_tenant: dict[str, list[_Candidate]] = defaultdict(list)
         for c in candidates:
             by_tenant[c.tenant].append(c)
-        heap: list[tuple] = []
-        for tenant, jobs in by_tenant.items():
-            jobs.reverse()  # pop() from the end gives them in claim order
-            head = jobs[-1]
-            heapq.heappush(heap, (-head.priority, -deficit(tenant), head.created_at, head.job_id, tenant))
+        for jobs in by_tenant.values():
+            jobs.reverse()  # pop() from the end gives each tenant's jobs in claim order
+
+        def next_tenant() -> str:
+            # Every placement changes every tenant's deficit, so pick afresh each time
+            # (tenants with queued jobs are few; jobs per cycle are bounded).
+            def key(tenant: str) -> tuple:
+                head = by_tenant[tenant][-1]
+                return (-head.priority, -deficit(tenant), head.created_at, head.job_id)
+
+            return min((t for t, jobs in by_tenant.items() if jobs), key=key)
 
         placed: list[tuple[_Candidate, Placement]] = []
         held: list[tuple[int, str]] = []
         waiting: list[tuple[int, str]] = []
         ahead: dict[tuple, int] = defaultdict(int)
-        while heap:
-            *_, tenant = heapq.heappop(heap)
+        for _ in range(len(candidates)):
+            tenant = next_tenant()
             job = by_tenant[tenant].pop()
-            outcome = self._decide(job, policy, evaluate, view, usage, quotas, ahead)
-            kind, value = outcome
+            kind, value = self._decide(job, policy, evaluate, view, usage, quotas, ahead)
             if kind == "placed":
                 placed.append((job, value))
                 usage[tenant] = usage.get(tenant, 0.0) + value.gpu_equivalents
@@ -314,9 +322,6 @@ class Scheduler:
                 held.append((job.job_id, value))
             else:
                 waiting.append((job.job_id, value))
-            if by_tenant[tenant]:
-                head = by_tenant[tenant][-1]
-                heapq.heappush(heap, (-head.priority, -deficit(tenant), head.created_at, head.job_id, tenant))
 
         self._write_decisions(placed, held, waiting, report)
         self._submit(clusters, placed, report)
@@ -499,12 +504,17 @@ def view_undo(view: CapacityView, placement: Placement) -> None:
 
 
 def describe(placement: Placement) -> str:
-    what = {
-        Sharing.SLURM_MIG: f"{placement.units}× MIG {placement.mig_profile}",
-        Sharing.K8S_MIG: f"{placement.units}× MIG {placement.mig_profile}",
-        Sharing.SLURM_MPS: f"MPS {placement.units}%",
-        Sharing.K8S_TIMESLICE: f"{placement.units} time-slice replica(s), {placement.gpu_memory_gb:g} GB limit",
-    }.get(placement.sharing, f"{placement.units} whole GPU(s)")
+    """A placement in a user's words: "slurm/mig: 1× MIG 1g.5gb on mig-01"."""
+    sharing = placement.sharing
+    if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG):
+        what = f"{placement.units}× MIG {placement.mig_profile}"
+    elif sharing == Sharing.SLURM_MPS:
+        what = f"MPS {placement.units}%"
+    elif sharing == Sharing.K8S_TIMESLICE:
+        limit = f", {placement.gpu_memory_gb:g} GB limit" if placement.gpu_memory_gb else ""
+        what = f"{placement.units} time-slice replica(s){limit}"
+    else:
+        what = f"{placement.units} whole GPU(s)"
     where = f" on {placement.node}" if placement.node else ""
     reps = f", {placement.replicas} replicas" if placement.replicas > 1 else ""
-    return f"{placement.sharing.value}: {what}{where}{reps}"
+    return f"{sharing.value}: {what}{where}{reps}"
