@@ -385,8 +385,8 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         for info in clusters.list_clusters(session):
             try:
                 units = adapters.get(info).inventory()
-            except Exception:  # an unreachable cluster still exists: validate what is known
-                units = []
+            except Exception:  # unreachable: its inventory is unknown, not empty (checks become warnings)
+                units = None
             views[info.name] = policy_engine.cluster_view(info.name, info.kind, units)
         return views
 

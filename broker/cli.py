@@ -224,8 +224,23 @@ def whoami(settings: Settings, json_mode: bool) -> int:
     default="info",
     show_default=True,
 )
+@click.option(
+    "--scheduler/--no-scheduler",
+    default=True,
+    show_default=True,
+    help="Run the scheduling loop (one elected process schedules; API-only replicas may turn it off).",
+)
+@click.option("--cycle-interval", type=float, default=1.0, show_default=True, help="Seconds between cycles.")
 @click.pass_obj
-def server(settings: Settings, host: str, port: int, workers: int | None, log_level: str) -> int:
+def server(
+    settings: Settings,
+    host: str,
+    port: int,
+    workers: int | None,
+    log_level: str,
+    scheduler: bool,
+    cycle_interval: float,
+) -> int:
     """Run the broker: the REST API on HOST:PORT over the configured database."""
     import os
 
@@ -239,8 +254,23 @@ def server(settings: Settings, host: str, port: int, workers: int | None, log_le
 
         local_admin_token(open_database(url))
         click.echo(f"gpush: embedded database {url}; local admin token in {credentials_path()}", err=True)
-    serve(url, host=host, port=port, workers=workers, log_level=log_level)
+    serve(url, host=host, port=port, workers=workers, log_level=log_level, scheduler=scheduler, interval=cycle_interval)
     return 0
+
+
+@cli.group("scheduler", context_settings=CONTEXT)
+def scheduler_group() -> None:
+    """The scheduling loop, in the foreground (`gpush server` runs it too)."""
+
+
+@scheduler_group.command("run", context_settings=CONTEXT)
+@click.option("--cycles", type=click.IntRange(1), help="Stop after this many cycles (default: run until Ctrl-C).")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between cycles.")
+@json_option
+@click.pass_obj
+def scheduler_run(settings: Settings, cycles: int | None, interval: float, json_mode: bool) -> int:
+    """Elect this process the scheduler and run cycles on the database of --database-url."""
+    return commands.scheduler_run(settings.resolved_database_url(), _out(json_mode), cycles=cycles, interval=interval)
 
 
 @cli.group(context_settings=CONTEXT)

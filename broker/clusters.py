@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.adapter import ADAPTERS, AdapterError, ClusterAdapter, adapter_class
+from broker.config import data_dir
 from broker.errors import Conflict, InvalidRequest, NotFound
 from broker.models import Cluster
 
@@ -138,12 +139,25 @@ class AdapterPool:
         self._lock = threading.Lock()
 
     def _clock_for(self, info: ClusterInfo) -> Clock:
-        """Simulated clusters may run faster than the wall clock (config ``speed``)."""
+        """Simulated clusters may run faster than the wall clock (config ``speed``): virtual
+        time counts from the cluster's registration, so every process agrees on it."""
         speed = float(info.config.get("speed", 1.0)) if info.kind == "sim" else 1.0
         if speed == 1.0:
             return self.clock
-        start = self.clock()
-        return lambda: start + (self.clock() - start) * speed
+        epoch = info.created_at
+        return lambda: epoch + (self.clock() - epoch) * speed
+
+    def _config_for(self, info: ClusterInfo, fingerprint: str) -> dict[str, Any]:
+        config = dict(info.config)
+        if info.kind == "sim" and "state_file" not in config:
+            # A simulated cluster keeps its jobs across broker restarts and CLI runs, as a
+            # real one would; a new configuration starts a new simulation.
+            state = data_dir() / "sim" / f"{info.name}-{fingerprint[:8]}.json"
+            state.parent.mkdir(parents=True, exist_ok=True)
+            config["state_file"] = str(state)
+        if info.kind == "sim" and config.get("state_file") is None:
+            config.pop("state_file", None)
+        return config
 
     def get(self, info: ClusterInfo) -> ClusterAdapter:
         if info.name in self._overrides:
@@ -152,6 +166,7 @@ class AdapterPool:
         with self._lock:
             cached = self._adapters.get(info.name)
             if cached is None or cached[0] != fingerprint:
-                cached = (fingerprint, make_adapter(info.name, info.kind, info.config, self._clock_for(info)))
+                config = self._config_for(info, fingerprint)
+                cached = (fingerprint, make_adapter(info.name, info.kind, config, self._clock_for(info)))
                 self._adapters[info.name] = cached
             return cached[1]

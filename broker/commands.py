@@ -352,6 +352,45 @@ def policy_explain(client: GpushClient, out: Output, *, job_id: int | None, spec
     return EXIT_OK
 
 
+def scheduler_run(database_url: str, out: Output, *, cycles: int | None, interval: float) -> int:
+    """Run cycles in this process while it leads; report each cycle that did something."""
+    import time
+
+    from broker.api import utcnow
+    from broker.clusters import AdapterPool
+    from broker.errors import Conflict
+    from broker.leader import Leadership
+    from broker.local import open_database
+    from broker.scheduler import Scheduler
+
+    engine = open_database(database_url)
+    leadership = Leadership(engine)
+    if not leadership.try_acquire():
+        raise Conflict("another broker process is the scheduler now: this one would only wait (stop it, or let it be)")
+    scheduler = Scheduler(engine, AdapterPool(utcnow), clock=utcnow)
+    done = 0
+    try:
+        while cycles is None or done < cycles:
+            if done:
+                time.sleep(interval)
+            if not leadership.still_held():
+                raise Conflict("lost scheduler leadership (the database connection broke)")
+            report = scheduler.run_cycle()
+            done += 1
+            if out.json_mode:
+                out.json({"cycle": done, **report.__dict__})
+            elif any((report.placed, report.held, report.synced, report.recovered, report.failed, report.errors)):
+                out.line(
+                    f"cycle {done}: placed {report.placed}, held {report.held}, waiting {report.waiting}, "
+                    f"status changes {report.synced}, recovered {report.recovered}, failed {report.failed}"
+                )
+                for error in report.errors:
+                    out.note(f"[yellow]warning:[/] {error}")
+    finally:
+        leadership.release()
+    return EXIT_OK
+
+
 def read_job_file(path: str, stdin_text: Callable[[], str]) -> str:
     if path == "-":
         return stdin_text()

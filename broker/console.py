@@ -95,9 +95,30 @@ def gpu_request(spec: dict[str, Any]) -> str:
     return text
 
 
+def where(placement: dict[str, Any] | None) -> str:
+    """A placement in a few words: "slurm-a mig 1g.5gb mig-01"."""
+    if not placement:
+        return "-"
+    mode = placement["sharing"].split("/", 1)[1]
+    parts = [placement["cluster"], mode]
+    if placement.get("mig_profile"):
+        parts.append(placement["mig_profile"])
+    elif mode == "mps":
+        parts.append(f"{placement['units']}%")
+    elif placement.get("units", 1) > 1 or placement.get("replicas", 1) > 1:
+        parts.append(
+            f"{placement['units']}x{placement.get('replicas', 1)}"
+            if placement.get("replicas", 1) > 1
+            else f"x{placement['units']}"
+        )
+    if placement.get("node"):
+        parts.append(placement["node"])
+    return " ".join(parts)
+
+
 def jobs_table(jobs: list[Any]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "NAME", "STATE", "KIND", "ISOLATION", "GPUS", "TENANT", "USER", "AGE", "REASON"):
+    for column in ("ID", "NAME", "STATE", "KIND", "ISOLATION", "GPUS", "TENANT", "USER", "AGE", "WHERE", "REASON"):
         table.add_column(
             column,
             no_wrap=column != "REASON",
@@ -120,6 +141,7 @@ def jobs_table(jobs: list[Any]) -> Table:
             job.tenant,
             job.user,
             age(job.created_at),
+            where(job.placement),
             job.state_reason or "",
         )
     return table

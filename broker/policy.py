@@ -102,6 +102,17 @@ def _one_or_many(item: Any) -> Any:
 TenantName = Annotated[str, Field(pattern=_TENANT_NAME)]
 
 
+def _label_text(value: Any) -> Any:
+    # YAML reads `tier: 1` as a number and `gpu: true` as a bool; job labels are
+    # text, and the admin meant the text.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, int | float) else value
+
+
+LabelValue = Annotated[str, BeforeValidator(_label_text, json_schema_input_type=str | int | float | bool)]
+
+
 class _Bounds(BaseModel):
     """An inclusive range; a bound left out is no bound."""
 
@@ -131,9 +142,9 @@ class _Bounds(BaseModel):
         return math.inf if self.max is None else self.max
 
     def describe(self) -> str:
-        if self.min is not None and self.max is not None:
-            return f"min {_num(self.min)}, max {_num(self.max)}"
-        return f"min {_num(self.min)}" if self.min is not None else f"max {_num(self.max)}"  # type: ignore[arg-type]
+        parts = [f"min {_num(self.min)}"] if self.min is not None else []
+        parts += [f"max {_num(self.max)}"] if self.max is not None else []
+        return ", ".join(parts)
 
     def refusal(self, name: str, value: float) -> str | None:
         """Why ``value`` is outside the range, in a user's words, or None if inside."""
@@ -182,21 +193,9 @@ class Match(BaseModel):
         "gpu_memory_gb (whole GPUs) does not match a rule that sets this.",
     )
     tenant: _one_or_many(TenantName) | None = Field(None, description="tenants; one or a list")
-    labels: dict[str, str] = Field(
+    labels: dict[str, LabelValue] = Field(
         default_factory=dict, description="job labels that must all be present with these values"
     )
-
-    @field_validator("labels", mode="before")
-    @classmethod
-    def _scalars_as_strings(cls, mapping: Any) -> Any:
-        # YAML reads `tier: 1` as a number and `gpu: true` as a bool; job labels are
-        # text, and the admin meant the text.
-        if not isinstance(mapping, dict):
-            return mapping
-        return {
-            str(k): ("true" if v else "false") if isinstance(v, bool) else str(v) if isinstance(v, int | float) else v
-            for k, v in mapping.items()
-        }
 
 
 class Route(BaseModel):
@@ -448,8 +447,7 @@ def load_policy(text: str, source: str = "policy") -> Policy:
 
 
 def _nearest(marks: Mapping[tuple[Any, ...], tuple[int, int]], path: tuple[Any, ...]) -> tuple[int, int]:
-    # A scalar written where a list is allowed (`kind: trainig`) has no node for its
-    # index 0: the scalar itself is the place to point at.
+    # A key that is missing has no node: point at the mapping it should be in.
     while path and path not in marks:
         path = path[:-1]
     return marks.get(path, (1, 1))
@@ -676,6 +674,7 @@ class ClusterView:
     in_inventory: frozenset[Sharing] = frozenset()  # the modes it has units of now
     usable_memory_gb: Mapping[Sharing, float] = field(default_factory=dict)  # most one job can use, by mode
     gpu_models: frozenset[str] = frozenset()
+    inventory_known: bool = True  # False: the cluster did not answer; inventory checks are skipped
 
     @property
     def mps_in_mig_mode(self) -> bool:
@@ -699,14 +698,19 @@ def _canonical_model(name: str) -> str:
         return name
 
 
-def cluster_view(name: str, kind: str, units: Iterable[CapacityUnit]) -> ClusterView:
+def cluster_view(name: str, kind: str, units: Iterable[CapacityUnit] | None) -> ClusterView:
     """The view of cluster ``name`` of ``kind`` from its inventory ``units``.
 
     A Slurm or Kubernetes cluster may be routed to in every mode of its flavor (its
-    admins can reconfigure nodes), a simulated one only in the modes it has.
+    admins can reconfigure nodes), a simulated one only in the modes it has. Pass
+    ``units=None`` for a cluster that did not answer: it still exists, and a policy
+    naming it is checked for everything but what its inventory would tell.
     """
     if kind not in CLUSTER_KINDS:
         raise ValueError(f"unknown cluster kind {kind!r}: use one of {', '.join(CLUSTER_KINDS)}")
+    if units is None:
+        modes = frozenset(Sharing) if kind == "sim" else frozenset(s for s in Sharing if s.flavor == kind)
+        return ClusterView(name=name, kind=kind, sharing=modes, inventory_known=False)
     units = list(units)
     present = frozenset(u.sharing for u in units)
     modes = present if kind == "sim" else frozenset(s for s in Sharing if s.flavor == kind)
@@ -818,6 +822,44 @@ def _strongest_isolation(match: Match) -> Isolation:
     return max(admitted, key=ISOLATION_STRENGTH.__getitem__)
 
 
+def _check_inventory(
+    out: _Findings, index: int, rule: Rule, path: tuple[Any, ...], label: str, route: Route, view: ClusterView
+) -> None:
+    """The checks of one route that need the cluster's inventory: models, MIG profiles, memory."""
+    sharing = route.sharing
+    if route.gpu_model and view.gpu_models and route.gpu_model not in view.gpu_models:
+        has = ", ".join(sorted(view.gpu_models))
+        out.add(
+            "error",
+            index,
+            path,
+            f"{label} {route}: {view.name!r} has no {route.gpu_model} GPUs (it has {has}); fix gpu_model or remove it",
+        )
+
+    memory = rule.match.gpu_memory_gb
+    if sharing in MIG_SHARING:
+        _check_mig(out, index, path, label, route, view, memory)
+    elif sharing in view.in_inventory:
+        most = view.usable_memory_gb.get(sharing)
+        if memory is not None and memory.min is not None and most is not None and memory.min > most:
+            out.add(
+                "error",
+                index,
+                path,
+                f"{label} {route}: the rule matches jobs asking at least {_num(memory.min)} GB per GPU, but no "
+                f"{sharing.value} unit on {view.name!r} has more than {_num(most)} GB; "
+                "route these jobs to larger GPUs or lower match.gpu_memory_gb.min",
+            )
+    else:
+        out.add(
+            "warning",
+            index,
+            path,
+            f"{label} {route}: {view.name!r} has no {sharing.value} units right now; "
+            "jobs routed here wait until it has",
+        )
+
+
 def _check_route(
     out: _Findings, index: int, rule: Rule, path: tuple[Any, ...], label: str, route: Route, clusters: Mapping
 ) -> None:
@@ -861,39 +903,19 @@ def _check_route(
             path,
             f"{label} {route} gives {gives.value} isolation, but the rule matches jobs that ask for "
             f"{needs.value} isolation{scope}: route to a mode that gives {needs.value} isolation "
-            f"({enough or 'none on this cluster'}), or narrow match.isolation to {_listed(weaker_ok)}",
+            f"({enough or 'none on this cluster'}), or match only the isolation this mode suits "
+            f"(match.isolation: {_listed(weaker_ok)})",
         )
 
-    if route.gpu_model and view.gpu_models and route.gpu_model not in view.gpu_models:
-        has = ", ".join(sorted(view.gpu_models))
-        out.add(
-            "error",
-            index,
-            path,
-            f"{label} {route}: {view.name!r} has no {route.gpu_model} GPUs (it has {has}); fix gpu_model or remove it",
-        )
-
-    memory = rule.match.gpu_memory_gb
-    if sharing in MIG_SHARING:
-        _check_mig(out, index, path, label, route, view, memory)
-    elif sharing in view.in_inventory:
-        most = view.usable_memory_gb.get(sharing)
-        if memory is not None and memory.min is not None and most is not None and memory.min > most:
-            out.add(
-                "error",
-                index,
-                path,
-                f"{label} {route}: the rule matches jobs asking at least {_num(memory.min)} GB per GPU, but no "
-                f"{sharing.value} unit on {view.name!r} has more than {_num(most)} GB; "
-                "route these jobs to larger GPUs or lower match.gpu_memory_gb.min",
-            )
+    if view.inventory_known:
+        _check_inventory(out, index, rule, path, label, route, view)
     else:
         out.add(
             "warning",
             index,
             path,
-            f"{label} {route}: {view.name!r} has no {sharing.value} units right now; "
-            "jobs routed here wait until it has",
+            f"{label} {route}: {view.name!r} did not report its inventory, so its MIG profiles, MPS GPUs, "
+            "GPU models and memory were not checked; validate again once it answers",
         )
 
     if sharing is Sharing.SLURM_MPS and view.mps_in_mig_mode:
@@ -906,6 +928,7 @@ def _check_route(
             "offering MPS there, or route this rule elsewhere",
         )
 
+    memory = rule.match.gpu_memory_gb
     if sharing is Sharing.K8S_TIMESLICE and (memory is None or memory.max is None):
         out.add(
             "warning",

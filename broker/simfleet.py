@@ -282,6 +282,10 @@ def _describe_error(err: Mapping[str, Any], raw: Any) -> dict[str, Any]:
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         message = f"unknown field{hint} (fields here: {', '.join(known)})"
+    elif kind == "too_short" and loc == ["clusters"]:
+        message = "list at least one cluster, such as slurm-a: {flavor: slurm, nodes: [...]}"
+    elif kind == "too_short" and loc == ["gpus"]:
+        message = "a node needs at least one GPU entry, such as {model: A100-SXM4-80GB, count: 4}"
     elif kind == "missing":
         message = "required: add it"
     elif kind == "string_pattern_mismatch":
@@ -579,16 +583,15 @@ class _Pool:
         self.waiting_count = 0
         self.slots: list[tuple[_UnitClass, int]] = []
 
-    def room(self) -> int:
-        """Room an unpinned job may use: none while pinned jobs wait here."""
-        if self.waiting_count:
-            return 0
-        if self.sharing is Sharing.SLURM_MPS:
-            return max(self.gpu_room)
-        return self.free
-
     def refresh(self) -> None:
-        room = self.room()
+        """Tell the unit classes this pool serves how much room unpinned jobs may use
+        here now: none while jobs pinned to this pool wait, so they are not starved."""
+        if self.waiting_count:
+            room = 0
+        elif self.gpu_room is not None and self.sharing is Sharing.SLURM_MPS:
+            room = max(self.gpu_room)
+        else:
+            room = self.free
         for unit_class, slot in self.slots:
             unit_class.tree.set(slot, room)
 
@@ -656,7 +659,7 @@ class _UnitClass:
     """The pools that can serve one kind of request, (sharing, MIG profile, model or any
     model), with the cluster-wide FIFO of unpinned jobs waiting for it."""
 
-    __slots__ = ("key", "pools", "tree", "waiting", "waiting_count", "max_capacity", "max_gpus")
+    __slots__ = ("key", "pools", "tree", "waiting", "waiting_count", "max_capacity", "max_gpus", "model_name")
 
     def __init__(self, key: tuple[Sharing, str | None, str | None], pools: list[_Pool]) -> None:
         self.key = key
@@ -666,6 +669,8 @@ class _UnitClass:
         self.waiting_count = 0
         self.max_capacity = max(p.capacity for p in pools)
         self.max_gpus = max(len(p.gpus) for p in pools)
+        models = {p.model.name for p in pools}
+        self.model_name = models.pop() if len(models) == 1 else None  # to name it in reasons
 
     def head(self) -> _Job | None:
         while self.waiting and self.waiting[0].state is not BackendState.PENDING:
@@ -679,27 +684,24 @@ class _UnitClass:
 
 
 def _pools_of(node: FleetNode, flavor: str) -> list[_Pool]:
-    """A node's GPUs grouped into pools by (sharing, model, MIG profile)."""
-    groups: dict[tuple[Sharing, str, str | None], list[tuple[FleetGpu, int]]] = {}
+    """A node's GPUs grouped into pools by (sharing, model, MIG profile); a MIG GPU joins
+    one pool per instance it holds."""
+    groups: dict[tuple[Sharing, str, str | None], list[FleetGpu]] = {}
     for gpu in node.gpus:
         sharing = _SHARING_BY_MODE[(flavor, gpu.mode)]
-        if gpu.mode == "mig":
-            for profile in gpu.mig:
-                groups.setdefault((sharing, gpu.model.name, profile), []).append((gpu, 1))
-        else:
-            groups.setdefault((sharing, gpu.model.name, None), []).append((gpu, 1))
+        for profile in gpu.mig if gpu.mode == "mig" else (None,):
+            groups.setdefault((sharing, gpu.model.name, profile), []).append(gpu)
     pools = []
     for (sharing, _model_name, profile), members in groups.items():
-        model = members[0][0].model
-        gpus = tuple(dict.fromkeys(gpu.index for gpu, _ in members))
+        first = members[0]
         if sharing is Sharing.SLURM_MPS:
-            per_gpu = 100
+            per_gpu = 100  # percent of one GPU, as Slurm counts gres/mps
         elif sharing is Sharing.K8S_TIMESLICE:
-            per_gpu = members[0][0].replicas
+            per_gpu = first.replicas
         else:
             per_gpu = 1
-        units = len(members) * per_gpu  # MIG: one member per instance; others: one per GPU
-        pools.append(_Pool(node, sharing, model, profile, gpus, units, per_gpu))
+        gpus = tuple(dict.fromkeys(gpu.index for gpu in members))
+        pools.append(_Pool(node, sharing, first.model, profile, gpus, len(members) * per_gpu, per_gpu))
     return pools
 
 
@@ -777,6 +779,9 @@ class SimulatedCluster:
             for key in ((pool.sharing, pool.profile, pool.model.name), (pool.sharing, pool.profile, None)):
                 members.setdefault(key, []).append(pool)
         self._classes = {key: _UnitClass(key, pools) for key, pools in members.items()}
+        self._sharings = {key[0] for key in self._classes}
+        self._pinned_candidates: dict[tuple[str, tuple[Sharing, str | None, str | None]], list[_Pool]] = {}
+        self._where = f"{name} (simulated {layout.flavor} cluster)"
         for unit_class in self._classes.values():
             for slot, pool in enumerate(unit_class.pools):
                 pool.slots.append((unit_class, slot))
@@ -830,6 +835,7 @@ class SimulatedCluster:
                 self._record(job)
                 if job.pinned:
                     job.pool.waiting_count -= 1
+                    job.pool.refresh()
                     self._dispatch([job.pool], t)
                 else:
                     job.unit_class.waiting_count -= 1
@@ -935,10 +941,11 @@ class SimulatedCluster:
         sharing = Sharing(placement.sharing)
         if placement.sharing is not sharing:  # a plain string from a caller that built the placement by hand
             placement = replace(placement, sharing=sharing)
-        where = f"{self.name} (simulated {self.layout.flavor} cluster)"
-        offered = sorted({key[0].value for key in self._classes})
-        if sharing.flavor != self.layout.flavor or all(key[0] is not sharing for key in self._classes):
-            raise Rejected(f"{where} offers {', '.join(offered)}, not {sharing.value}: route the job elsewhere")
+        if sharing not in self._sharings:
+            offered = ", ".join(sorted(s.value for s in self._sharings))
+            raise Rejected(
+                f"{self._where} offers {offered}, not {sharing.value}: route the job to a cluster that has it"
+            )
         profile = placement.mig_profile
         if sharing in _MIG and not profile:
             raise Rejected(f"{sharing.value} needs a mig_profile (such as 1g.5gb) in the placement")
@@ -952,52 +959,66 @@ class SimulatedCluster:
                 raise Rejected(str(exc)) from None
         unit_class = self._classes.get((sharing, profile, model_name))
         if unit_class is None:
-            offers = sorted(
-                {
-                    f"{key[1]} on {key[2]}" if key[1] else str(key[2])
-                    for key in self._classes
-                    if key[0] is sharing and key[2]
-                }
-            )
-            if sharing in _MIG:
-                asked = f"MIG slices {profile}" + (f" on {model_name}" if model_name else "")
-            else:
-                asked = f"{model_name} GPUs"
-            raise Rejected(
-                f"{where} has no {asked} under {sharing.value}: it offers {', '.join(offers)}; "
-                "route the job to one of these, or to another cluster"
-            )
+            raise Rejected(self._missing_units(sharing, profile, model_name))
         if placement.units < 1 or placement.replicas < 1:
             raise Rejected(f"placement asks {placement.units} units × {placement.replicas} replicas: both must be ≥ 1")
         if sharing is Sharing.SLURM_MPS and placement.units > 100:
             raise Rejected(f"an MPS share is a percent of one GPU: {placement.units} is more than 100")
 
-        job = _Job(job_id, self._next_seq, placement, unit_class)
-        self._next_seq += 1
-        asked = _what(sharing, profile, model_name, job.units, job.replicas)
+        job = _Job(job_id, 0, placement, unit_class)
         if placement.node is not None:
-            pools = self._node_pools.get(placement.node)
-            if pools is None:
-                names = [node.name for node in self.layout.nodes]
-                shown = ", ".join(names[:8]) + (f" ... ({len(names)} nodes)" if len(names) > 8 else "")
-                raise Rejected(f"{where} has no node {placement.node}: its nodes are {shown}")
-            candidates = [pool for pool in pools if pool in unit_class.pools]
-            if not candidates:
-                raise Rejected(f"node {placement.node} of {self.name} has no {asked}: pick another node")
-            holding = [pool for pool in candidates if pool.could_ever_hold(job)]
-            if not holding:
-                raise Rejected(
-                    f"node {placement.node} of {self.name} can never hold {asked}: "
-                    f"it has {candidates[0].capacity} units of that kind"
-                )
-            job.pool = next((pool for pool in holding if pool.fits(job)), holding[0])
+            job.pool = self._pinned_pool(job, unit_class, model_name)
         elif not unit_class.could_ever_hold(job):
+            asked = _what(sharing, profile, unit_class.model_name, job.units, job.replicas)
             raise Rejected(
                 f"no node of {self.name} can hold {asked} at once: the largest has "
                 f"{unit_class.max_capacity} units of that kind; ask for fewer, or split the job"
             )
         self._read_spec(job, spec, placement)
+        job.seq = self._next_seq
+        self._next_seq += 1
         return job
+
+    def _pinned_pool(self, job: _Job, unit_class: _UnitClass, model_name: str | None) -> _Pool:
+        """The pool on ``placement.node`` the job runs or waits in; Rejected if it can never run there."""
+        node = job.placement.node
+        pools = self._node_pools.get(node)
+        if pools is None:
+            names = [n.name for n in self.layout.nodes]
+            shown = ", ".join(names[:8]) + (f" ... ({len(names)} nodes)" if len(names) > 8 else "")
+            raise Rejected(f"{self._where} has no node {node}: its nodes are {shown}")
+        candidates = self._pinned_candidates.get((node, unit_class.key))
+        if candidates is None:
+            candidates = [pool for pool in pools if any(c is unit_class for c, _slot in pool.slots)]
+            self._pinned_candidates[(node, unit_class.key)] = candidates
+        asked = _what(job.sharing, job.placement.mig_profile, model_name, job.units, job.replicas)
+        if not candidates:
+            offers = ", ".join(_what(p.sharing, p.profile, p.model.name, 1, 1) for p in pools)
+            raise Rejected(f"node {node} of {self.name} has no {asked}: it offers {offers}; pick another node")
+        holding = [pool for pool in candidates if pool.could_ever_hold(job)]
+        if not holding:
+            raise Rejected(
+                f"node {node} of {self.name} can never hold {asked}: "
+                f"it has {candidates[0].capacity} units of that kind; ask for fewer, or pick another node"
+            )
+        return next((pool for pool in holding if pool.fits(job)), holding[0])
+
+    def _missing_units(self, sharing: Sharing, profile: str | None, model_name: str | None) -> str:
+        offers = sorted(
+            {
+                f"{key[1]} on {key[2]}" if key[1] else str(key[2])
+                for key in self._classes
+                if key[0] is sharing and key[2]
+            }
+        )
+        if sharing in _MIG:
+            asked = f"MIG slices {profile}" + (f" on {model_name}" if model_name else "")
+        else:
+            asked = f"{model_name} GPUs"
+        return (
+            f"{self._where} has no {asked} under {sharing.value}: it offers {', '.join(offers)}; "
+            "route the job to one of these, or to another cluster"
+        )
 
     def _read_spec(self, job: _Job, spec: JobSpec, placement: Placement) -> None:
         labels = spec.labels
@@ -1064,7 +1085,7 @@ class SimulatedCluster:
 
     def _unpinned_reason(self, job: _Job, unit_class: _UnitClass) -> str:
         p = job.placement
-        head = f"waiting for {_what(job.sharing, p.mig_profile, unit_class.key[2], job.units, job.replicas)}"
+        head = f"waiting for {_what(job.sharing, p.mig_profile, unit_class.model_name, job.units, job.replicas)}"
         if unit_class.waiting_count:
             return f"{head}: {unit_class.waiting_count} earlier job(s) waiting first"
         most = unit_class.tree.most
@@ -1167,7 +1188,7 @@ class SimulatedCluster:
         for pool in pools:
             if pool.waiting_count:
                 self._drain_pool(pool, t)
-            pool.refresh()
+                pool.refresh()  # unmask the pool if its queue emptied
             for unit_class, _slot in pool.slots:
                 if unit_class.waiting_count and unit_class not in classes:
                     classes.append(unit_class)
