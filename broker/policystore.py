@@ -111,6 +111,10 @@ def apply(
             details=[getattr(f, "to_dict", lambda f=f: {"message": str(f)})() for f in report.errors],
         )
     current = active_version(session)
+    if current is not None:
+        active = session.get(PolicyVersion, current)
+        if active.text == text:  # re-applying the active text changes nothing: no new version
+            return VersionInfo(current, active.author, active.comment, active.created_at, True), report
     if base_version is not None and base_version != current:
         raise Conflict(
             f"the active policy is version {current}, not {base_version}: another admin applied meanwhile. "

@@ -39,9 +39,9 @@ How a simulated cluster behaves (what a broker or a test may rely on):
 - **Node choice.** A placement's ``node`` is honoured (the job waits there if the node
   is busy). Without one, the job takes the first node, in fleet-file order, with room.
 - **Queueing.** Jobs wait in FIFO order, without backfill: per node for jobs pinned to a
-  node, and per unit kind across the cluster for the others. A node with pinned jobs
-  waiting takes no unpinned job until they have started, so a large job is not starved
-  by small ones. A multi-unit job takes all its units on one node at once, or waits.
+  node, and per unit kind across the cluster for the others. Units on a node where
+  pinned jobs wait go to no unpinned job until those have started, so a large job is
+  not starved by small ones. A multi-unit job takes all its units on one node at once, or waits.
   Replicas (``placement.replicas``) are placed together on one node.
 - **MPS.** Units are percent of one GPU; each replica's share lives on one GPU, the
   lowest-indexed GPU with room.
@@ -49,7 +49,11 @@ How a simulated cluster behaves (what a broker or a test may rely on):
   the most free replicas, lowest index on ties), so jobs spread over the GPUs. There is
   no memory isolation: when the ``gpu_memory_gb`` of the jobs on one physical GPU adds up
   to more than the GPU has, the job that pushed it over fails with
-  ``OOMKilled: time-sliced GPU memory over-committed``, as a CUDA allocation would.
+  ``OOMKilled: time-sliced GPU memory over-committed`` (exit code 137), as a CUDA
+  allocation would; the jobs already there keep running.
+- **Status.** ``statuses(cursor)`` returns every change since the cursor, in order, each
+  at its virtual time; without a cursor (or with one from a cluster whose state was
+  lost) it returns every known job's current state.
 - **Persistence.** With ``state_file``, jobs, allocations and the status log are
   written there (JSON) after every call that changed them and reloaded on start, so a
   simulated cluster outlives a broker restart as a real one does.
@@ -825,12 +829,12 @@ class SimulatedCluster:
             t = self._now_us
             if job.state is BackendState.RUNNING:
                 pool = job.pool
-                self._finish(job, t, BackendState.CANCELLED, "cancelled", None)
+                self._finish(job, t, BackendState.CANCELLED, "cancelled while running", None)
                 self._dispatch([pool], t)
             else:
                 self._pending -= 1
                 job.state = BackendState.CANCELLED
-                job.reason = "cancelled while waiting"
+                job.reason = "cancelled before it started"
                 job.at_us = t
                 self._record(job)
                 if job.pinned:
@@ -845,12 +849,14 @@ class SimulatedCluster:
     def find(self, job_id: int) -> BackendJob | None:
         with self._lock:
             self._answer()
+            self._save()
             job = self._jobs.get(job_id)
             return None if job is None else self._view(job)
 
     def statuses(self, cursor: str | None = None) -> StatusPage:
         with self._lock:
             self._answer()
+            self._save()
             end = len(self._log)
             start = self._cursor_position(cursor)
             if start is None:
@@ -862,6 +868,7 @@ class SimulatedCluster:
     def inventory(self) -> list[CapacityUnit]:
         with self._lock:
             self._answer()
+            self._save()
             units = []
             for pool in self._pools:
                 model, sharing = pool.model, pool.sharing
@@ -1165,15 +1172,14 @@ class SimulatedCluster:
         ends = self._ends
         while ends and ends[0][0] <= to_us:
             t = ends[0][0]
-            freed: list[_Pool] = []
+            freed: dict[_Pool, None] = {}  # ordered, and O(1) when thousands end at once
             # Every job ending at the same instant frees its units before anyone starts,
             # so a job waiting for four GPUs sees all four that free at once.
             while ends and ends[0][0] == t:
                 event = heapq.heappop(ends)
                 if self._is_live(event):
                     job = event[2]
-                    if job.pool not in freed:
-                        freed.append(job.pool)
+                    freed[job.pool] = None
                     self._end(job, t)
             if t > self._now_us:
                 self._now_us = t
