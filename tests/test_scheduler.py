@@ -239,9 +239,21 @@ def test_applying_on_a_stale_base_is_refused(sessions, clock, fleet):
 
     with sessions() as session:
         base = policystore.active_version(session)
-    apply_policy(sessions, fleet, clock, DEFAULT_POLICY, base=base)
+    alice = DEFAULT_POLICY + "\n# alice's edit\n"
+    bob = DEFAULT_POLICY + "\n# bob's edit\n"
+    first, _ = apply_policy(sessions, fleet, clock, alice, base=base)
+    assert first.version == base + 1
     with pytest.raises(Conflict, match="another admin applied"):
-        apply_policy(sessions, fleet, clock, DEFAULT_POLICY, base=base)
+        apply_policy(sessions, fleet, clock, bob, base=base)
+    with sessions() as session:
+        assert policystore.active_version(session) == base + 1
+
+
+def test_reapplying_the_active_text_makes_no_new_version(sessions, clock, fleet):
+    with sessions() as session:
+        before = policystore.active_version(session)
+    info, _ = apply_policy(sessions, fleet, clock, DEFAULT_POLICY)
+    assert info.version == before
 
 
 def test_only_one_scheduler_leads_on_sqlite(engine):

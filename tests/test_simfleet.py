@@ -246,6 +246,7 @@ def test_a_job_asked_to_fail_fails_with_exit_code_1(slurm: SimulatedCluster, clo
 def test_a_job_that_does_not_fit_waits_and_starts_exactly_when_a_slice_frees(
     slurm: SimulatedCluster, clock: VirtualClock
 ) -> None:
+    start = slurm.statuses().cursor
     for job_id in range(1, 8):  # the seven 1g.5gb slices of mig-01, the first ending soonest
         slurm.submit(job_id, spec(100 * job_id), slice_1g())
     slurm.submit(8, spec(50), slice_1g())
@@ -256,10 +257,7 @@ def test_a_job_that_does_not_fit_waits_and_starts_exactly_when_a_slice_frees(
     clock.at(1000)  # long after job 1 ended at 100 s
     changes = [(j.job_id, j.state, j.at) for j in slurm.statuses().jobs]
     assert (8, BackendState.SUCCEEDED, at(150)) in changes
-    history = slurm.statuses(None)
-    assert history.jobs  # the whole history is there for a broker that starts fresh
-    log = slurm.statuses(f"{history.cursor.split(':')[0]}:0").jobs
-    assert [(j.state, j.at) for j in log if j.job_id == 8] == [
+    assert [(j.state, j.at) for j in slurm.statuses(start).jobs if j.job_id == 8] == [
         (BackendState.PENDING, T0),
         (BackendState.RUNNING, at(100)),  # when job 1's slice freed, not when the broker looked
         (BackendState.SUCCEEDED, at(150)),
@@ -288,6 +286,17 @@ def test_an_unpinned_job_takes_the_first_node_with_room(slurm: SimulatedCluster)
     slurm.submit(2, spec(100), placement(exclusive, 2))
     slurm.submit(3, spec(100), placement(exclusive, 1))
     assert [slurm.find(j).node for j in (1, 2, 3)] == ["gpu-01", "gpu-02", "gpu-01"]
+
+
+def test_gpus_a_pinned_job_waits_for_are_not_given_to_later_jobs(slurm: SimulatedCluster, clock: VirtualClock) -> None:
+    exclusive = Sharing.SLURM_EXCLUSIVE
+    slurm.submit(1, spec(100), placement(exclusive, 2, node="gpu-01"))
+    slurm.submit(2, spec(100), placement(exclusive, 4, node="gpu-01"))  # waits for all four
+    slurm.submit(3, spec(100), placement(exclusive, 1))
+    assert slurm.find(2).reason == "waiting for 4 whole A100-SXM4-80GB GPUs on gpu-01: 2 of 4 free"
+    assert slurm.find(3).node == "gpu-02"
+    clock.at(100)
+    assert (slurm.find(2).state, slurm.find(2).at) == (BackendState.RUNNING, at(100))
 
 
 def test_mps_shares_live_on_one_gpu(slurm: SimulatedCluster, clock: VirtualClock) -> None:
@@ -439,6 +448,32 @@ def test_a_state_file_keeps_running_allocations(tmp_path: Path, clock: VirtualCl
     assert after.next_event_time() == at(100)
 
 
+def test_a_state_file_keeps_waiting_jobs_in_order(tmp_path: Path, clock: VirtualClock) -> None:
+    config = {"fleet": str(DEMO_FLEET), "state_file": str(tmp_path / "slurm-a.json")}
+    before = SimulatedCluster("slurm-a", config, clock=clock)
+    share = placement(Sharing.SLURM_MPS, 70, gpu_memory_gb=28)
+    for job_id, seconds in ((1, 100), (2, 200), (3, 50), (4, 50)):
+        before.submit(job_id, spec(seconds), share)
+    after = SimulatedCluster("slurm-a", config, clock=clock)
+    assert units(after, "mps-01", Sharing.SLURM_MPS).allocated == 140
+    assert after.find(4).reason == "waiting for 70% of an MPS A100-SXM4-40GB GPU: 1 earlier job(s) waiting first"
+    clock.at(1000)
+    # 3 takes job 1's share when it ends at 100 s, and 4 takes 3's at 150 s: in order, each for 50 s.
+    assert [(after.find(j).state, after.find(j).at) for j in (3, 4)] == [
+        (BackendState.SUCCEEDED, at(150)),
+        (BackendState.SUCCEEDED, at(200)),
+    ]
+
+
+def test_a_cluster_may_be_named_apart_from_its_entry_in_the_fleet_file(clock: VirtualClock) -> None:
+    text = DEMO_FLEET.read_text()
+    cluster = SimulatedCluster("inference", {"fleet_yaml": text, "cluster": "k8s-a"}, clock=clock)
+    assert cluster.submit(7, spec(60), placement(Sharing.K8S_EXCLUSIVE, 8)) == "sim-inference-7"
+    assert {u.cluster for u in cluster.inventory()} == {"inference"}
+    with pytest.raises(InvalidRequest, match="unknown setting fleet_file"):
+        SimulatedCluster("x", {"fleet_file": str(DEMO_FLEET)}, clock=clock)
+
+
 def test_a_replay_jumps_from_event_to_event(slurm: SimulatedCluster) -> None:
     for job_id, seconds in enumerate((30, 10, 20), 1):
         slurm.submit(job_id, spec(seconds), slice_1g())
@@ -451,11 +486,12 @@ def test_a_replay_jumps_from_event_to_event(slurm: SimulatedCluster) -> None:
 
 def test_ten_thousand_jobs_run_through_one_cluster_in_virtual_time(clock: VirtualClock) -> None:
     cluster = SimulatedCluster("slurm-a", {"fleet": str(DEMO_FLEET)}, clock=clock)
+    start = cluster.statuses().cursor
     whole = placement(Sharing.SLURM_EXCLUSIVE)
     for job_id in range(1, 10_001):
         cluster.submit(job_id, spec(60), whole)
     assert cluster.health().detail.endswith("8 jobs running, 9992 pending")
     clock.at(365 * 86400)
-    finished = cluster.statuses(cluster.statuses().cursor.split(":")[0] + ":0").jobs
-    assert sum(j.state is BackendState.SUCCEEDED for j in finished) == 10_000
+    changes = cluster.statuses(start).jobs
+    assert sum(j.state is BackendState.SUCCEEDED for j in changes) == 10_000
     assert cluster.find(10_000).at == at(10_000 // 8 * 60)  # 8 GPUs, back to back

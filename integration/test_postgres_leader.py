@@ -1,0 +1,26 @@
+"""Leader election on the real PostgreSQL: one scheduler at a time, and a dead leader is replaced."""
+
+from __future__ import annotations
+
+from broker.leader import Leadership
+
+
+def test_one_leader_and_takeover_when_it_dies(engine):
+    leader, standby = Leadership(engine), Leadership(engine)
+    assert leader.try_acquire() is True
+    assert standby.try_acquire() is False
+    # The leader's process dies: PostgreSQL drops its connection, and the lock with it.
+    leader._conn.invalidate()
+    leader._conn = None
+    assert standby.try_acquire() is True
+    assert standby.still_held() is True
+    assert Leadership(engine).try_acquire() is False
+    standby.release()
+
+
+def test_a_leader_that_lost_its_connection_knows_it(engine):
+    leader = Leadership(engine)
+    assert leader.try_acquire()
+    leader._conn.connection.dbapi_connection.close()  # the database went away under it
+    assert leader.still_held() is False
+    leader.release()
