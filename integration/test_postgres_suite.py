@@ -5,5 +5,5 @@ under them (a fresh clone of a migrated template per test).
 """
 
 from tests.test_api import *  # noqa: F401,F403
-from tests.test_states import *  # noqa: F401,F403
 from tests.test_scheduler import *  # noqa: F401,F403
+from tests.test_states import *  # noqa: F401,F403
