@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,10 +32,10 @@ def gpush(*args: str, env: dict[str, str] | None = None, check: bool = True) -> 
     return result
 
 
-def start_server(database_url: str) -> tuple[subprocess.Popen, str]:
+def start_server(database_url: str, *options: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [GPUSH, "--database-url", database_url, "server", "--port", str(port), "--log-level", "warning"],
+        [GPUSH, "--database-url", database_url, "server", "--port", str(port), "--log-level", "warning", *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -60,7 +61,7 @@ def servers(database_url):
     procs = []
     urls = []
     for _ in range(2):
-        proc, url = start_server(database_url)
+        proc, url = start_server(database_url, "--no-scheduler", "--workers", "1")
         procs.append(proc)
         urls.append(url)
     yield urls
@@ -113,3 +114,47 @@ def test_server_refuses_an_unmigrated_postgresql(empty_pg_url):
     upgraded = json.loads(gpush("--database-url", empty_pg_url, "db", "upgrade", "--json").stdout)
     assert upgraded["from"] is None and upgraded["to"] == upgraded["head"]
     assert json.loads(gpush("--database-url", empty_pg_url, "db", "current", "--json").stdout)["up_to_date"]
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def test_scheduling_moves_to_the_other_server_when_the_leader_dies(database_url, monkeypatch):
+    root = Path(__file__).resolve().parents[1]
+    admin = ["--database-url", database_url]
+    for name in ("slurm-a", "k8s-a"):
+        gpush(*admin, "cluster", "add", name, "--kind", "sim", "--fleet", str(root / "examples" / "fleet.yaml"))
+    gpush(*admin, "policy", "apply", str(root / "policies" / "default.yaml"), "-m", "test")
+    token = gpush(*admin, "admin", "token", "create", "--user", "alice", "--tenant", "ml").stdout.strip()
+    monkeypatch.setenv("GPUSH_TOKEN", token)  # for this test's gpush calls
+    options = ("--workers", "1", "--cycle-interval", "0.2")
+    leader, leader_url = start_server(database_url, *options)
+    procs = [leader]
+    try:
+
+        def state(url: str, job_id: str) -> str:
+            return json.loads(gpush("--url", url, "status", job_id, "--json").stdout)["state"]
+
+        first = gpush("--url", leader_url, "submit", "--kind", "training", "--", "python", "a.py").stdout.strip()
+        wait_for(lambda: state(leader_url, first) in ("submitted", "running"), what="the only server to place a job")
+        standby, standby_url = start_server(database_url, *options)
+        procs.append(standby)
+        os.killpg(leader.pid, signal.SIGKILL)  # the leader dies without a word
+        leader.wait(10)
+        second = gpush("--url", standby_url, "submit", "--kind", "training", "--", "python", "b.py").stdout.strip()
+        wait_for(lambda: state(standby_url, second) in ("submitted", "running"), what="the standby to take over")
+        placed = json.loads(gpush("--url", standby_url, "list", "--json").stdout)["jobs"]
+        assert {j["cluster"] for j in placed} == {"slurm-a"}
+        assert len({j["backend_id"] for j in placed}) == 2
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(10)
