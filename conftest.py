@@ -7,9 +7,11 @@ migrated template, so the same API and state tests run on both.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -123,3 +125,30 @@ def sdk(app, make_token) -> Callable[..., GpushClient]:
     yield make
     for client in clients:
         client.close()
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> Any:
+        """The whole of stdout as JSON (fails if anything else was printed there)."""
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def gpush(capsys):
+    """Run ``gpush ARGS...`` in this process (embedded broker); returns exit code, stdout, stderr."""
+    from broker.cli import main
+
+    def run(*args: Any) -> Result:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return Result(exited.value.code, out, err)
+
+    return run

@@ -54,8 +54,11 @@ def make_adapter(name: str, kind: str, config: dict[str, Any], clock: Clock) -> 
     _check_kind(kind)
     try:
         cls = adapter_class(kind)
-    except ImportError as exc:
-        raise InvalidRequest(f"the {kind} adapter is not available in this installation: {exc}") from None
+    except (ImportError, AttributeError) as exc:
+        raise InvalidRequest(
+            f"the {kind} adapter is not available in this installation ({exc}); "
+            "this release places jobs on simulated clusters (--kind sim)"
+        ) from None
     if kind == "sim":
         # The pool applies a simulated cluster's speed to its clock (AdapterPool._clock_for).
         config = {k: v for k, v in config.items() if k != "speed"}

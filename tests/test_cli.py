@@ -11,41 +11,13 @@ import io
 import json
 import stat
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from broker.cli import main
 from broker.local import credentials_path
 
 TRAINING = ("--kind", "training")
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def json(self) -> Any:
-        """The whole of stdout as JSON (fails if anything else was printed there)."""
-        return json.loads(self.out)
-
-
-@pytest.fixture
-def gpush(capsys):
-    """Run ``gpush ARGS...``; returns its exit code, stdout and stderr."""
-
-    def run(*args: Any) -> Result:
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exited:
-            main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return Result(exited.value.code, out, err)
-
-    return run
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""Cluster adapters: one folder per backend, each implementing broker.adapter.ClusterAdapter."""

@@ -1,0 +1,1 @@
+"""The Kubernetes adapter (official kubernetes client). Not in this release yet."""

@@ -1,0 +1,1 @@
+"""The Slurm adapter (slurmrestd and command-line backends). Not in this release yet."""
