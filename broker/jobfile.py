@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from broker.errors import InvalidRequest
 from broker.schemas import JobSpec
+from broker.yamltext import load_yaml
 
 
 def _details(exc: ValidationError, prefix: str = "") -> list[dict[str, Any]]:
@@ -38,14 +38,7 @@ def validate_spec(fields: dict[str, Any], *, where: str = "") -> JobSpec:
 
 def load_documents(text: str, *, source: str) -> list[dict[str, Any]]:
     """Job documents from YAML: one mapping, several ``---`` documents, or a list of mappings."""
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark else source
-        raise InvalidRequest(f"{where}: not valid YAML: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise InvalidRequest(f"{source}: not valid YAML: {exc}") from None
+    docs = load_yaml(text, source=source, all_documents=True)
     if len(docs) == 1 and isinstance(docs[0], list):
         docs = docs[0]
     if not docs:

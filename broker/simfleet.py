@@ -78,7 +78,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from broker.adapter import (
@@ -95,6 +94,7 @@ from broker.adapter import (
 from broker.errors import InvalidRequest
 from broker.gpus import MODELS, GpuModel, gpu_model, mig_layout_problem
 from broker.schemas import JobSpec, format_duration, parse_memory_mib, parse_time_limit
+from broker.yamltext import load_yaml
 
 Clock = Callable[[], datetime]
 
@@ -228,14 +228,7 @@ class Fleet:
 
 def load_fleet(text: str, source: str) -> Fleet:
     """A :class:`Fleet` from fleet-file YAML; :class:`InvalidRequest` says what is wrong and where."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark else source
-        raise InvalidRequest(f"{where}: not valid YAML: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise InvalidRequest(f"{source}: not valid YAML: {exc}") from None
+    raw = load_yaml(text, source=source)
     if not isinstance(raw, dict):
         raise InvalidRequest(f"{source}: expected a mapping with clusters: (one entry per simulated cluster)")
     try:
