@@ -391,6 +391,31 @@ def scheduler_run(database_url: str, out: Output, *, cycles: int | None, interva
     return EXIT_OK
 
 
+def simulate(
+    out: Output,
+    *,
+    fleet: str | None,
+    workload: str | None,
+    trace: str | None,
+    policy: str | None,
+    compare: str | None,
+    report: str,
+    seed: int,
+    placement: str,
+) -> int:
+    """Replay a workload or a trace in virtual time and write the report (no broker needed)."""
+    from broker.replay import run_simulation, summary_lines
+
+    result = run_simulation(fleet, workload, trace, policy, compare, report, seed, placement=placement)
+    if out.json_mode:
+        out.json(result)
+        return EXIT_OK
+    for line in summary_lines(result):
+        out.line(line)
+    out.line(f"report: {Path(report) / 'report.md'} (with results.json and PNG plots)")
+    return EXIT_OK
+
+
 def read_job_file(path: str, stdin_text: Callable[[], str]) -> str:
     if path == "-":
         return stdin_text()
