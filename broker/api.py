@@ -8,7 +8,6 @@ as ``{"error": {"code", "message", "details"}}`` with the status of their type.
 # No `from __future__ import annotations`: FastAPI resolves the route signatures,
 # whose dependency aliases are local to create_app.
 
-import difflib
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -32,7 +31,6 @@ from broker.errors import GpushError, InvalidRequest, NotAllowed, Unavailable
 from broker.models import ApiToken
 from broker.schemas import (
     ClusterCreate,
-    Elastic,
     ExplainRequest,
     JobBatch,
     JobEventOut,
@@ -50,6 +48,7 @@ from broker.schemas import (
     Whoami,
 )
 from broker.states import JobState
+from broker.validation import describe_details, validation_details
 
 Clock = Callable[[], datetime]
 
@@ -88,56 +87,6 @@ class JSONBytes(Response):
 def _error_response(exc: GpushError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
     return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status, headers=headers)
-
-
-# What a pattern means, in words, by the last part of the field's path.
-PATTERN_WORDS = {
-    "name": "letters, digits and _ . @ -, starting with a letter or digit, at most 64 characters",
-    "tenant": "letters, digits and _ . @ -, starting with a letter or digit, at most 64 characters",
-    "user": "letters, digits and _ . @ -, starting with a letter or digit, at most 64 characters",
-    "idempotency_key": "printable ASCII without spaces, 1 to 128 characters",
-}
-
-
-def _friendly_message(err: dict[str, Any], loc: list[str]) -> str:
-    message = err.get("msg", "invalid").removeprefix("Value error, ")
-    kind = err.get("type")
-    if kind == "extra_forbidden" and loc:
-        parent = loc[-2] if len(loc) > 1 else None
-        if parent == "elastic":
-            what, known = "Elastic fields", list(Elastic.model_fields)
-        elif len(loc) == 1 or (len(loc) == 3 and loc[0] == "jobs"):
-            what, known = "Job fields", list(JobSpec.model_fields)
-        else:
-            what, known = "", []
-        close = difflib.get_close_matches(loc[-1], known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else "."
-        listed = f" {what}: {', '.join(known)}." if known else ""
-        return f"unknown field{hint}{listed}"
-    if kind == "string_pattern_mismatch" and loc and loc[-1] in PATTERN_WORDS:
-        return f"use {PATTERN_WORDS[loc[-1]]}"
-    return message
-
-
-def validation_details(errors: list[dict[str, Any]], skip: int = 0) -> list[dict[str, Any]]:
-    """Pydantic errors -> [{field, value, message}] with dotted field paths (``jobs.3.gpus``)."""
-    details = []
-    for err in errors:
-        loc = [str(part) for part in err.get("loc", ())[skip:]]
-        message = _friendly_message(err, loc)
-        value = err.get("input")
-        if isinstance(value, dict | list) and loc == [] or err.get("type") == "missing":
-            value = None
-        details.append({"field": ".".join(loc) or "(job)", "value": value, "message": message})
-    return details
-
-
-def describe_details(details: list[dict[str, Any]]) -> str:
-    parts = []
-    for d in details:
-        shown = "" if d["value"] is None else f" = {d['value']!r}"
-        parts.append(f"{d['field']}{shown}: {d['message']}")
-    return "; ".join(parts)
 
 
 def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float = 5.0) -> FastAPI:

@@ -12,12 +12,11 @@ from pydantic import ValidationError
 
 from broker.errors import InvalidRequest
 from broker.schemas import JobSpec
+from broker.validation import describe_details, validation_details
 from broker.yamltext import load_yaml
 
 
 def _details(exc: ValidationError, prefix: str = "") -> list[dict[str, Any]]:
-    from broker.api import validation_details
-
     details = validation_details(list(exc.errors()))
     for d in details:
         d["field"] = prefix + d["field"]
@@ -26,8 +25,6 @@ def _details(exc: ValidationError, prefix: str = "") -> list[dict[str, Any]]:
 
 def validate_spec(fields: dict[str, Any], *, where: str = "") -> JobSpec:
     """A JobSpec from plain fields, or :class:`InvalidRequest` naming every bad field."""
-    from broker.api import describe_details
-
     try:
         return JobSpec.model_validate(fields)
     except ValidationError as exc:
