@@ -4,17 +4,32 @@ Only the elected leader runs cycles (broker.leader), so two broker processes nev
 place onto the same free capacity. Model functions below take sessions they open
 per step: each step commits its own writes, so a crash between steps loses nothing
 (step 1 of the next cycle repairs a crash in the middle of step 7).
+
+A cycle handles thousands of jobs with a million queued, so it works in bulk: state
+changes go through :func:`broker.states.set_states` (one compare-and-set statement
+per batch of jobs, with their events), and the queue is read in the order it is
+decided, per tenant and priority with a LIMIT, so a cycle reads the jobs it decides
+and never the whole queue. Work that does not depend on other work runs beside it,
+each on a thread and a database connection of its own (see the steps below): the
+database's writes then overlap the broker's own deciding. The order that matters is
+kept: nothing is decided before the capacity it needs is known, and no adapter call
+is made before its job is committed in ``submitting``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+import threading
+import time
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from queue import SimpleQueue
+from typing import Any
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import DateTime, Engine, Text, cast, func, select, text, type_coerce
 
 from broker.adapter import (
     AdapterError,
@@ -28,15 +43,25 @@ from broker.adapter import (
 from broker.capacity import CapacityView, Fit, NoFit
 from broker.clusters import AdapterPool, ClusterInfo, list_clusters
 from broker.db import session_factory
-from broker.errors import StateConflict
-from broker.models import Job, Tenant
+from broker.models import Cluster, Job, Tenant
 from broker.schemas import JobSpec
-from broker.states import JobState, set_state
+from broker.states import JobState, set_reasons, set_states
 
 log = logging.getLogger("gpush.scheduler")
 S = JobState
 ACTIVE = (S.ROUTED.value, S.SUBMITTING.value, S.SUBMITTED.value, S.RUNNING.value)
 ACTOR = "scheduler"
+# Ids per IN (...) list when reading jobs by id (SQLite binds each one).
+_IDS_PER_QUERY = 1000
+# Connections that read tenants' queues side by side at the start of a claim.
+_CLAIM_READERS = 2
+# A status page with this many jobs changing is written in two halves side by side.
+_SYNC_SPLIT = 1000
+# Parsed job specs a scheduler keeps (a few MB).
+_SPECS_KEPT = 4096
+# created_at as the database returns it: the claim only orders by it, so the conversion
+# of every row to an aware UTC datetime (models.UTCDateTime) is skipped.
+_CREATED_AT = type_coerce(Job.created_at, DateTime(timezone=True))
 
 
 @dataclass
@@ -49,15 +74,33 @@ class CycleReport:
     waiting: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
+    # Wall seconds each step took (recover, sync, cancel, inventory, claim, decide,
+    # write, submit, record), for operators and benchmarks; not the injected clock's
+    # time. Steps that run side by side (the claim beside steps 2 to 4, the writing of
+    # status changes beside steps 3 to 7, write, submit and record beside decide)
+    # overlap, so they add up to more than the cycle.
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timing(self, step: str):
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[step] = self.seconds.get(step, 0.0) + time.perf_counter() - begin
 
 
-@dataclass
+@dataclass(slots=True)
 class _Candidate:
     job_id: int
     tenant: str
     priority: int
     created_at: datetime
-    spec: JobSpec
+    state_reason: str | None
+    document: str  # the stored spec's JSON text, parsed into ``spec`` when the job is decided
+    spec_hash: str
+    idempotency_key: str | None
+    spec: JobSpec | None = None
 
 
 class Scheduler:
@@ -69,12 +112,20 @@ class Scheduler:
        and the database write) is looked up by its gpush id: ``submitted`` if the
        cluster has it, back to ``queued`` if not. Nothing is lost or doubled.
     2. Sync statuses: each cluster's changes since its cursor move jobs to
-       ``running``, ``succeeded``, ``failed`` or ``cancelled``.
+       ``running``, ``succeeded``, ``failed`` or ``cancelled``, each change in the
+       order the cluster reported it. The changes are read here and written beside
+       steps 3 to 7, which count them as made (the ledger, the capacity and the
+       cancels read what the changes touch before they are written); a cluster's
+       cursor moves once its changes are in.
     3. Cancel: jobs a user cancelled while a cluster had them are cancelled there.
     4. Capacity: each healthy cluster's inventory, minus the placements it has not
        started yet.
     5. Claim queued jobs in order: priority, then the tenant furthest below its
-       weighted fair share (GPU-equivalents across both tiers), then age.
+       weighted fair share (GPU-equivalents across both tiers), then age; at most
+       ``claim_limit`` per tenant. Each tenant's jobs are read per priority level as the
+       order reaches them, with a LIMIT, so a cycle reads the jobs it decides however
+       long the queue is. Steps 2 to 4 never touch queued jobs, so the claim is read
+       beside them.
     6. Route each by the active policy (no rule: ``held``), check its tenant's quota
        (over: it waits, saying so), fit it on the routes in order (nothing could ever
        hold it: ``held``; nothing free now: it waits, saying for what), and count it
@@ -82,6 +133,7 @@ class Scheduler:
     7. Submit: placed jobs go ``routed`` then ``submitting`` (committed before any
        adapter call), the adapter is called, then ``submitted`` with the backend id;
        a refusal fails the job, an unreachable cluster puts it back in the queue.
+       Placed jobs go through this step in batches while step 6 decides the next ones.
     """
 
     def __init__(
@@ -99,6 +151,10 @@ class Scheduler:
         self.clock = clock
         self.claim_limit = claim_limit
         self._policy_source = policy_source
+        # Parsed specs by their fingerprint (jobs.spec_hash: the spec without its
+        # idempotency key). Queues are full of copies of one spec (arrays, sweeps,
+        # retries), and validating a stored spec again costs more than deciding it.
+        self._specs: dict[str, JobSpec] = {}
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -106,11 +162,39 @@ class Scheduler:
         report = CycleReport()
         with self.sessions() as session:
             clusters = {c.name: c for c in list_clusters(session, enabled_only=True)}
-        self.recover(clusters, report)
-        self.sync_statuses(clusters, report)
-        self.act_on_cancels(clusters, report)
-        inventory = self.read_inventory(clusters, report)
-        self.place(clusters, inventory, report)
+        with report.timing("recover"):
+            self.recover(clusters, report)
+        # Steps 2 to 4 never touch queued jobs: the claim (step 5) reads them meanwhile.
+        claim = _Claim(self.sessions, self.claim_limit)
+        sync: _StatusChanges | None = None
+        try:
+            with report.timing("sync"):
+                sync = self.read_statuses(clusters, report)
+            # What steps 3 to 6 read of the jobs the changes touch is read now, before the
+            # changes are written, and counted as if they were: then they are written
+            # beside those steps.
+            with report.timing("inventory"):
+                ledger = self.read_ledger(sync)
+                booked = self.read_booked_capacity(sync)
+            with report.timing("cancel"):
+                wanted = self.read_cancel_requests(sync)
+            sync.start(self)
+            with report.timing("cancel"):
+                self.act_on_cancels(clusters, wanted, report)
+            with report.timing("inventory"):
+                view = self.read_inventory(clusters, report, booked)
+        except BaseException:
+            claim.wait(report, raise_error=False)
+            if sync is not None:
+                sync.wait(report, raise_error=False)
+            raise
+        try:
+            claim.wait(report)
+            self.place(clusters, view, report, claim=claim, ledger=ledger)
+        except BaseException:
+            sync.wait(report, raise_error=False)
+            raise
+        sync.wait(report)
         return report
 
     def _adapter(self, info: ClusterInfo) -> ClusterAdapter:
@@ -121,116 +205,166 @@ class Scheduler:
     def recover(self, clusters: dict[str, ClusterInfo], report: CycleReport) -> None:
         with self.sessions() as session:
             stuck = session.execute(select(Job.id, Job.cluster).where(Job.state == S.SUBMITTING.value)).all()
+        if not stuck:
+            return
+        found: list[tuple[int, str | None, str]] = []
+        gone: list[tuple[int, str | None]] = []
         for job_id, cluster in stuck:
             info = clusters.get(cluster or "")
             try:
-                found = self._adapter(info).find(job_id) if info else None
+                backend = self._adapter(info).find(job_id) if info else None
             except AdapterError as exc:
                 report.errors.append(f"recover job {job_id} on {cluster}: {exc}")
                 continue
-            with self.sessions() as session, session.begin():
-                try:
-                    if found is not None:
-                        set_state(
-                            session,
-                            job_id,
-                            S.SUBMITTING,
-                            S.SUBMITTED,
-                            now=self.clock(),
-                            actor=ACTOR,
-                            reason=f"found on {cluster} as {found.backend_id} after a broker restart",
-                        )
-                        session.execute(update(Job).where(Job.id == job_id).values(backend_id=found.backend_id))
-                    else:
-                        set_state(
-                            session,
-                            job_id,
-                            S.SUBMITTING,
-                            S.QUEUED,
-                            now=self.clock(),
-                            actor=ACTOR,
-                            reason=f"{cluster or 'its cluster'} has no such job after a broker restart: queued again",
-                        )
-                        session.execute(
-                            update(Job)
-                            .where(Job.id == job_id)
-                            .values(cluster=None, placement=None, gpu_equivalents=None)
-                        )
-                    report.recovered += 1
-                except StateConflict:
-                    pass
+            if backend is not None:
+                found.append((job_id, cluster, backend.backend_id))
+            else:
+                gone.append((job_id, cluster))
+        now = self.clock()
+        with self.sessions() as session, session.begin():
+            moved = set_states(
+                session,
+                [job_id for job_id, _, _ in found],
+                S.SUBMITTING,
+                S.SUBMITTED,
+                reasons=[
+                    f"found on {cluster} as {backend_id} after a broker restart" for _, cluster, backend_id in found
+                ],
+                now=now,
+                actor=ACTOR,
+                values={"backend_id": [backend_id for _, _, backend_id in found]},
+            )
+            requeued = set_states(
+                session,
+                [job_id for job_id, _ in gone],
+                S.SUBMITTING,
+                S.QUEUED,
+                reasons=[
+                    f"{cluster or 'its cluster'} has no such job after a broker restart: queued again"
+                    for _, cluster in gone
+                ],
+                now=now,
+                actor=ACTOR,
+                values=_unplaced(len(gone)),
+            )
+            report.recovered += len(moved) + len(requeued)
 
     # 2 ------------------------------------------------------------------------------
 
-    def sync_statuses(self, clusters: dict[str, ClusterInfo], report: CycleReport) -> None:
-        from broker.models import Cluster
-
+    def read_statuses(self, clusters: dict[str, ClusterInfo], report: CycleReport) -> _StatusChanges:
+        """Each cluster's status changes since its cursor, as the transitions they make."""
+        changes = _StatusChanges()
         for name, info in clusters.items():
             with self.sessions() as session:
-                cursor = session.get(Cluster, name).status_cursor
+                cursor = session.execute(select(Cluster.status_cursor).where(Cluster.name == name)).scalar_one()
             try:
                 page = self._adapter(info).statuses(cursor)
             except AdapterError as exc:
                 report.errors.append(f"statuses of {name}: {exc}")
                 continue
-            with self.sessions() as session, session.begin():
-                ids = [b.job_id for b in page.jobs]
-                rows = (
-                    {
-                        j.id: j
-                        for j in session.execute(select(Job).where(Job.id.in_(ids), Job.cluster == name)).scalars()
-                    }
-                    if ids
-                    else {}
-                )
-                for backend in page.jobs:
-                    job = rows.get(backend.job_id)
-                    if job is not None:
-                        report.synced += self._apply_status(session, job, backend)
-                session.execute(update(Cluster).where(Cluster.name == name).values(status_cursor=page.cursor))
+            chains, pending = self._chains(name, page.jobs) if page.jobs else ({}, {})
+            changes.pages.append((name, chains, pending, page.cursor))
+            for job_id, chain in chains.items():
+                if chain[0][0] == S.SUBMITTED:
+                    changes.leaving_submitted.add(job_id)
+                if chain[-1][1] in _FINISHED:
+                    changes.finishing.add(job_id)
+        if changes.finishing:
+            with self.sessions() as session:
+                changes.finished = {
+                    row.id: row for row in _rows_by_id(session, _FINISHED_ROWS, sorted(changes.finishing))
+                }
+        return changes
 
-    def _apply_status(self, session, job: Job, backend) -> int:
-        now = self.clock()
-        state = S(job.state)
-        target = {
-            BackendState.RUNNING: S.RUNNING,
-            BackendState.SUCCEEDED: S.SUCCEEDED,
-            BackendState.FAILED: S.FAILED,
-            BackendState.CANCELLED: S.CANCELLED,
-        }.get(backend.state)
-        if backend.state == BackendState.PENDING:
-            if state == S.SUBMITTED and backend.reason and backend.reason != job.state_reason:
-                session.execute(
-                    update(Job).where(Job.id == job.id, Job.state == state.value).values(state_reason=backend.reason)
-                )
-            return 0
-        if target is None or target == state or state not in (S.SUBMITTED, S.RUNNING):
-            return 0
-        if target == S.CANCELLED:
-            reason = (
-                "cancelled as requested" if job.cancel_requested_at else (backend.reason or "cancelled on the cluster")
-            )
-        elif target == S.RUNNING:
-            reason = f"running on {job.cluster}" + (f" node {backend.node}" if backend.node else "")
-        elif target == S.FAILED:
-            reason = backend.reason or f"exited {backend.exit_code}"
-        else:
-            reason = "completed" + (f" (exit {backend.exit_code})" if backend.exit_code is not None else "")
-        try:
-            set_state(session, job.id, state, target, reason=reason, now=now, actor=ACTOR)
-        except StateConflict:
-            return 0
-        return 1
+    def write_statuses(self, changes: _StatusChanges) -> int:
+        """Write the changes; each cluster's cursor moves once its changes are in (a crash in
+        between replays the page, and the compare-and-set of each change makes the replay
+        a no-op)."""
+        synced = 0
+        for name, chains, pending, cursor in changes.pages:
+            if chains:
+                synced += self._apply_chains(chains)
+            with self.sessions() as session, session.begin():
+                # A reason is only for a job still waiting in the cluster (set_reasons checks the state).
+                set_reasons(session, S.SUBMITTED, pending)
+                session.execute(Cluster.__table__.update().where(Cluster.name == name).values(status_cursor=cursor))
+        return synced
+
+    def _chains(self, cluster: str, changes) -> tuple[dict[int, list[tuple[JobState, JobState, str]]], dict[int, str]]:
+        """A cluster's status changes replayed, in order, over its jobs' states: per job, the
+        chain of transitions they make; and what jobs still waiting in the cluster wait for."""
+        ids = list(dict.fromkeys(b.job_id for b in changes))
+        with self.sessions() as session:
+            rows = {r.id: r for r in _sync_rows(session, cluster, ids)}
+        current = {job_id: S(row.state) for job_id, row in rows.items()}
+        chains: dict[int, list[tuple[JobState, JobState, str]]] = defaultdict(list)
+        pending: dict[int, str] = {}
+        for backend in changes:
+            row = rows.get(backend.job_id)
+            if row is None:
+                continue
+            state = current[backend.job_id]
+            if backend.state == BackendState.PENDING:
+                if state == S.SUBMITTED and backend.reason and backend.reason != row.state_reason:
+                    pending[backend.job_id] = backend.reason
+                continue
+            target = _BACKEND_TARGETS.get(backend.state)
+            if target is None or target == state or state not in (S.SUBMITTED, S.RUNNING):
+                continue
+            chains[backend.job_id].append((state, target, _status_reason(target, cluster, row, backend)))
+            current[backend.job_id] = target
+        return chains, pending
+
+    def _apply_chains(self, chains: dict[int, list[tuple[JobState, JobState, str]]]) -> int:
+        """Apply the chains link by link, in bulk; a page of thousands of changes is split
+        in two halves written side by side, each in its own transaction."""
+        if len(chains) < _SYNC_SPLIT:
+            return self._apply_links(chains)
+        ids = sorted(chains)
+        halves = [{i: chains[i] for i in ids[: len(ids) // 2]}, {i: chains[i] for i in ids[len(ids) // 2 :]}]
+        return sum(_side_by_side(self._apply_links, halves))
+
+    def _apply_links(self, chains: dict[int, list[tuple[JobState, JobState, str]]]) -> int:
+        moved = 0
+        broken: set[int] = set()  # moved by someone else: the rest of its chain does not apply
+        with self.sessions() as session, session.begin():
+            for link in range(max((len(c) for c in chains.values()), default=0)):
+                by_edge: dict[tuple[JobState, JobState], list[tuple[int, str]]] = defaultdict(list)
+                for job_id, chain in chains.items():
+                    if link < len(chain) and job_id not in broken:
+                        frm, to, reason = chain[link]
+                        by_edge[(frm, to)].append((job_id, reason))
+                for (frm, to), items in by_edge.items():
+                    done = set(
+                        set_states(
+                            session,
+                            [job_id for job_id, _ in items],
+                            frm,
+                            to,
+                            reasons=[reason for _, reason in items],
+                            now=self.clock(),
+                            actor=ACTOR,
+                        )
+                    )
+                    moved += len(done)
+                    broken.update(job_id for job_id, _ in items if job_id not in done)
+        return moved
 
     # 3 ------------------------------------------------------------------------------
 
-    def act_on_cancels(self, clusters: dict[str, ClusterInfo], report: CycleReport) -> None:
+    def read_cancel_requests(self, sync: _StatusChanges) -> list[tuple[int, str | None]]:
+        """Jobs a user cancelled that a cluster still runs (not those the changes end)."""
         with self.sessions() as session:
             wanted = session.execute(
                 select(Job.id, Job.cluster).where(
                     Job.cancel_requested_at.is_not(None), Job.state.in_([S.SUBMITTED.value, S.RUNNING.value])
                 )
             ).all()
+        return [(job_id, cluster) for job_id, cluster in wanted if job_id not in sync.finishing]
+
+    def act_on_cancels(
+        self, clusters: dict[str, ClusterInfo], wanted: list[tuple[int, str | None]], report: CycleReport
+    ) -> None:
         for job_id, cluster in wanted:
             info = clusters.get(cluster or "")
             if info is None:
@@ -242,28 +376,80 @@ class Scheduler:
 
     # 4 ------------------------------------------------------------------------------
 
-    def read_inventory(self, clusters: dict[str, ClusterInfo], report: CycleReport) -> CapacityView:
+    def read_booked_capacity(self, sync: _StatusChanges) -> _Booked:
+        """What the broker holds that clusters' inventories may not show: placements not
+        started yet, and GPU memory of time-sliced jobs per node."""
+        placement = Job.placement
+        with self.sessions() as session:
+            # Placements not started: routed and submitting jobs (few), and submitted ones
+            # the status changes do not start or end. Most submitted jobs started since the
+            # last cycle (the changes say so), so their ids are read first and only the
+            # others' placements parsed.
+            not_started = [
+                job_id
+                for job_id in session.execute(
+                    select(Job.id).where(
+                        Job.state.in_([S.ROUTED.value, S.SUBMITTING.value, S.SUBMITTED.value]),
+                        Job.placement.is_not(None),
+                    )
+                ).scalars()
+                if job_id not in sync.leaving_submitted
+            ]
+            pending = [
+                Placement.from_dict(p) for _, p in _rows_by_id(session, select(Job.id, Job.placement), not_started)
+            ]
+            # GPU memory of time-sliced jobs per node, summed by the database: every
+            # running job has a placement, and only these few numbers are needed.
+            node = placement["node"].as_string()
+            memory_gb = placement["gpu_memory_gb"].as_float()
+            timesliced = (
+                select(
+                    placement["cluster"].as_string().label("cluster"),
+                    node.label("node"),
+                    (
+                        memory_gb * placement["units"].as_float() * func.coalesce(placement["replicas"].as_float(), 1.0)
+                    ).label("memory_gb"),
+                )
+                .where(
+                    Job.state.in_(ACTIVE),
+                    placement["sharing"].as_string() == Sharing.K8S_TIMESLICE.value,
+                    node.is_not(None),
+                    node != "",
+                    memory_gb.is_not(None),
+                    memory_gb != 0,
+                )
+                .subquery()
+            )
+            memory = defaultdict(
+                float,
+                {
+                    (cluster, on_node): float(total)
+                    for cluster, on_node, total in session.execute(
+                        select(timesliced.c.cluster, timesliced.c.node, func.sum(timesliced.c.memory_gb)).group_by(
+                            timesliced.c.cluster, timesliced.c.node
+                        )
+                    )
+                },
+            )
+        for row in sync.finished.values():  # ending: their memory is free
+            p = row.placement or {}
+            if p.get("sharing") == Sharing.K8S_TIMESLICE.value and p.get("node") and p.get("gpu_memory_gb"):
+                memory[(p["cluster"], p["node"])] -= p["gpu_memory_gb"] * p["units"] * (p.get("replicas") or 1)
+        return _Booked(pending, dict(memory))
+
+    def read_inventory(
+        self, clusters: dict[str, ClusterInfo], report: CycleReport, booked: _Booked | None = None
+    ) -> CapacityView:
+        """Each cluster's inventory, minus what the broker holds there."""
+        if booked is None:
+            booked = self.read_booked_capacity(_StatusChanges())
         inventory: dict[str, list[CapacityUnit]] = {}
         for name, info in clusters.items():
             try:
                 inventory[name] = list(self._adapter(info).inventory())
             except AdapterError as exc:
                 report.errors.append(f"inventory of {name}: {exc}")
-        with self.sessions() as session:
-            pending = [
-                Placement.from_dict(p)
-                for (p,) in session.execute(
-                    select(Job.placement).where(
-                        Job.state.in_([S.ROUTED.value, S.SUBMITTING.value, S.SUBMITTED.value]),
-                        Job.placement.is_not(None),
-                    )
-                )
-            ]
-            memory: dict[tuple[str, str], float] = defaultdict(float)
-            for (p,) in session.execute(select(Job.placement).where(Job.state.in_(ACTIVE), Job.placement.is_not(None))):
-                if p.get("sharing") == Sharing.K8S_TIMESLICE.value and p.get("node") and p.get("gpu_memory_gb"):
-                    memory[(p["cluster"], p["node"])] += p["gpu_memory_gb"] * p["units"] * p.get("replicas", 1)
-        return CapacityView.build(inventory, pending, memory)
+        return CapacityView.build(inventory, booked.pending, booked.memory)
 
     # 5, 6, 7 -------------------------------------------------------------------------
 
@@ -274,62 +460,91 @@ class Scheduler:
 
         return active_policy(session)
 
-    def place(self, clusters: dict[str, ClusterInfo], view: CapacityView, report: CycleReport) -> None:
+    def place(
+        self,
+        clusters: dict[str, ClusterInfo],
+        view: CapacityView,
+        report: CycleReport,
+        *,
+        claim: _Claim | None = None,
+        ledger: tuple[dict[str, float], dict[str, float], dict[str, float]] | None = None,
+    ) -> None:
         from broker.policy import evaluate
 
-        with self.sessions() as session:
+        if claim is None:
+            claim = _Claim(self.sessions, self.claim_limit)
+            claim.wait(report)
+        usage, weights, quotas = ledger if ledger is not None else self.read_ledger(_StatusChanges())
+        with report.timing("claim"), self.sessions() as session:
             policy = self._policy(session)
-            candidates = self._claim(session)
-            usage, weights, quotas = self._ledger(session)
-        active_tenants = set(usage) | {c.tenant for c in candidates}
+        decide_begin = time.perf_counter()
+        claim_before = report.seconds["claim"]
+        active_tenants = set(usage) | set(claim.tenants)
         weight_sum = sum(weights.get(t, 1.0) for t in active_tenants) or 1.0
+        in_use = sum(usage.values())
 
-        def deficit(tenant: str) -> float:
-            # A tenant's weighted share minus its share of what all tenants hold now: the
-            # next job goes to whoever is furthest below. Shares of what is in use (not of
-            # the whole fleet) make tenants converge to their weights on any contended pool,
-            # and a tenant alone may use everything.
-            in_use = sum(usage.values()) or 1.0
-            return weights.get(tenant, 1.0) / weight_sum - usage.get(tenant, 0.0) / in_use
+        # A tenant's deficit is its weighted share minus its share of what all tenants hold
+        # now: the next job goes to whoever is furthest below. Shares of what is in use (not
+        # of the whole fleet) make tenants converge to their weights on any contended pool,
+        # and a tenant alone may use everything.
+        share = {t: weights.get(t, 1.0) / weight_sum for t in claim.tenants}
 
-        by_tenant: dict[str, list[_Candidate]] = defaultdict(list)
-        for c in candidates:
-            by_tenant[c.tenant].append(c)
-        for jobs in by_tenant.values():
-            jobs.reverse()  # pop() from the end gives each tenant's jobs in claim order
-
-        def next_tenant() -> str:
+        def next_tenant() -> str | None:
             # Every placement changes every tenant's deficit, so pick afresh each time
             # (tenants with queued jobs are few; jobs per cycle are bounded).
-            def key(tenant: str) -> tuple:
-                head = by_tenant[tenant][-1]
-                return (-head.priority, -deficit(tenant), head.created_at, head.job_id)
+            best, best_key = None, None
+            held_now = in_use or 1.0
+            for tenant, queue in claim.queues.items():
+                if not queue.buffer:
+                    continue
+                head = queue.buffer[0]
+                key = (-head.priority, usage.get(tenant, 0.0) / held_now - share[tenant], head.created_at, head.job_id)
+                if best_key is None or key < best_key:
+                    best, best_key = tenant, key
+            return best
 
-            return min((t for t, jobs in by_tenant.items() if jobs), key=key)
-
-        placed: list[tuple[_Candidate, Placement]] = []
+        submission = _Submission(self, clusters)
         held: list[tuple[int, str]] = []
-        waiting: list[tuple[int, str]] = []
+        waiting: list[tuple[_Candidate, str]] = []
         ahead: dict[tuple, int] = defaultdict(int)
-        for _ in range(len(candidates)):
-            tenant = next_tenant()
-            job = by_tenant[tenant].pop()
-            kind, value = self._decide(job, policy, evaluate, view, usage, quotas, ahead)
-            if kind == "placed":
-                placed.append((job, value))
-                usage[tenant] = usage.get(tenant, 0.0) + value.gpu_equivalents
-            elif kind == "held":
-                held.append((job.job_id, value))
-            else:
-                waiting.append((job.job_id, value))
+        routes: dict[tuple, Any] = {}
+        try:
+            while (tenant := next_tenant()) is not None:
+                job = claim.pop(tenant, report)
+                job.spec = self._spec(job)
+                kind, value = self._decide(job, policy, evaluate, view, usage, quotas, ahead, routes)
+                if kind == "placed":
+                    submission.add(job, value)
+                    usage[tenant] = usage.get(tenant, 0.0) + value.gpu_equivalents
+                    in_use += value.gpu_equivalents
+                elif kind == "held":
+                    held.append((job.job_id, value))
+                else:
+                    waiting.append((job, value))
+        except BaseException:
+            submission.close(report, abandon=True)
+            raise
+        claim_in_loop = report.seconds["claim"] - claim_before
+        report.seconds["decide"] = time.perf_counter() - decide_begin - claim_in_loop
+        submission.close(report)
+        with report.timing("write"):
+            self._write_waits(held, waiting, report)
 
-        self._write_decisions(placed, held, waiting, report)
-        self._submit(clusters, placed, report)
+    def _spec(self, job: _Candidate) -> JobSpec:
+        spec = self._specs.get(job.spec_hash)
+        if spec is None:
+            spec = JobSpec.model_validate_json(job.document)
+            if len(self._specs) >= _SPECS_KEPT:
+                self._specs.clear()
+            self._specs[job.spec_hash] = spec
+        if spec.idempotency_key != job.idempotency_key:
+            spec = spec.model_copy(update={"idempotency_key": job.idempotency_key})
+        return spec
 
-    def _decide(self, job, policy, evaluate, view, usage, quotas, ahead):
+    def _decide(self, job, policy, evaluate, view, usage, quotas, ahead, routes):
         if policy is None:
             return "held", "held: no routing policy is active (an admin runs `gpush policy apply`)"
-        decision = evaluate(policy, job.spec, job.tenant)
+        decision = self._routes(job, policy, evaluate, routes)
         if not decision.routes:
             return "held", f"held: {decision.message}"
         reasons: list[str] = []
@@ -341,7 +556,7 @@ class Scheduler:
             if isinstance(fit, Fit):
                 quota = quotas.get(job.tenant)
                 if quota is not None and usage.get(job.tenant, 0.0) + fit.placement.gpu_equivalents > quota + 1e-9:
-                    view_undo(view, fit.placement)
+                    view.give_back(fit.placement)
                     used = usage.get(job.tenant, 0.0)
                     return "waiting", f"tenant {job.tenant} at quota ({used:g}/{quota:g} GPU)"
                 return "placed", fit.placement
@@ -358,149 +573,484 @@ class Scheduler:
         reason = first_wait if n == 0 else first_wait.rstrip(")") + f", {n} job{'s' if n > 1 else ''} ahead)"
         return "waiting", reason
 
-    def _claim(self, session) -> list[_Candidate]:
-        """Queued jobs, at most ``claim_limit`` per tenant, each tenant's in priority then age order."""
-        tenants = [t for (t,) in session.execute(select(Job.tenant).where(Job.state == S.QUEUED.value).distinct())]
-        out: list[_Candidate] = []
-        for tenant in tenants:
-            rows = session.execute(
-                select(Job.id, Job.tenant, Job.priority, Job.created_at, Job.spec)
-                .where(Job.tenant == tenant, Job.state == S.QUEUED.value)
-                .order_by(Job.priority.desc(), Job.created_at, Job.id)
-                .limit(self.claim_limit)
-            ).all()
-            out += [_Candidate(r.id, r.tenant, r.priority, r.created_at, JobSpec.model_validate(r.spec)) for r in rows]
-        return out
+    @staticmethod
+    def _routes(job: _Candidate, policy, evaluate, routes: dict[tuple, Any]):
+        """The policy's decision for the job; jobs that look alike to the rules (the fields
+        a rule can match on, broker.policy.Match) share one evaluation within a cycle."""
+        spec = job.spec
+        key = (
+            spec.kind,
+            spec.isolation,
+            spec.gpus,
+            spec.gpu_memory_gb,
+            job.tenant,
+            tuple(sorted(spec.labels.items())),
+        )
+        decision = routes.get(key)
+        if decision is None:
+            decision = routes[key] = evaluate(policy, spec, job.tenant)
+        return decision
 
-    def _ledger(self, session) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-        usage = {
-            t: float(ge or 0)
-            for t, ge in session.execute(
-                select(Job.tenant, func.sum(Job.gpu_equivalents)).where(Job.state.in_(ACTIVE)).group_by(Job.tenant)
-            )
-        }
-        weights, quotas = {}, {}
-        for tenant in session.execute(select(Tenant)).scalars():
-            weights[tenant.name] = tenant.weight
-            if tenant.gpu_quota is not None:
-                quotas[tenant.name] = tenant.gpu_quota
+    def read_ledger(self, sync: _StatusChanges) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """GPU-equivalents each tenant holds (less what the status changes end), and the
+        tenants' weights and quotas."""
+        with self.sessions() as session:
+            usage = {
+                t: float(ge or 0)
+                for t, ge in session.execute(
+                    select(Job.tenant, func.sum(Job.gpu_equivalents)).where(Job.state.in_(ACTIVE)).group_by(Job.tenant)
+                )
+            }
+            weights, quotas = {}, {}
+            for tenant in session.execute(select(Tenant)).scalars():
+                weights[tenant.name] = tenant.weight
+                if tenant.gpu_quota is not None:
+                    quotas[tenant.name] = tenant.gpu_quota
+        for row in sync.finished.values():
+            if row.gpu_equivalents and row.tenant in usage:
+                usage[row.tenant] = max(usage[row.tenant] - row.gpu_equivalents, 0.0)
         return usage, weights, quotas
 
-    def _write_decisions(self, placed, held, waiting, report: CycleReport) -> None:
-        now = self.clock()
-        with self.sessions() as session, session.begin():
-            for job, placement in placed:
-                try:
-                    set_state(
-                        session,
-                        job.job_id,
-                        S.QUEUED,
-                        S.ROUTED,
-                        now=now,
-                        actor=ACTOR,
-                        reason=f"placed on {placement.cluster} ({describe(placement)})",
-                    )
-                except StateConflict:
-                    continue  # cancelled meanwhile
-                session.execute(
-                    update(Job)
-                    .where(Job.id == job.job_id)
-                    .values(
-                        cluster=placement.cluster,
-                        placement=placement.to_dict(),
-                        gpu_equivalents=placement.gpu_equivalents,
-                    )
-                )
-                set_state(
+    def _write_placed(self, placed, report: CycleReport) -> list[tuple[_Candidate, Placement]]:
+        """Commit placed jobs in ``submitting`` (through ``routed``), before any adapter call;
+        returns those that moved (a job cancelled meanwhile did not)."""
+        with report.timing("write"), self.sessions() as session, session.begin():
+            # queued -> routed -> submitting in one write of each row, both events kept.
+            moved = set(
+                set_states(
                     session,
-                    job.job_id,
-                    S.ROUTED,
+                    [job.job_id for job, _ in placed],
+                    S.QUEUED,
                     S.SUBMITTING,
+                    via=[(S.ROUTED, [f"placed on {p.cluster} ({describe(p)})" for _, p in placed])],
+                    reasons=[f"submitting to {p.cluster}" for _, p in placed],
+                    now=self.clock(),
+                    actor=ACTOR,
+                    values={
+                        "cluster": [p.cluster for _, p in placed],
+                        "placement": [p.to_dict() for _, p in placed],
+                        "gpu_equivalents": [p.gpu_equivalents for _, p in placed],
+                    },
+                )
+            )
+        placed = [(job, p) for job, p in placed if job.job_id in moved]
+        report.placed += len(placed)
+        return placed
+
+    def _write_waits(self, held, waiting, report: CycleReport) -> None:
+        """Record the jobs held, and what the waiting ones wait for."""
+        with self.sessions() as session, session.begin():
+            report.held += len(
+                set_states(
+                    session,
+                    [job_id for job_id, _ in held],
+                    S.QUEUED,
+                    S.HELD,
+                    reasons=[reason for _, reason in held],
+                    now=self.clock(),
+                    actor=ACTOR,
+                )
+            )
+            # A waiting job's reason is rewritten only when it changed: on a full fleet
+            # the same jobs wait cycle after cycle for the same thing.
+            set_reasons(session, S.QUEUED, {j.job_id: r for j, r in waiting if r != j.state_reason})
+            report.waiting += len(waiting)
+
+    def _hand_over(self, clusters, placed: Iterable[tuple[_Candidate, Placement]], report: CycleReport) -> _Answers:
+        """The adapter calls of step 7, for jobs already committed in ``submitting``."""
+        answers = _Answers()
+        adapters: dict[str, ClusterAdapter] = {}  # looked up once per cluster, not per job
+        with report.timing("submit"):
+            for job, placement in placed:
+                adapter = adapters.get(placement.cluster)
+                if adapter is None:
+                    adapter = adapters[placement.cluster] = self._adapter(clusters[placement.cluster])
+                try:
+                    backend_id = adapter.submit(job.job_id, job.spec, placement)
+                    answers.submitted.append((job.job_id, placement, backend_id))
+                except Rejected as exc:
+                    answers.refused.append((job.job_id, placement, str(exc)))
+                except AdapterError as exc:
+                    answers.unanswered.append((job.job_id, placement, str(exc)))
+        return answers
+
+    def _record(self, answers: _Answers, report: CycleReport) -> None:
+        """What the clusters answered: ``submitted`` with the backend id, ``failed`` when
+        refused, back to ``queued`` when a cluster did not answer."""
+        submitted, refused, unanswered = answers.submitted, answers.refused, answers.unanswered
+        now = self.clock()
+        with report.timing("record"), self.sessions() as session, session.begin():
+            report.submitted += len(
+                set_states(
+                    session,
+                    [job_id for job_id, _, _ in submitted],
+                    S.SUBMITTING,
+                    S.SUBMITTED,
+                    reasons=[f"submitted to {p.cluster} as {backend_id}" for _, p, backend_id in submitted],
                     now=now,
                     actor=ACTOR,
-                    reason=f"submitting to {placement.cluster}",
+                    values={"backend_id": [backend_id for _, _, backend_id in submitted]},
                 )
-                report.placed += 1
-            for job_id, reason in held:
-                try:
-                    set_state(session, job_id, S.QUEUED, S.HELD, reason=reason, now=now, actor=ACTOR)
-                    report.held += 1
-                except StateConflict:
-                    pass
-            for job_id, reason in waiting:
-                session.execute(
-                    update(Job)
-                    .where(Job.id == job_id, Job.state == S.QUEUED.value)
-                    .values(state_reason=reason)
-                    .execution_options(synchronize_session=False)
+            )
+            report.failed += len(
+                set_states(
+                    session,
+                    [job_id for job_id, _, _ in refused],
+                    S.SUBMITTING,
+                    S.FAILED,
+                    reasons=[f"{p.cluster} refused the job: {error}" for _, p, error in refused],
+                    now=now,
+                    actor=ACTOR,
                 )
-                report.waiting += 1
+            )
+            set_states(
+                session,
+                [job_id for job_id, _, _ in unanswered],
+                S.SUBMITTING,
+                S.QUEUED,
+                reasons=[f"{p.cluster} did not answer ({error}): queued again" for _, p, error in unanswered],
+                now=now,
+                actor=ACTOR,
+                values=_unplaced(len(unanswered)),
+            )
 
-    def _submit(self, clusters, placed: Iterable[tuple[_Candidate, Placement]], report: CycleReport) -> None:
-        results = []
-        for job, placement in placed:
-            info = clusters[placement.cluster]
+
+@dataclass
+class _Answers:
+    """What clusters said to the jobs handed to them: (job id, placement, backend id or error)."""
+
+    submitted: list[tuple[int, Placement, str]] = field(default_factory=list)
+    refused: list[tuple[int, Placement, str]] = field(default_factory=list)
+    unanswered: list[tuple[int, Placement, str]] = field(default_factory=list)
+
+
+@dataclass
+class _Booked:
+    pending: list[Placement]  # placements made that clusters have not started yet
+    memory: dict[tuple[str, str], float]  # GPU memory of time-sliced jobs per (cluster, node)
+
+
+@dataclass
+class _StatusChanges:
+    """Step 2 of a cycle: the clusters' status changes, read, then written on a thread of
+    their own beside steps 3 to 7 (which count them as made)."""
+
+    # (cluster, chains of transitions per job, reasons of jobs still waiting there, new cursor)
+    pages: list[tuple[str, dict, dict[int, str], str | None]] = field(default_factory=list)
+    leaving_submitted: set[int] = field(default_factory=set)  # the cluster started or ended them
+    finishing: set[int] = field(default_factory=set)  # their chains end in a final state
+    finished: dict[int, Any] = field(default_factory=dict)  # those jobs' tenant, ledger share, placement
+    synced: int = 0
+    seconds: float = 0.0
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+
+    def start(self, scheduler: Scheduler) -> None:
+        if self.pages:
+            self.thread = threading.Thread(target=self._write, args=(scheduler,), name="gpush-sync", daemon=True)
+            self.thread.start()
+
+    def _write(self, scheduler: Scheduler) -> None:
+        begin = time.perf_counter()
+        try:
+            self.synced = scheduler.write_statuses(self)
+        except BaseException as exc:  # raised again in the cycle's thread, by wait()
+            self.error = exc
+        self.seconds = time.perf_counter() - begin
+
+    def wait(self, report: CycleReport, *, raise_error: bool = True) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+            report.synced += self.synced
+            report.seconds["sync"] = report.seconds.get("sync", 0.0) + self.seconds
+        if self.error is not None and raise_error:
+            error, self.error = self.error, None
+            raise error
+
+
+class _Claim:
+    """The queued jobs of one cycle, per tenant, read as the cycle's order reaches them.
+
+    Each tenant's queue is its jobs by priority (highest first), then age, then id, and
+    at most ``limit`` of them are claimed a cycle: a tenant whose jobs all wait (at its
+    quota, or for a kind of GPU that is full) holds up only its own. The queue is read
+    one priority level at a time with the level and the age in the query and a LIMIT of
+    what is left of the tenant's claim (``ix_jobs_state_priority_created``, or
+    ``ix_jobs_tenant_state`` for tenants with few jobs), so a cycle reads the jobs it
+    decides and no others. The first read runs on a thread of its own from creation to
+    :meth:`wait`, beside the steps that do not touch queued jobs.
+    """
+
+    def __init__(self, sessions, limit: int):
+        self.sessions = sessions
+        self.limit = limit
+        self.tenants: list[str] = []
+        self.queues: dict[str, _TenantQueue] = {}
+        self._seconds = 0.0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._read, name="gpush-claim", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        begin = time.perf_counter()
+        try:
+            with self.sessions() as session:
+                self.tenants = list(session.execute(_TENANTS_WITH_QUEUED, {"queued": S.QUEUED.value}).scalars())
+                levels = list(session.execute(_PRIORITY_LEVELS, {"queued": S.QUEUED.value}).scalars())
+            self.queues = {t: _TenantQueue(t, levels, self.limit) for t in self.tenants}
+            # Tenants' first reads side by side, a few connections at a time: each is an
+            # index walk of its own, and the cycle needs every tenant's head to begin.
+            queues = list(self.queues.values())
+            groups = [queues[n::_CLAIM_READERS] for n in range(min(_CLAIM_READERS, len(queues)))]
+            _side_by_side(self._fill, groups)
+        except BaseException as exc:  # raised again in the cycle's thread, by wait()
+            self._error = exc
+        self._seconds = time.perf_counter() - begin
+
+    def _fill(self, queues: list[_TenantQueue]) -> None:
+        with self.sessions() as session:
+            for queue in queues:
+                queue.fill(session)
+
+    def wait(self, report: CycleReport, *, raise_error: bool = True) -> None:
+        self._thread.join()
+        report.seconds["claim"] = report.seconds.get("claim", 0.0) + self._seconds
+        self._seconds = 0.0
+        if self._error is not None and raise_error:
+            error, self._error = self._error, None
+            raise error
+
+    def pop(self, tenant: str, report: CycleReport) -> _Candidate:
+        """The tenant's next job; the next priority level is read when this was the last
+        one read of its level."""
+        queue = self.queues[tenant]
+        job = queue.buffer.popleft()
+        if not queue.buffer and not queue.done:
+            with report.timing("claim"), self.sessions() as session:
+                queue.fill(session)
+        return job
+
+
+class _Submission:
+    """Step 7 for one cycle's placed jobs, beside step 6 (which goes on deciding).
+
+    Placed jobs go in batches, in the order they were placed, through three stages,
+    each a thread: *write* commits the batch in ``submitting``; *submit* then makes its
+    adapter calls, one job after another as before; *record* writes the answers. It is
+    the protocol of a single job, a batch at a time: no adapter call before its job is
+    committed in ``submitting``, and a crash anywhere leaves jobs that step 1 of the
+    next cycle repairs. The stages overlap one another and the deciding, so the
+    database's writes (two connections) run beside the broker's own work.
+    """
+
+    BATCH = 500
+
+    def __init__(self, scheduler: Scheduler, clusters: dict[str, ClusterInfo]):
+        self.scheduler = scheduler
+        self.batch: list[tuple[_Candidate, Placement]] = []
+        # Each stage counts into its own report; close() adds them to the cycle's.
+        self.reports = [CycleReport(), CycleReport(), CycleReport()]
+        self.inboxes: list[SimpleQueue] = [SimpleQueue(), SimpleQueue(), SimpleQueue()]
+        self.stages = [
+            lambda batch, report: scheduler._write_placed(batch, report),
+            lambda placed, report: scheduler._hand_over(clusters, placed, report),
+            lambda answers, report: scheduler._record(answers, report),
+        ]
+        self.threads: list[threading.Thread] = []
+        self.error: BaseException | None = None
+
+    def add(self, job: _Candidate, placement: Placement) -> None:
+        self.batch.append((job, placement))
+        if len(self.batch) >= self.BATCH:
+            self._send()
+
+    def _send(self) -> None:
+        if not self.threads:
+            self.threads = [
+                threading.Thread(target=self._run, args=(n,), name=f"gpush-{name}", daemon=True)
+                for n, name in enumerate(("write", "submit", "record"))
+            ]
+            for thread in self.threads:
+                thread.start()
+        self.inboxes[0].put(self.batch)
+        self.batch = []
+
+    def _run(self, stage: int) -> None:
+        inbox, work, report = self.inboxes[stage], self.stages[stage], self.reports[stage]
+        outbox = self.inboxes[stage + 1] if stage + 1 < len(self.inboxes) else None
+        failed = False
+        while (item := inbox.get()) is not None:
+            if failed:
+                continue  # this stage failed: later batches stop here (queued, or submitting for step 1)
             try:
-                backend_id = self._adapter(info).submit(job.job_id, job.spec, placement)
-                results.append((job.job_id, placement, backend_id, None))
-            except Rejected as exc:
-                results.append((job.job_id, placement, None, ("failed", str(exc))))
-            except AdapterError as exc:
-                results.append((job.job_id, placement, None, ("queued", str(exc))))
-        now = self.clock()
-        with self.sessions() as session, session.begin():
-            for job_id, placement, backend_id, error in results:
-                try:
-                    if error is None:
-                        set_state(
-                            session,
-                            job_id,
-                            S.SUBMITTING,
-                            S.SUBMITTED,
-                            now=now,
-                            actor=ACTOR,
-                            reason=f"submitted to {placement.cluster} as {backend_id}",
-                        )
-                        session.execute(update(Job).where(Job.id == job_id).values(backend_id=backend_id))
-                        report.submitted += 1
-                    elif error[0] == "failed":
-                        set_state(
-                            session,
-                            job_id,
-                            S.SUBMITTING,
-                            S.FAILED,
-                            now=now,
-                            actor=ACTOR,
-                            reason=f"{placement.cluster} refused the job: {error[1]}",
-                        )
-                        report.failed += 1
-                    else:
-                        set_state(
-                            session,
-                            job_id,
-                            S.SUBMITTING,
-                            S.QUEUED,
-                            now=now,
-                            actor=ACTOR,
-                            reason=f"{placement.cluster} did not answer ({error[1]}): queued again",
-                        )
-                        session.execute(
-                            update(Job)
-                            .where(Job.id == job_id)
-                            .values(cluster=None, placement=None, gpu_equivalents=None)
-                        )
-                except StateConflict:
-                    pass
+                result = work(item, report)
+            except BaseException as exc:  # raised again in the cycle's thread, by close()
+                self.error = self.error or exc
+                failed = True
+                continue
+            if outbox is not None:
+                outbox.put(result)
+        if outbox is not None:
+            outbox.put(None)
+
+    def close(self, report: CycleReport, *, abandon: bool = False) -> None:
+        """Send the last batch (unless ``abandon``), wait for every batch sent to pass the
+        three stages, add their counts to ``report``, and raise what failed in a stage."""
+        if self.batch and not abandon:
+            self._send()
+        if self.threads:
+            self.inboxes[0].put(None)
+            for thread in self.threads:
+                thread.join()
+        for mine in self.reports:
+            report.placed += mine.placed
+            report.submitted += mine.submitted
+            report.failed += mine.failed
+            for step, seconds in mine.seconds.items():
+                report.seconds[step] = report.seconds.get(step, 0.0) + seconds
+        if self.error is not None and not abandon:
+            raise self.error
 
 
-def view_undo(view: CapacityView, placement: Placement) -> None:
-    """Give back capacity a fit took (the job could not use it after all)."""
-    for slot in view.slots.get(placement.cluster, {}).get(placement.sharing, []):
-        if slot.unit.node == placement.node and slot.unit.mig_profile == placement.mig_profile:
-            slot.free += placement.units * placement.replicas
-            if slot.memory_free_gb is not None and placement.gpu_memory_gb:
-                slot.memory_free_gb += placement.gpu_memory_gb * placement.units * placement.replicas
-            return
+class _TenantQueue:
+    __slots__ = ("tenant", "levels", "level", "left", "buffer", "done")
+
+    def __init__(self, tenant: str, levels: list[int], limit: int):
+        self.tenant = tenant
+        self.levels = levels
+        self.level = 0  # index into levels
+        self.left = limit  # of the tenant's claim this cycle
+        self.buffer: deque[_Candidate] = deque()
+        self.done = not levels or limit <= 0
+
+    def fill(self, session) -> None:
+        """Read the tenant's jobs of its next priority level that has any, up to what is
+        left of its claim (nothing when it is done)."""
+        while not self.buffer and not self.done:
+            rows = session.execute(
+                select(
+                    Job.id,
+                    Job.priority,
+                    _CREATED_AT,
+                    Job.state_reason,
+                    cast(Job.spec, Text),
+                    Job.spec_hash,
+                    Job.idempotency_key,
+                )
+                .where(Job.tenant == self.tenant, Job.state == S.QUEUED.value, Job.priority == self.levels[self.level])
+                .order_by(Job.created_at, Job.id)
+                .limit(self.left)
+            ).all()
+            self.buffer.extend(_Candidate(r[0], self.tenant, r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows)
+            self.left -= len(rows)
+            self.level += 1
+            self.done = self.left <= 0 or self.level >= len(self.levels)
+
+
+# Loose index scans: each step of the recursion is one probe of an index, so finding
+# the few tenants and priority levels of a queue of a million jobs reads a few entries
+# per tenant or level, not the queue. Every tenant that has jobs is visited (the index
+# on (tenant, ...) has no state first), and each asked whether it has a queued one.
+_TENANTS_WITH_QUEUED = text(
+    """WITH RECURSIVE tenants(name) AS (
+        SELECT (SELECT tenant FROM jobs ORDER BY tenant LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.tenant FROM jobs j WHERE j.tenant > tenants.name ORDER BY j.tenant LIMIT 1)
+        FROM tenants WHERE tenants.name IS NOT NULL
+    )
+    SELECT name FROM tenants
+    WHERE name IS NOT NULL AND EXISTS (SELECT 1 FROM jobs q WHERE q.tenant = tenants.name AND q.state = :queued)"""
+)
+_PRIORITY_LEVELS = text(
+    """WITH RECURSIVE levels(priority) AS (
+        SELECT (SELECT priority FROM jobs WHERE state = :queued ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (
+            SELECT j.priority FROM jobs j WHERE j.state = :queued AND j.priority < levels.priority
+            ORDER BY j.priority DESC LIMIT 1
+        )
+        FROM levels WHERE levels.priority IS NOT NULL
+    )
+    SELECT priority FROM levels WHERE priority IS NOT NULL"""
+)
+
+_BACKEND_TARGETS = {
+    BackendState.RUNNING: S.RUNNING,
+    BackendState.SUCCEEDED: S.SUCCEEDED,
+    BackendState.FAILED: S.FAILED,
+    BackendState.CANCELLED: S.CANCELLED,
+}
+
+
+def _status_reason(target: JobState, cluster: str, row, backend) -> str:
+    if target == S.CANCELLED:
+        return "cancelled as requested" if row.cancel_requested else (backend.reason or "cancelled on the cluster")
+    if target == S.RUNNING:
+        return f"running on {cluster}" + (f" node {backend.node}" if backend.node else "")
+    if target == S.FAILED:
+        return backend.reason or f"exited {backend.exit_code}"
+    return "completed" + (f" (exit {backend.exit_code})" if backend.exit_code is not None else "")
+
+
+def _sync_rows(session, cluster: str, ids: list[int]):
+    """State, reason and cancel intent of the jobs ``ids`` that ``cluster`` has. PostgreSQL
+    gets the ids as one array joined to the jobs by primary key; SQLite binds them, a
+    thousand at a time."""
+    if session.get_bind().dialect.name == "postgresql":
+        return session.execute(_SYNC_ROWS_POSTGRESQL, {"ids": "{" + ",".join(map(str, ids)) + "}", "cluster": cluster})
+    query = select(
+        Job.id, Job.state, Job.state_reason, Job.cancel_requested_at.is_not(None).label("cancel_requested")
+    ).where(Job.cluster == cluster)
+    rows = []
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        rows += session.execute(query.where(Job.id.in_(ids[start : start + _IDS_PER_QUERY]))).all()
+    return rows
+
+
+def _rows_by_id(session, query, ids: list[int]):
+    """Rows of ``query`` for the jobs ``ids``, a thousand ids at a time."""
+    rows = []
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        rows += session.execute(query.where(Job.id.in_(ids[start : start + _IDS_PER_QUERY]))).all()
+    return rows
+
+
+_FINISHED_ROWS = select(Job.id, Job.tenant, Job.gpu_equivalents, Job.placement)
+_FINISHED = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+
+_SYNC_ROWS_POSTGRESQL = text(
+    """SELECT jobs.id, jobs.state, jobs.state_reason, jobs.cancel_requested_at IS NOT NULL AS cancel_requested
+    FROM jobs JOIN unnest(CAST(:ids AS bigint[])) AS wanted(id) ON jobs.id = wanted.id
+    WHERE jobs.cluster = :cluster"""
+)
+
+
+def _side_by_side(work: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    """``work`` on each item, each on a thread of its own (so on a connection of its own);
+    results in order; the first error is raised after all are done."""
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            results[n] = work(items[n])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in range(len(items))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _unplaced(n: int) -> dict[str, list[None]]:
+    """set_states values that take a job's placement away (it goes back to the queue)."""
+    return {"cluster": [None] * n, "placement": [None] * n, "gpu_equivalents": [None] * n}
 
 
 def describe(placement: Placement) -> str:

@@ -39,6 +39,11 @@ sleep 3
 run "$GPUSH" scheduler run --cycles 1
 run "$GPUSH" list --state succeeded --state running
 
+say "what the default policy does for a day's mixed workload, beside every job on whole GPUs (virtual time)"
+report="${GPUSH_DEMO_REPORT:-$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/gpush-demo-report}"
+run "$GPUSH" simulate --fleet examples/fleet.yaml --workload examples/workload.yaml --report "$report"
+echo "plot: $report/allocation.png"
+
 say "invalid jobs are refused, naming the field (exit 2):"
 set +e
 "$GPUSH" submit --kind inference --isolation none --gpus 1 -- serve
