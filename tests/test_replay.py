@@ -4,6 +4,7 @@ placement, the inflation experiment and the simulation report."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -40,7 +41,20 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO_FLEET = ROOT / "examples" / "fleet.yaml"
 DEMO_WORKLOAD = ROOT / "examples" / "workload.yaml"
 DEFAULT_POLICY = ROOT / "policies" / "default.yaml"
-SHIPPED_TRACE = ROOT.parent / "shared" / "traces" / "alibaba-openb-2023"
+# The trace lives beside the repository (../shared), not in it; a clone elsewhere finds
+# it through GPUSH_OPENB_TRACE or the workplace's own copy.
+SHIPPED_TRACE = next(
+    (
+        p
+        for p in (
+            Path(os.environ.get("GPUSH_OPENB_TRACE", "/nonexistent")),
+            ROOT.parent / "shared" / "traces" / "alibaba-openb-2023",
+            Path("/work/shared/traces/alibaba-openb-2023"),
+        )
+        if p.is_dir()
+    ),
+    ROOT.parent / "shared" / "traces" / "alibaba-openb-2023",
+)
 
 SMALL_FLEET = """
 clusters:
