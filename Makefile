@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make demo     first look: embedded broker (SQLite), example jobs, list"
 	@echo "make test     everything CI runs: fast tests (SQLite) + integration (PostgreSQL)"
-	@echo "make bench    submission throughput and latency on SQLite and PostgreSQL"
+	@echo "make bench    submissions, scheduling cycle at scale, placement quality on the openb trace"
 
 venv: $(STAMP)
 
@@ -43,6 +43,8 @@ demo: venv
 
 bench: venv postgres
 	$(BIN)/python integration/bench/submit.py --json bench-results.json
+	$(BIN)/python integration/bench/schedule.py --million --json bench-schedule.json
+	$(BIN)/python integration/bench/placement.py --json bench-placement.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results.json
