@@ -23,6 +23,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -503,7 +504,10 @@ class Scheduler:
                     best, best_key = tenant, key
             return best
 
-        submission = _Submission(self, clusters)
+        # Batches of about an eighth of what the cycle may decide: the first is written
+        # while the rest is decided, and the last one, which nothing overlaps, stays small.
+        batch = min(max(self.claim_limit * len(claim.tenants) // 8, 100), _Submission.BATCH)
+        submission = _Submission(self, clusters, batch=batch)
         held: list[tuple[int, str]] = []
         waiting: list[tuple[_Candidate, str]] = []
         ahead: dict[tuple, int] = defaultdict(int)
@@ -726,6 +730,8 @@ class _Answers:
 
 @dataclass
 class _Booked:
+    """What the broker holds on clusters that their inventories may not show yet."""
+
     pending: list[Placement]  # placements made that clusters have not started yet
     memory: dict[tuple[str, str], float]  # GPU memory of time-sliced jobs per (cluster, node)
 
@@ -835,85 +841,95 @@ class _Claim:
 class _Submission:
     """Step 7 for one cycle's placed jobs, beside step 6 (which goes on deciding).
 
-    Placed jobs go in batches, in the order they were placed, through three stages,
-    each a thread: *write* commits the batch in ``submitting``; *submit* then makes its
-    adapter calls, one job after another as before; *record* writes the answers. It is
-    the protocol of a single job, a batch at a time: no adapter call before its job is
-    committed in ``submitting``, and a crash anywhere leaves jobs that step 1 of the
-    next cycle repairs. The stages overlap one another and the deciding, so the
-    database's writes (two connections) run beside the broker's own work.
+    Placed jobs go in batches, in the order they were placed, through three stages:
+    *write* commits a batch in ``submitting``; *submit* then makes the batch's adapter
+    calls, batch after batch in placement order and job after job as before, on one
+    thread; *record* writes the answers. Writes and records run two batches at a time,
+    each on its own connection. It is the protocol of a single job, a batch at a time:
+    no adapter call before its job is committed in ``submitting``, and a crash anywhere
+    leaves jobs that step 1 of the next cycle repairs. The stages overlap one another
+    and the deciding, so the database's writes run beside the broker's own work.
     """
 
-    BATCH = 500
+    BATCH = 500  # the most jobs of one batch
+    WRITERS = 2
 
-    def __init__(self, scheduler: Scheduler, clusters: dict[str, ClusterInfo]):
+    def __init__(self, scheduler: Scheduler, clusters: dict[str, ClusterInfo], *, batch: int = BATCH):
         self.scheduler = scheduler
+        self.clusters = clusters
+        self.size = batch
         self.batch: list[tuple[_Candidate, Placement]] = []
-        # Each stage counts into its own report; close() adds them to the cycle's.
-        self.reports = [CycleReport(), CycleReport(), CycleReport()]
-        self.inboxes: list[SimpleQueue] = [SimpleQueue(), SimpleQueue(), SimpleQueue()]
-        self.stages = [
-            lambda batch, report: scheduler._write_placed(batch, report),
-            lambda placed, report: scheduler._hand_over(clusters, placed, report),
-            lambda answers, report: scheduler._record(answers, report),
-        ]
-        self.threads: list[threading.Thread] = []
+        self.submit_report = CycleReport()  # the submit thread's; close() adds it to the cycle's
+        self.written: SimpleQueue = SimpleQueue()  # futures of the writes, in placement order
+        self.recorded: list[Future] = []
+        self.pool: ThreadPoolExecutor | None = None
+        self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
     def add(self, job: _Candidate, placement: Placement) -> None:
         self.batch.append((job, placement))
-        if len(self.batch) >= self.BATCH:
+        if len(self.batch) >= self.size:
             self._send()
 
     def _send(self) -> None:
-        if not self.threads:
-            self.threads = [
-                threading.Thread(target=self._run, args=(n,), name=f"gpush-{name}", daemon=True)
-                for n, name in enumerate(("write", "submit", "record"))
-            ]
-            for thread in self.threads:
-                thread.start()
-        self.inboxes[0].put(self.batch)
-        self.batch = []
+        if self.pool is None:
+            # Writers and recorders: each a batch's transaction on a connection of its own.
+            self.pool = ThreadPoolExecutor(2 * self.WRITERS, thread_name_prefix="gpush-write")
+            self.thread = threading.Thread(target=self._submit, name="gpush-submit", daemon=True)
+            self.thread.start()
+        batch, self.batch = self.batch, []
+        self.written.put(self.pool.submit(self._in_report, self.scheduler._write_placed, batch))
 
-    def _run(self, stage: int) -> None:
-        inbox, work, report = self.inboxes[stage], self.stages[stage], self.reports[stage]
-        outbox = self.inboxes[stage + 1] if stage + 1 < len(self.inboxes) else None
+    @staticmethod
+    def _in_report(work, item) -> tuple[Any, CycleReport]:
+        report = CycleReport()
+        return work(item, report), report
+
+    def _submit(self) -> None:
         failed = False
-        while (item := inbox.get()) is not None:
-            if failed:
-                continue  # this stage failed: later batches stop here (queued, or submitting for step 1)
+        while (future := self.written.get()) is not None:
             try:
-                result = work(item, report)
+                placed, report = future.result()
+                self.recorded.append(future)  # its counts are added by close()
+                if failed:
+                    continue  # a batch failed: the later ones are not handed over (step 1 repairs them)
+                answers = self.scheduler._hand_over(self.clusters, placed, self.submit_report)
             except BaseException as exc:  # raised again in the cycle's thread, by close()
                 self.error = self.error or exc
                 failed = True
                 continue
-            if outbox is not None:
-                outbox.put(result)
-        if outbox is not None:
-            outbox.put(None)
+            self.recorded.append(self.pool.submit(self._in_report, self.scheduler._record, answers))
 
     def close(self, report: CycleReport, *, abandon: bool = False) -> None:
         """Send the last batch (unless ``abandon``), wait for every batch sent to pass the
         three stages, add their counts to ``report``, and raise what failed in a stage."""
         if self.batch and not abandon:
             self._send()
-        if self.threads:
-            self.inboxes[0].put(None)
-            for thread in self.threads:
-                thread.join()
-        for mine in self.reports:
-            report.placed += mine.placed
-            report.submitted += mine.submitted
-            report.failed += mine.failed
-            for step, seconds in mine.seconds.items():
-                report.seconds[step] = report.seconds.get(step, 0.0) + seconds
+        if self.pool is not None:
+            self.written.put(None)
+            self.thread.join()
+            for future in self.recorded:
+                try:
+                    _add_counts(report, future.result()[1])
+                except BaseException as exc:
+                    self.error = self.error or exc
+            self.pool.shutdown()
+        _add_counts(report, self.submit_report)
         if self.error is not None and not abandon:
             raise self.error
 
 
+def _add_counts(report: CycleReport, other: CycleReport) -> None:
+    report.placed += other.placed
+    report.submitted += other.submitted
+    report.failed += other.failed
+    for step, seconds in other.seconds.items():
+        report.seconds[step] = report.seconds.get(step, 0.0) + seconds
+
+
 class _TenantQueue:
+    """One tenant's part of a claim: its jobs read so far, and where to read on."""
+
     __slots__ = ("tenant", "levels", "level", "left", "buffer", "done")
 
     def __init__(self, tenant: str, levels: list[int], limit: int):
@@ -1002,10 +1018,7 @@ def _sync_rows(session, cluster: str, ids: list[int]):
     query = select(
         Job.id, Job.state, Job.state_reason, Job.cancel_requested_at.is_not(None).label("cancel_requested")
     ).where(Job.cluster == cluster)
-    rows = []
-    for start in range(0, len(ids), _IDS_PER_QUERY):
-        rows += session.execute(query.where(Job.id.in_(ids[start : start + _IDS_PER_QUERY]))).all()
-    return rows
+    return _rows_by_id(session, query, ids)
 
 
 def _rows_by_id(session, query, ids: list[int]):
