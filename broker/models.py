@@ -25,6 +25,7 @@ from sqlalchemy import (
     UniqueConstraint,
     types,
 )
+from sqlalchemy import text as sql_text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -106,6 +107,23 @@ class Job(Base):
         Index("ix_jobs_user_id", "user", "id"),
         # Status sync and capacity: a cluster's jobs by state.
         Index("ix_jobs_cluster_state", "cluster", "state"),
+        # The claim: a tenant's queued jobs of one priority, oldest first (migration 0003).
+        Index(
+            "ix_jobs_queued_claim",
+            "tenant",
+            "priority",
+            "created_at",
+            "id",
+            postgresql_where=sql_text("state = 'queued'"),
+            sqlite_where=sql_text("state = 'queued'"),
+        ),
+        # Cancel requests for jobs a cluster still runs: the few rows that have one.
+        Index(
+            "ix_jobs_cancel_requested",
+            "id",
+            postgresql_where=sql_text("cancel_requested_at IS NOT NULL"),
+            sqlite_where=sql_text("cancel_requested_at IS NOT NULL"),
+        ),
         # Idempotent submission: one job per key within a tenant.
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
     )

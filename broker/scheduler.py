@@ -30,7 +30,7 @@ from datetime import datetime
 from queue import SimpleQueue
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, Text, cast, func, select, text, type_coerce
+from sqlalchemy import DateTime, Engine, Text, cast, func, literal_column, select, text, type_coerce
 
 from broker.adapter import (
     AdapterError,
@@ -954,7 +954,7 @@ class _TenantQueue:
                     Job.spec_hash,
                     Job.idempotency_key,
                 )
-                .where(Job.tenant == self.tenant, Job.state == S.QUEUED.value, Job.priority == self.levels[self.level])
+                .where(Job.tenant == self.tenant, _IS_QUEUED, Job.priority == self.levels[self.level])
                 .order_by(Job.created_at, Job.id)
                 .limit(self.left)
             ).all()
@@ -963,6 +963,10 @@ class _TenantQueue:
             self.level += 1
             self.done = self.left <= 0 or self.level >= len(self.levels)
 
+
+# A literal, not a bound parameter: the planner can then use the partial index of queued
+# jobs (ix_jobs_queued_claim, migration 0003) whatever plan a prepared statement gets.
+_IS_QUEUED = Job.state == literal_column(f"'{S.QUEUED.value}'")
 
 # Loose index scans: each step of the recursion is one probe of an index, so finding
 # the few tenants and priority levels of a queue of a million jobs reads a few entries
