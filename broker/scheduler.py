@@ -684,38 +684,34 @@ class Scheduler:
         submitted, refused, unanswered = answers.submitted, answers.refused, answers.unanswered
         now = self.clock()
         with report.timing("record"), self.sessions() as session, session.begin():
-            report.submitted += len(
-                set_states(
-                    session,
-                    [job_id for job_id, _, _ in submitted],
-                    S.SUBMITTING,
-                    S.SUBMITTED,
-                    reasons=[f"submitted to {p.cluster} as {backend_id}" for _, p, backend_id in submitted],
-                    now=now,
-                    actor=ACTOR,
-                    values={"backend_id": [backend_id for _, _, backend_id in submitted]},
+
+            def move(rows: list[tuple[int, Placement, str]], target: S, reason, values=None) -> int:
+                """Move ``rows`` (job id, placement, answer) out of submitting; how many moved."""
+                return len(
+                    set_states(
+                        session,
+                        [job_id for job_id, _, _ in rows],
+                        S.SUBMITTING,
+                        target,
+                        reasons=[reason(p, answer) for _, p, answer in rows],
+                        now=now,
+                        actor=ACTOR,
+                        values=values,
+                    )
                 )
+
+            report.submitted += move(
+                submitted,
+                S.SUBMITTED,
+                lambda p, backend_id: f"submitted to {p.cluster} as {backend_id}",
+                {"backend_id": [backend_id for _, _, backend_id in submitted]},
             )
-            report.failed += len(
-                set_states(
-                    session,
-                    [job_id for job_id, _, _ in refused],
-                    S.SUBMITTING,
-                    S.FAILED,
-                    reasons=[f"{p.cluster} refused the job: {error}" for _, p, error in refused],
-                    now=now,
-                    actor=ACTOR,
-                )
-            )
-            set_states(
-                session,
-                [job_id for job_id, _, _ in unanswered],
-                S.SUBMITTING,
+            report.failed += move(refused, S.FAILED, lambda p, error: f"{p.cluster} refused the job: {error}")
+            move(
+                unanswered,
                 S.QUEUED,
-                reasons=[f"{p.cluster} did not answer ({error}): queued again" for _, p, error in unanswered],
-                now=now,
-                actor=ACTOR,
-                values=_unplaced(len(unanswered)),
+                lambda p, error: f"{p.cluster} did not answer ({error}): queued again",
+                _unplaced(len(unanswered)),
             )
 
 
