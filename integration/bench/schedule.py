@@ -66,8 +66,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -76,8 +74,8 @@ from typing import Any
 import psycopg
 from rich.console import Console
 from rich.table import Table
+from scratch import scratch_database
 from sqlalchemy import func, select
-from sqlalchemy.engine import make_url
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 BENCH_DATABASE = "gpush_bench_schedule"
@@ -279,31 +277,6 @@ def load_jobs(url: str, total: int, seed: int) -> float:
 
 
 # -- the database and the broker ----------------------------------------------------
-
-
-@contextmanager
-def bench_database(pg_url: str) -> Iterator[tuple[str, str]]:
-    """A fresh, migrated database; yields (SQLAlchemy URL, psycopg conninfo), drops it after."""
-    from broker.db import make_engine, upgrade
-
-    admin = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
-    bench = make_url(pg_url).set(drivername="postgresql+psycopg", database=BENCH_DATABASE)
-
-    def drop(conn: psycopg.Connection) -> None:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
-
-    with psycopg.connect(admin, autocommit=True) as conn:
-        drop(conn)
-        conn.execute(f"CREATE DATABASE {BENCH_DATABASE}")
-    url = bench.render_as_string(hide_password=False)
-    try:
-        engine = make_engine(url, pool_size=1)
-        upgrade(engine)
-        engine.dispose()
-        yield url, bench.set(drivername="postgresql").render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            drop(conn)
 
 
 class FrozenClock:
@@ -729,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if not args.no_fill:
                 console.print(f"[bold]fill[/bold]: {args.jobs:,} queued, claim limit {args.claim_limit:,} per tenant")
-                with bench_database(args.pg_url) as (url, conninfo):
+                with scratch_database(args.pg_url, BENCH_DATABASE, migrate=True) as (url, conninfo):
                     rows, details["fill"] = fill(url, conninfo, args, fleet_file)
                     base = baseline(conninfo, min(args.jobs, 20_000), 1000)
                 for row in rows:
@@ -744,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"[bold]million[/bold]: {args.million_jobs:,} queued, "
                     f"claim limit {args.million_claim_limit} per tenant"
                 )
-                with bench_database(args.pg_url) as (url, conninfo):
+                with scratch_database(args.pg_url, BENCH_DATABASE, migrate=True) as (url, conninfo):
                     rows, details["million"] = million(url, conninfo, args, fleet_file)
                 results += rows
                 details["million"]["peak_rss_mb"] = peak_rss_mb()

@@ -66,7 +66,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
+from scratch import scratch_database
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 BENCH_DATABASE = "gpush_bench"
@@ -554,28 +554,6 @@ class Settings:
     clients: tuple[int, ...] = SINGLE_CLIENTS
 
 
-@contextmanager
-def postgres_database(pg_url: str) -> Iterator[tuple[str, str]]:
-    """A fresh ``gpush_bench`` database; yields (SQLAlchemy URL, psycopg conninfo), drops it after."""
-    admin = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
-    bench = make_url(pg_url).set(drivername="postgresql+psycopg", database=BENCH_DATABASE)
-
-    def drop(conn: psycopg.Connection) -> None:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
-
-    with psycopg.connect(admin, autocommit=True) as conn:
-        drop(conn)
-        conn.execute(f"CREATE DATABASE {BENCH_DATABASE}")
-    try:
-        yield (
-            bench.render_as_string(hide_password=False),
-            bench.set(drivername="postgresql").render_as_string(hide_password=False),
-        )
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            drop(conn)
-
-
 def bench_backend(backend: str, settings: Settings, workdir: Path) -> list[Row]:
     """The baseline, then every scenario against a gpush server on a fresh database."""
     # The user's own gpush settings and data stay out of it.
@@ -586,7 +564,7 @@ def bench_backend(backend: str, settings: Settings, workdir: Path) -> list[Row]:
         data.mkdir(parents=True, exist_ok=True)
         baseline = baseline_sqlite(data / "baseline.db", settings.duration)
         return _bench_server(backend, f"sqlite:///{data / 'gpush.db'}", env, baseline, settings, workdir)
-    with postgres_database(settings.pg_url) as (url, conninfo):
+    with scratch_database(settings.pg_url, BENCH_DATABASE) as (url, conninfo):
         gpush_cli(env, url, "db", "upgrade")
         baseline = baseline_postgres(conninfo, settings.duration)
         return _bench_server(backend, url, env, baseline, settings, workdir)
