@@ -40,7 +40,9 @@ def test_cluster_add_refuses_what_cannot_work(gpush, tmp_path):
     result = gpush("cluster", "add", "x", "--kind", "sim", "--fleet", bad)
     assert result.code == 2 and "T4" in result.err and "MIG" in result.err
     unknown = gpush("cluster", "add", "prod", "--kind", "slurm", "--config", "url=http://slurm:6820")
-    assert unknown.code == 2 and "slurm adapter is not available" in unknown.err
+    assert unknown.code == 2 and "unknown setting 'url': did you mean rest_url?" in unknown.err
+    down = gpush("cluster", "add", "prod", "--kind", "slurm", "--config", "rest_url=http://127.0.0.1:9")
+    assert down.code == 2 and "does not answer" in down.err
     assert gpush("cluster", "list", "--json").json == []
     again = gpush("cluster", "add", "Bad_Name", "--kind", "sim", "--fleet", bad)
     assert again.code == 2 and "name" in again.err

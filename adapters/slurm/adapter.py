@@ -1,0 +1,596 @@
+"""The Slurm adapter: gpush's adapter protocol (broker.adapter) over a real Slurm.
+
+It turns placements into typed GRES requests (adapters.slurm.render), follows gpush's
+jobs through squeue and, once they have left it, accounting or the job completion log
+(adapters.slurm.client), and reads the cluster's GPUs as inventory records. What a
+caller may assume beyond the protocol's own guarantees:
+
+- **Finding its jobs.** Every job it submits is tagged ``<tag>-<gpush id>``; after a
+  restart, the first submission reads squeue once and so never submits a job that
+  Slurm already has. A submission Slurm refused at once leaves a ``FAILED`` record
+  with reason ``BadConstraints`` (Slurm keeps one): it is not taken for the job.
+- **Inventory** (:meth:`SlurmAdapter.inventory`), per node: MIG instances from GRES
+  types named like MIG profiles (``gpu:1g.5gb:7``), each worth its share of the
+  parent GPU (1/7 for 1g.5gb on an A100); MPS as percent of a GPU, in use as the
+  running jobs' ``mps`` requests add up (Slurm's ``GresUsed`` does not show it);
+  whole GPUs by type, less the GPUs that back MPS. A node that is down or drained
+  offers nothing free (its units show as all allocated), so jobs wait rather than
+  being held for good. The GPU model of a GRES type comes from the cluster's
+  ``gpu_types`` (``a100=A100-SXM4-80GB``), else from the type's name when gpush knows
+  it (``a100``, ``h100``), else, for MIG types, from the first model offering the
+  profile.
+- **Statuses** (:meth:`SlurmAdapter.statuses`): the cursor is Slurm's own time of the
+  last change seen, so clocks of broker and controller need not agree. A page holds
+  every pending job (with its reason in the user's terms) and every job whose state
+  changed at or after the cursor; jobs that left squeue meanwhile come from
+  accounting or the job completion log, and one that no record explains is reported
+  failed with that reason.
+- **Speed.** ``submit_many`` submits a batch on several threads (``submit_threads``,
+  8 by default): slurmctld serves RPCs in parallel, and one sbatch at a time leaves it
+  idle. Reads made within ``cache_seconds`` (1 s) of each other share one squeue or
+  sinfo call.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from adapters.slurm.client import SlurmClient, make_client
+from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode
+from adapters.slurm.render import job_id_of, render
+from broker.adapter import (
+    AdapterError,
+    BackendJob,
+    BackendState,
+    CapacityUnit,
+    Health,
+    Placement,
+    Sharing,
+    StatusPage,
+)
+from broker.errors import InvalidRequest
+from broker.gpus import MODELS, GpuModel, gpu_model
+from broker.schemas import JobSpec
+
+MIG_TYPE = re.compile(r"^\d+g\.\d+gb$")
+_FINAL = FINAL_STATES
+# Slurm's times have a resolution of 1 s: after a restart, changes this close to the
+# cursor are reported again rather than missed (a repeat changes nothing).
+_SLACK = timedelta(seconds=2)
+
+
+class SlurmSettings(BaseModel):
+    """A Slurm cluster's config (``gpush cluster add NAME --kind slurm --config KEY=VALUE``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rest_url: str | None = Field(None, description="slurmrestd, e.g. http://slurm-head:6820 (REST backend)")
+    rest_socket: str | None = Field(None, description="slurmrestd's unix socket instead of a URL")
+    user: str | None = Field(None, description="the Slurm user jobs are submitted as (REST; default $USER)")
+    token_env: str | None = Field(None, description="environment variable holding the JWT (REST)")
+    token_file: str | None = Field(None, description="file holding the JWT (REST)")
+    token: str | None = Field(None, description="the JWT itself (prefer token_env or token_file)")
+    api_version: str | None = Field(None, description="force an OpenAPI version, e.g. v0.0.38")
+    slurm_conf: str | None = Field(None, description="SLURM_CONF for the command-line backend")
+    bin_dir: str | None = Field(None, description="where sbatch/squeue/... are (command-line backend)")
+    jobcomp_file: str | None = Field(None, description="the jobcomp/filetxt log, for jobs that left squeue")
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    workdir: str = "/tmp"
+    tag: str = Field("gpush", pattern=r"^[A-Za-z][A-Za-z0-9_.]{0,31}$")
+    gpu_types: dict[str, str] = Field(default_factory=dict, description="GRES type -> GPU model")
+    mps_per_gpu: int = Field(100, ge=1, description="gres/mps Count of one GPU in gres.conf")
+    submit_threads: int = Field(8, ge=1, le=64)
+    cache_seconds: float = Field(1.0, ge=0)
+    timeout: float = Field(30.0, gt=0)
+
+    @field_validator("gpu_types", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        # From the command line: "a100=A100-SXM4-80GB,1g.10gb=H100-SXM5-80GB".
+        if isinstance(value, str):
+            pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise ValueError("gpu_types is TYPE=MODEL[,TYPE=MODEL...], e.g. a100=A100-SXM4-80GB")
+            return {k.strip(): v.strip() for k, v in pairs}
+        return value
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _known_models(cls, value: dict[str, str]) -> dict[str, str]:
+        return {gres_type: gpu_model(model).name for gres_type, model in value.items()}
+
+
+def settings_problems(exc: ValidationError) -> str:
+    """Pydantic's complaints about a cluster config, in an admin's terms."""
+    known = sorted(SlurmSettings.model_fields)
+    problems = []
+    for error in exc.errors():
+        key = ".".join(map(str, error["loc"])) or "config"
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, known, n=1) or [k for k in known if key in k][:1]
+            hint = f"did you mean {close[0]}? " if close else ""
+            problems.append(f"unknown setting {key!r}: {hint}settings are {', '.join(known)}")
+        else:
+            problems.append(f"{key}: {error['msg']}")
+    return "; ".join(problems)
+
+
+class SlurmAdapter:
+    """gpush's adapter for one Slurm cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: dict[str, Any],
+        *,
+        clock: Callable[[], datetime] | None = None,
+        client: SlurmClient | None = None,
+    ):
+        try:
+            self.settings = SlurmSettings.model_validate(config)
+        except ValidationError as exc:
+            raise InvalidRequest(f"Slurm cluster {name}: {settings_problems(exc)}") from None
+        self.name = name
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.client = client or make_client(self.settings.model_dump())
+        self._lock = threading.RLock()
+        self._known: dict[int, str] = {}  # gpush id -> Slurm job id, of jobs this process saw
+        self._primed = False
+        self._active: set[int] = set()  # gpush ids not yet final at the last status read
+        self._listing: tuple[float, list[SlurmJob]] | None = None
+        self._node_listing: tuple[float, list[SlurmNode]] | None = None
+        self._read_finished = False  # the first status read after a start also reads finished jobs
+        self._reported: dict[int, tuple[BackendState, str | None]] = {}  # what the last page said
+
+    # -- reads, shared within cache_seconds ---------------------------------------------
+
+    def _jobs(self, fresh: bool = False) -> list[SlurmJob]:
+        with self._lock:
+            now = time.monotonic()
+            if fresh or self._listing is None or now - self._listing[0] > self.settings.cache_seconds:
+                self._listing = (now, self.client.jobs())
+            return self._listing[1]
+
+    def _nodes(self) -> list[SlurmNode]:
+        with self._lock:
+            now = time.monotonic()
+            if self._node_listing is None or now - self._node_listing[0] > self.settings.cache_seconds:
+                self._node_listing = (now, self.client.nodes())
+            return self._node_listing[1]
+
+    def _tagged(self, jobs: Sequence[SlurmJob]) -> dict[int, list[SlurmJob]]:
+        """gpush id -> its Slurm jobs, newest last (a refused submission may have left one)."""
+        out: dict[int, list[SlurmJob]] = defaultdict(list)
+        for job in jobs:
+            job_id = job_id_of(self.settings.tag, job.name, job.comment)
+            if job_id is not None:
+                out[job_id].append(job)
+        for records in out.values():
+            records.sort(key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0)
+        return out
+
+    @staticmethod
+    def _real(records: list[SlurmJob]) -> SlurmJob | None:
+        """The job that stands for the gpush job: not a submission refused at once."""
+        real = [r for r in records if not (r.state == "FAILED" and r.reason == "BadConstraints")]
+        return (real or records or [None])[-1]
+
+    # -- the protocol ------------------------------------------------------------------
+
+    def health(self) -> Health:
+        try:
+            self.client.ping()
+            version = self.client.version()
+            nodes = self._nodes()
+        except AdapterError as exc:
+            return Health(False, f"Slurm cluster {self.name} does not answer: {exc}")
+        down = [n.unavailable for n in nodes if n.unavailable]
+        gpus = sum(g.count for n in nodes for g in n.gres if g.name == "gpu")
+        detail = f"Slurm {version}: {len(nodes)} nodes, {gpus} GPU GRES"
+        if down:
+            detail += f"; {len(down)} unavailable ({'; '.join(down[:3])})"
+        return Health(True, detail, version)
+
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+        with self._lock:
+            if not self._primed:
+                self._prime()
+            known = self._known.get(job_id)
+        if known is not None:
+            return known
+        submission = render(
+            job_id,
+            spec,
+            placement,
+            tag=self.settings.tag,
+            gres_type=self._gres_type(placement),
+            mps_per_gpu=self.settings.mps_per_gpu,
+            gpu_memory_gb=self._model_memory(placement.gpu_model),
+            partition=self.settings.partition,
+            account=self.settings.account,
+            qos=self.settings.qos,
+            workdir=self.settings.workdir,
+        )
+        backend_id = self.client.submit(submission)
+        with self._lock:
+            self._known[job_id] = backend_id
+            self._active.add(job_id)
+        return backend_id
+
+    def submit_many(self, items: Sequence[tuple[int, JobSpec, Placement]]) -> list[str | AdapterError]:
+        """Submit a batch on several threads; per item the backend id or the AdapterError."""
+
+        def one(item: tuple[int, JobSpec, Placement]) -> str | AdapterError:
+            try:
+                return self.submit(*item)
+            except AdapterError as exc:
+                return exc
+
+        if not items:
+            return []
+        with self._lock:
+            if not self._primed:
+                self._prime()
+        with ThreadPoolExecutor(min(self.settings.submit_threads, len(items))) as pool:
+            return list(pool.map(one, items))
+
+    def _prime(self) -> None:
+        """Learn which gpush jobs Slurm already has (after a broker restart)."""
+        for job_id, records in self._tagged(self._jobs(fresh=True)).items():
+            real = self._real([r for r in records if not (r.state == "FAILED" and r.reason == "BadConstraints")])
+            if real is not None:
+                self._known[job_id] = real.job_id
+        self._primed = True
+
+    def cancel(self, job_id: int) -> None:
+        records = self._tagged(self._jobs(fresh=True)).get(job_id, [])
+        ids = {r.job_id for r in records if r.state not in _FINAL}
+        with self._lock:
+            known = self._known.get(job_id)
+        if known and not records:
+            ids.add(known)  # submitted a moment ago, not listed yet
+        for backend_id in sorted(ids):
+            self.client.cancel(backend_id)
+
+    def find(self, job_id: int) -> BackendJob | None:
+        records = self._tagged(self._jobs(fresh=True)).get(job_id)
+        real = self._real(records) if records else None
+        if real is not None and not (real.state == "FAILED" and real.reason == "BadConstraints"):
+            return self._backend(job_id, real)
+        for record in self.client.finished(None):
+            if job_id_of(self.settings.tag, record.name) == job_id:
+                return self._finished(job_id, record)
+        return None
+
+    def statuses(self, cursor: str | None = None) -> StatusPage:
+        since = _cursor_time(cursor)
+        jobs = self._jobs(fresh=True)
+        tagged = self._tagged(jobs)
+        with self._lock:
+            reported = dict(self._reported)
+        now_reported: dict[int, tuple[BackendState, str | None]] = {}
+        out: list[BackendJob] = []
+        latest = since
+        current: set[int] = set()
+        for job_id, records in tagged.items():
+            job = self._real(records)
+            if job is None:
+                continue
+            changed = job.last_change
+            if changed is not None and (latest is None or changed > latest):
+                latest = changed
+            if job.state not in _FINAL:
+                current.add(job_id)
+            backend = self._backend(job_id, job)
+            seen = reported.get(job_id)
+            if seen is not None:
+                # Seen by this process: report it when its state or reason moved.
+                if seen != (backend.state, backend.reason):
+                    out.append(backend)
+            elif since is None or changed is None or changed >= since - _SLACK:
+                out.append(backend)
+            now_reported[job_id] = (backend.state, backend.reason)
+        with self._lock:
+            vanished = self._active - set(tagged)
+            read_finished = vanished or (not self._read_finished and since is not None)
+            self._read_finished = True
+        if read_finished:
+            records = {}
+            for record in self.client.finished(since if not vanished else None):
+                job_id = job_id_of(self.settings.tag, record.name)
+                if job_id is not None and job_id not in tagged:
+                    records[job_id] = record
+            for job_id, record in records.items():
+                out.append(self._finished(job_id, record))
+            for job_id in vanished - set(records):
+                out.append(
+                    BackendJob(
+                        job_id,
+                        self._known.get(job_id, "?"),
+                        BackendState.FAILED,
+                        reason=f"left {self.name}'s queue with no record of how it ended "
+                        "(no accounting, no readable job completion log: set jobcomp_file)",
+                    )
+                )
+        with self._lock:
+            self._active = current
+            self._reported = now_reported
+        cursor_out = f"t={int(latest.timestamp())}" if latest is not None else cursor
+        return StatusPage(out, cursor_out)
+
+    def inventory(self) -> list[CapacityUnit]:
+        nodes = self._nodes()
+        mps_used = self._mps_in_use(self._jobs())
+        units: list[CapacityUnit] = []
+        for node in nodes:
+            units.extend(self._node_units(node, mps_used.get(node.name, 0)))
+        return units
+
+    # -- inventory -----------------------------------------------------------------------
+
+    def _mps_in_use(self, jobs: Sequence[SlurmJob]) -> dict[str, int]:
+        """MPS units held per node: the running jobs' requests (GresUsed does not tell)."""
+        used: dict[str, int] = defaultdict(int)
+        for job in jobs:
+            if job.state not in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED") or not job.nodes:
+                continue
+            for gres in job.tres_per_node:
+                if gres.name == "mps":
+                    used[job.nodes] += gres.count
+        return used
+
+    def model_of(self, gres_type: str | None) -> GpuModel | None:
+        """The GPU model behind a GRES type (see the module docstring), or None."""
+        if not gres_type:
+            return None
+        configured = self.settings.gpu_types.get(gres_type)
+        if configured:
+            return gpu_model(configured)
+        if MIG_TYPE.match(gres_type):
+            return next((m for m in MODELS if gres_type in m.mig_profiles), None)
+        try:
+            return gpu_model(gres_type)
+        except ValueError:
+            return None
+
+    def _node_units(self, node: SlurmNode, mps_used: int) -> list[CapacityUnit]:
+        used = {(g.name, g.type): g.count for g in node.gres_used}
+        unavailable = node.unavailable
+        labels = {"state": "+".join(s.lower() for s in node.states), "partitions": ",".join(node.partitions)}
+        gpus = [g for g in node.gres if g.name == "gpu"]
+        mps = [g for g in node.gres if g.name == "mps"]
+        whole_types = [g.type for g in gpus if g.type and not MIG_TYPE.match(g.type)]
+        units: list[CapacityUnit] = []
+
+        def unit(sharing: Sharing, gres: Gres, model: GpuModel | None, **fields: Any) -> CapacityUnit:
+            capacity = fields.pop("capacity")
+            allocated = capacity if unavailable else min(fields.pop("allocated"), capacity)
+            fields.pop("allocated", None)
+            return CapacityUnit(
+                cluster=self.name,
+                node=node.name,
+                sharing=sharing,
+                gpu_model=model.name if model else (gres.type or "unknown"),
+                capacity=capacity,
+                allocated=allocated,
+                gpu_memory_gb=float(model.memory_gb) if model else None,
+                labels={**labels, "gres": gres.spec()} | ({"unavailable": unavailable} if unavailable else {}),
+                **fields,
+            )
+
+        mps_gpus = 0
+        for share in mps:
+            mps_gpus = max(1, math.ceil(share.count / self.settings.mps_per_gpu))
+            model = self.model_of(share.type or (whole_types[0] if whole_types else None))
+            per_gpu = self.settings.mps_per_gpu
+            units.append(
+                unit(
+                    Sharing.SLURM_MPS,
+                    share,
+                    model,
+                    # Capacity in percent of one GPU, as the broker counts MPS shares.
+                    capacity=100 * mps_gpus,
+                    allocated=math.ceil(mps_used * 100 / per_gpu),
+                    unit_memory_gb=(model.memory_gb / 100) if model else 0.0,
+                    gpu_equivalent=0.01,
+                )
+            )
+        for gres in gpus:
+            model = self.model_of(gres.type)
+            taken = used.get(("gpu", gres.type), 0)
+            if gres.type and MIG_TYPE.match(gres.type):
+                units.append(
+                    unit(
+                        Sharing.SLURM_MIG,
+                        gres,
+                        model,
+                        capacity=gres.count,
+                        allocated=taken,
+                        unit_memory_gb=float(model.profile(gres.type).memory_gb) if model else 0.0,
+                        gpu_equivalent=model.gpu_equivalent(gres.type) if model else 1 / 7,
+                        mig_profile=gres.type,
+                        in_mig_mode=True,
+                    )
+                )
+                continue
+            # GPUs that back MPS are not also offered whole (one job would take the GPU
+            # from under every MPS client).
+            count = gres.count - (mps_gpus if mps else 0)
+            if count <= 0:
+                continue
+            units.append(
+                unit(
+                    Sharing.SLURM_EXCLUSIVE,
+                    gres,
+                    model,
+                    capacity=count,
+                    allocated=taken,
+                    unit_memory_gb=float(model.memory_gb) if model else 0.0,
+                    gpu_equivalent=1.0,
+                )
+            )
+        return units
+
+    def _gres_type(self, placement: Placement) -> str | None:
+        """The GRES type to ask for whole GPUs of the placement's model (on its node first)."""
+        if placement.sharing != Sharing.SLURM_EXCLUSIVE:
+            return None
+        nodes = self._nodes()
+        nodes = sorted(nodes, key=lambda n: n.name != placement.node)
+        for node in nodes:
+            for gres in node.gres:
+                if gres.name != "gpu" or not gres.type or MIG_TYPE.match(gres.type):
+                    continue
+                model = self.model_of(gres.type)
+                if placement.gpu_model is None or (model is not None and model.name == placement.gpu_model):
+                    return gres.type
+        return None
+
+    def _model_memory(self, name: str | None) -> float | None:
+        try:
+            return float(gpu_model(name).memory_gb) if name else None
+        except ValueError:
+            return None
+
+    # -- states and reasons --------------------------------------------------------------
+
+    def _backend(self, job_id: int, job: SlurmJob) -> BackendJob:
+        state, reason = self._state(job)
+        at = job.end_time if state in (BackendState.SUCCEEDED, BackendState.FAILED, BackendState.CANCELLED) else None
+        at = at or (job.start_time if state == BackendState.RUNNING else None)
+        exit_code = job.exit_code if state in (BackendState.SUCCEEDED, BackendState.FAILED) else None
+        return BackendJob(job_id, job.job_id, state, reason=reason, node=job.nodes or None, exit_code=exit_code, at=at)
+
+    def _finished(self, job_id: int, record: FinishedRecord) -> BackendJob:
+        state, reason = _final_state(record.state, record.exit_code)
+        return BackendJob(
+            job_id,
+            record.job_id,
+            state,
+            reason=reason,
+            node=record.nodes or None,
+            exit_code=record.exit_code,
+            at=record.end_time,
+        )
+
+    def _state(self, job: SlurmJob) -> tuple[BackendState, str | None]:
+        state = job.state
+        if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"):
+            return BackendState.PENDING, self.pending_reason(job)
+        if state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING"):
+            if state == "SUSPENDED":
+                return BackendState.RUNNING, f"suspended by Slurm on {job.nodes}"
+            return BackendState.RUNNING, None
+        return _final_state(state, job.exit_code, job.reason)
+
+    def pending_reason(self, job: SlurmJob) -> str:
+        """Why a job waits in Slurm, in the user's terms."""
+        reason = job.reason
+        wanted = next((g for g in job.tres_per_node if g.name in ("gpu", "mps")), None)
+        what = _describe(wanted) if wanted else "its resources"
+        if reason in ("Resources", "Priority", "None") and wanted is not None:
+            total, busy = self._gres_use(wanted)
+            if reason == "Priority" and total and busy < total:
+                return f"waiting in {self.name}'s queue for {what} ({busy} of {total} busy)"
+            if reason == "Priority":
+                return f"waiting in {self.name} for {what}, behind higher-priority jobs: all {total} busy"
+            if total and busy >= total:
+                return f"waiting in {self.name} for {what}: all {total} busy"
+            if total:
+                return f"waiting in {self.name} for {what} ({busy} of {total} busy)"
+            return f"waiting in {self.name} for {what}"
+        explained = {
+            "BadConstraints": f"no node of {self.name} offers {what}",
+            "ReqNodeNotAvail": f"the nodes of {self.name} that have {what} are down, drained or reserved",
+            "Reservation": f"waiting for a reservation on {self.name}",
+            "PartitionDown": f"partition {job.partition} of {self.name} is down",
+            "PartitionInactive": f"partition {job.partition} of {self.name} is inactive",
+            "PartitionNodeLimit": f"partition {job.partition} of {self.name} has too few nodes for the job",
+            "PartitionTimeLimit": f"the time limit is over partition {job.partition}'s maximum",
+            "JobHeldAdmin": f"held by a {self.name} administrator (scontrol release)",
+            "JobHeldUser": "held by its user (scontrol release)",
+            "Dependency": "waiting for the jobs it depends on",
+            "BeginTime": "waiting for its begin time",
+            "NodeDown": f"a node it needs on {self.name} is down",
+        }
+        if reason in explained:
+            return explained[reason]
+        if reason.startswith(("QOS", "Assoc")):
+            return f"waiting for a Slurm limit of {self.name} ({reason}: an account or QOS limit is reached)"
+        return f"waiting in {self.name}: {reason}"
+
+    def _gres_use(self, wanted: Gres) -> tuple[int, int]:
+        """(total, busy) of a GRES kind across the cluster, for reasons."""
+        try:
+            nodes = self._nodes()
+        except AdapterError:
+            return 0, 0
+        total = busy = 0
+        if wanted.name == "mps":
+            used = self._mps_in_use(self._jobs())
+            for node in nodes:
+                have = sum(g.count for g in node.gres if g.name == "mps")
+                total += have
+                busy += min(used.get(node.name, 0), have)
+            return total, busy
+        for node in nodes:
+            for gres in node.gres:
+                if gres.name == "gpu" and gres.type == wanted.type:
+                    total += gres.count
+            for gres in node.gres_used:
+                if gres.name == "gpu" and gres.type == wanted.type:
+                    busy += gres.count
+        return total, busy
+
+
+def _describe(gres: Gres) -> str:
+    if gres.name == "mps":
+        return f"an MPS share ({gres.count})"
+    if gres.type and MIG_TYPE.match(gres.type):
+        return f"a {gres.type} slice" if gres.count == 1 else f"{gres.count} {gres.type} slices"
+    kind = f"{gres.type} " if gres.type else ""
+    return f"{gres.count} whole {kind}GPU{'s' if gres.count > 1 else ''}"
+
+
+def _final_state(state: str, exit_code: int | None, reason: str | None = None) -> tuple[BackendState, str | None]:
+    if state == "COMPLETED":
+        return BackendState.SUCCEEDED, None
+    if state == "CANCELLED":
+        return BackendState.CANCELLED, "cancelled in Slurm"
+    why = {
+        "TIMEOUT": "reached its time limit",
+        "OUT_OF_MEMORY": "ran out of memory (Slurm OUT_OF_MEMORY)",
+        "NODE_FAIL": "its node failed",
+        "BOOT_FAIL": "its node failed to boot",
+        "DEADLINE": "missed its deadline",
+        "PREEMPTED": "preempted",
+    }.get(state)
+    if state == "FAILED" and reason == "BadConstraints":
+        return BackendState.FAILED, "Slurm refused it at submission: no node offers what it asks for"
+    if why is None:
+        why = f"exited with code {exit_code}" if exit_code else f"Slurm state {state}"
+        if reason and reason not in ("None", "NonZeroExitCode"):
+            why += f" ({reason})"
+    return BackendState.FAILED, why
+
+
+def _cursor_time(cursor: str | None) -> datetime | None:
+    if not cursor or not cursor.startswith("t="):
+        return None
+    try:
+        return datetime.fromtimestamp(int(cursor[2:]), UTC)
+    except ValueError:
+        return None

@@ -1,0 +1,475 @@
+"""The one layer that talks to Slurm: a slurmrestd backend and a command-line backend.
+
+Both backends answer the same five questions in version-independent records
+(:mod:`adapters.slurm.records`): ``version()``, ``ping()``, ``submit(Submission)``,
+``jobs()``, ``nodes()``, ``cancel(job_id)``, and ``finished(since)`` for jobs that
+have left squeue. What callers may assume:
+
+- **Typed failures.** A refusal by Slurm that retrying will not fix (a GRES no node
+  has, an unknown partition or account) raises :class:`broker.adapter.Rejected` with
+  Slurm's own message; a controller or slurmrestd that does not answer raises
+  :class:`broker.adapter.Unreachable`. Calls are retried only where they are safe to
+  repeat (reads, cancel), never a submission.
+- **Slurm's versions.** The REST backend asks the server which OpenAPI versions it
+  serves and takes the newest it knows (:data:`REST_VERSIONS`: v0.0.38 in Slurm 22.05
+  to v0.0.42 in 24.11); the CLI backend reads ``squeue --json`` / ``sinfo --json``,
+  which both versions have. Neither needs pyslurm, which PyPI does not carry for
+  Debian's Slurm.
+- **Jobs that left squeue** (older than ``MinJobAge``) come from ``sacct`` when the
+  cluster has accounting, or from the job completion log (``jobcomp/filetxt``) when
+  the broker can read it (``jobcomp_file``); without either, ``finished`` is empty.
+
+Production brokers use REST (one central broker, a JWT from ``scontrol token`` or the
+site's issuer); the CLI backend suits a broker on a login node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from adapters.slurm.records import FinishedRecord, SlurmJob, SlurmNode, Submission, exit_code, states, timestamp
+from broker.adapter import Rejected, Unreachable
+
+# Newest first: the REST backend takes the first the server offers.
+REST_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
+
+# Slurm errors that mean "this job can never run as asked", whatever the retry.
+_REFUSALS = (
+    "Requested node configuration is not available",
+    "Invalid generic resource",
+    "Invalid gres",
+    "Invalid partition",
+    "Invalid account",
+    "Invalid qos",
+    "Job violates accounting/QOS policy",
+    "Invalid feature specification",
+    "More processors requested than permitted",
+    "Memory required by task is not available",
+    "Requested time limit is invalid",
+    "Invalid Trackable RESource (TRES) specification",
+    "Access/permission denied",
+)
+
+_read_retry = retry(
+    retry=retry_if_exception_type(Unreachable),
+    stop=stop_after_attempt(3),
+    wait=wait_exponential(multiplier=0.2, max=2),
+    reraise=True,
+)
+
+
+class SlurmClient(Protocol):
+    def version(self) -> str: ...
+    def ping(self) -> str: ...
+    def submit(self, job: Submission) -> str: ...
+    def jobs(self) -> list[SlurmJob]: ...
+    def nodes(self) -> list[SlurmNode]: ...
+    def cancel(self, job_id: str) -> None: ...
+    def finished(self, since: datetime | None) -> list[FinishedRecord]: ...
+
+
+def _refusal(message: str) -> bool:
+    return any(text.lower() in message.lower() for text in _REFUSALS)
+
+
+# -- the command line -----------------------------------------------------------------
+
+
+class CliBackend:
+    """sbatch, squeue, sinfo, scancel, sacct on this host, as the broker's user."""
+
+    def __init__(
+        self,
+        *,
+        slurm_conf: str | None = None,
+        bin_dir: str | None = None,
+        jobcomp_file: str | None = None,
+        timeout: float = 30.0,
+    ):
+        self.env = dict(os.environ)
+        if slurm_conf:
+            self.env["SLURM_CONF"] = slurm_conf
+        self.bin_dir = bin_dir
+        self.jobcomp_file = jobcomp_file
+        self.timeout = timeout
+        self._has_sacct: bool | None = None
+
+    def _cmd(self, name: str) -> str:
+        path = str(Path(self.bin_dir) / name) if self.bin_dir else shutil.which(name, path=self.env.get("PATH"))
+        if not path or not Path(path).exists():
+            raise Unreachable(f"{name} not found (install Slurm's client commands, or set the cluster's bin_dir)")
+        return path
+
+    def _run(self, name: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                [self._cmd(name), *args],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=self.timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise Unreachable(f"{name} did not answer in {self.timeout:g} s") from None
+
+    def _ok(self, name: str, *args: str) -> str:
+        done = self._run(name, *args)
+        if done.returncode != 0:
+            raise Unreachable(f"{name} {' '.join(args)}: {_last_line(done.stderr) or f'exit {done.returncode}'}")
+        return done.stdout
+
+    def version(self) -> str:
+        # "slurm 22.05.8" or "slurm-wlm 24.11.5"
+        return self._ok("sinfo", "--version").split()[-1]
+
+    def ping(self) -> str:
+        out = self._ok("scontrol", "ping")
+        if "UP" not in out:
+            raise Unreachable(f"slurmctld is not up: {out.strip()}")
+        return out.strip()
+
+    def submit(self, job: Submission) -> str:
+        done = self._run("sbatch", *job.sbatch_args(), stdin=job.script)
+        if done.returncode == 0:
+            return done.stdout.strip().split(";", 1)[0]
+        message = _last_line(done.stderr) or f"sbatch exited {done.returncode}"
+        if _refusal(message):
+            raise Rejected(f"Slurm refused the job: {message}")
+        raise Unreachable(message)
+
+    @_read_retry
+    def jobs(self) -> list[SlurmJob]:
+        # squeue --json ignores filters and lists every job it still knows, finished ones too.
+        return [SlurmJob.of(raw) for raw in _json(self._ok("squeue", "--json"), "squeue").get("jobs", [])]
+
+    @_read_retry
+    def nodes(self) -> list[SlurmNode]:
+        return [SlurmNode.of(raw) for raw in _json(self._ok("sinfo", "--json"), "sinfo").get("nodes", [])]
+
+    @_read_retry
+    def cancel(self, job_id: str) -> None:
+        done = self._run("scancel", job_id)
+        if done.returncode != 0 and "Invalid job id" not in done.stderr and "already completing" not in done.stderr:
+            raise Unreachable(f"scancel {job_id}: {_last_line(done.stderr)}")
+
+    def finished(self, since: datetime | None) -> list[FinishedRecord]:
+        records = self._sacct(since)
+        if records is None and self.jobcomp_file:
+            records = read_jobcomp(Path(self.jobcomp_file), since)
+        return records or []
+
+    def _sacct(self, since: datetime | None) -> list[FinishedRecord] | None:
+        """Finished jobs from accounting, or None when the cluster keeps none."""
+        if self._has_sacct is False:
+            return None
+        start = (since or datetime(1970, 1, 2, tzinfo=UTC)).strftime("%Y-%m-%dT%H:%M:%S")
+        try:
+            done = self._run("sacct", "--json", "-a", "-S", start, "-s", "CD,F,CA,TO,OOM,NF,PR,BF,DL")
+        except Unreachable:
+            return None
+        if done.returncode != 0:
+            # "Slurm accounting storage is disabled": no slurmdbd; do not ask again.
+            self._has_sacct = False
+            return None
+        self._has_sacct = True
+        out = []
+        for raw in _json(done.stdout, "sacct").get("jobs", []):
+            state = raw.get("state") or {}
+            words = states(state.get("current") if isinstance(state, dict) else state)
+            end = (raw.get("time") or {}).get("end") if isinstance(raw.get("time"), dict) else None
+            out.append(
+                FinishedRecord(
+                    job_id=str(raw.get("job_id")),
+                    name=str(raw.get("name") or ""),
+                    state=words[0] if words else "UNKNOWN",
+                    exit_code=exit_code(raw.get("exit_code")),
+                    end_time=timestamp(end),
+                    nodes=str(raw.get("nodes") or ""),
+                )
+            )
+        return out
+
+
+def read_jobcomp(path: Path, since: datetime | None) -> list[FinishedRecord]:
+    """Records of Slurm's ``jobcomp/filetxt`` log (``JobId=12 ... Name=x JobState=COMPLETED
+    ... EndTime=2026-12-03T10:00:00 ... ExitCode=0:0``) that ended at or after ``since``."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "JobId" not in fields:
+            continue
+        end = _local_time(fields.get("EndTime"))
+        if since is not None and end is not None and end < since:
+            continue
+        code = fields.get("ExitCode", "")
+        out.append(
+            FinishedRecord(
+                job_id=fields["JobId"],
+                name=fields.get("Name", ""),
+                state=fields.get("JobState", "UNKNOWN").upper(),
+                exit_code=int(code.split(":")[0]) if code.split(":")[0].isdigit() else None,
+                end_time=end,
+                nodes=fields.get("NodeList", ""),
+            )
+        )
+    return out
+
+
+def _local_time(text: str | None) -> datetime | None:
+    # Slurm writes local time without a zone.
+    if not text or text in ("Unknown", "None"):
+        return None
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+# -- slurmrestd -------------------------------------------------------------------------
+
+
+class RestBackend:
+    """slurmrestd over HTTP (``http://host:6820``) or its unix socket, with a JWT."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        user: str,
+        token: str | None = None,
+        token_env: str | None = None,
+        token_file: str | None = None,
+        socket: str | None = None,
+        api_version: str | None = None,
+        jobcomp_file: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.user = user
+        self._token, self._token_env, self._token_file = token, token_env, token_file
+        self.jobcomp_file = jobcomp_file
+        if transport is None and socket:
+            transport = httpx.HTTPTransport(uds=socket)
+        self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout, transport=transport)
+        self._version = api_version
+        self._has_db: bool | None = None
+
+    def _headers(self) -> dict[str, str]:
+        token = self._token
+        if self._token_env:
+            token = os.environ.get(self._token_env)
+            if not token:
+                raise Unreachable(f"no Slurm token: environment variable {self._token_env} is not set")
+        elif self._token_file:
+            try:
+                token = Path(self._token_file).read_text().strip().removeprefix("SLURM_JWT=")
+            except OSError as exc:
+                raise Unreachable(f"cannot read the Slurm token file {self._token_file}: {exc}") from None
+        if not token:
+            raise Unreachable("no Slurm token: set token_env or token_file for the cluster")
+        return {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": token}
+
+    def _request(self, method: str, path: str, body: Any = None, *, plugin: str = "slurm") -> dict[str, Any]:
+        url = f"/{plugin}/{self.api_version()}/{path}"
+        try:
+            response = self.http.request(method, url, headers=self._headers(), json=body)
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"slurmrestd at {self.http.base_url}: {exc}") from None
+        if response.status_code in (401, 403):
+            raise Unreachable(f"slurmrestd refused the token ({response.status_code}): renew it (scontrol token)")
+        try:
+            data = response.json()
+        except ValueError:
+            data = {}
+        errors = [
+            e for e in data.get("errors") or [] if isinstance(e, dict) and (e.get("error") or e.get("description"))
+        ]
+        if response.status_code >= 400 or (errors and method != "GET"):
+            message = "; ".join(str(e.get("error") or e.get("description")) for e in errors) or response.text[:200]
+            error = RestError(response.status_code, message)
+            raise error
+        return data
+
+    def api_version(self) -> str:
+        if self._version is None:
+            self._version = self._discover()
+        return self._version
+
+    def _discover(self) -> str:
+        """The newest OpenAPI version of the slurm plugin the server serves."""
+        offered: set[str] = set()
+        for path in ("/openapi/v3", "/openapi"):
+            try:
+                response = self.http.get(path, headers=self._headers())
+            except httpx.HTTPError as exc:
+                raise Unreachable(f"slurmrestd at {self.http.base_url}: {exc}") from None
+            if response.status_code == 200:
+                try:
+                    paths = " ".join((response.json().get("paths") or {}).keys())
+                except ValueError:
+                    paths = ""
+                offered = set(re.findall(r"/slurm/(v\d+\.\d+\.\d+)/", paths))
+                if offered:
+                    break
+        for version in REST_VERSIONS:
+            if version in offered:
+                return version
+        if offered:
+            raise Unreachable(
+                f"slurmrestd serves {', '.join(sorted(offered))}; gpush speaks {', '.join(REST_VERSIONS)}"
+            )
+        raise Unreachable(f"slurmrestd at {self.http.base_url} lists no slurm API (is it slurmrestd?)")
+
+    def version(self) -> str:
+        data = self._request("GET", "ping")
+        meta = data.get("meta") or {}
+        release = (meta.get("Slurm") or meta.get("slurm") or {}).get("release")
+        if not release:
+            v = (meta.get("Slurm") or meta.get("slurm") or {}).get("version") or {}
+            release = ".".join(str(v.get(k, "?")) for k in ("major", "minor", "micro")) if v else "unknown"
+        return str(release)
+
+    @_read_retry
+    def ping(self) -> str:
+        data = self._request("GET", "ping")
+        pings = data.get("pings") or []
+        up = [p for p in pings if str(p.get("ping") or p.get("pinged") or "").upper() == "UP" or p.get("responding")]
+        if not up:
+            raise Unreachable(f"slurmctld is not up: {pings}")
+        return "UP"
+
+    def submit(self, job: Submission) -> str:
+        body = {"script": job.script, "job": self._job_body(job)}
+        try:
+            data = self._request("POST", "job/submit", body)
+        except RestError as exc:
+            if _refusal(exc.message):
+                raise Rejected(f"Slurm refused the job: {exc.message}") from None
+            raise Unreachable(f"slurmrestd: {exc.message}") from None
+        job_id = data.get("job_id")
+        if job_id is None:
+            raise Unreachable(f"slurmrestd answered without a job id: {str(data)[:200]}")
+        return str(job_id)
+
+    def _job_body(self, job: Submission) -> dict[str, Any]:
+        legacy = self.api_version() in ("v0.0.38", "v0.0.39")
+        body: dict[str, Any] = {
+            "name": job.name,
+            "comment": job.comment,
+            "current_working_directory": job.workdir,
+            "standard_output": job.output,
+            "cpus_per_task": job.cpus_per_task,
+        }
+        if legacy:
+            body["gres"] = job.gres
+            body["environment"] = dict(job.environment)
+            if job.memory_mb:
+                body["memory_per_node"] = job.memory_mb
+            if job.time_limit_minutes:
+                body["time_limit"] = job.time_limit_minutes
+        else:
+            body["tres_per_node"] = _tres(job.gres)
+            body["environment"] = [f"{k}={v}" for k, v in job.environment.items()]
+            if job.memory_mb:
+                body["memory_per_node"] = {"set": True, "number": job.memory_mb}
+            if job.time_limit_minutes:
+                body["time_limit"] = {"set": True, "number": job.time_limit_minutes}
+        for key, value in (("partition", job.partition), ("account", job.account), ("qos", job.qos)):
+            if value:
+                body[key] = value
+        return body
+
+    @_read_retry
+    def jobs(self) -> list[SlurmJob]:
+        return [SlurmJob.of(raw) for raw in self._get("jobs").get("jobs", [])]
+
+    @_read_retry
+    def nodes(self) -> list[SlurmNode]:
+        return [SlurmNode.of(raw) for raw in self._get("nodes").get("nodes", [])]
+
+    def _get(self, path: str) -> dict[str, Any]:
+        try:
+            return self._request("GET", path)
+        except RestError as exc:
+            raise Unreachable(f"slurmrestd GET {path}: {exc.message}") from None
+
+    @_read_retry
+    def cancel(self, job_id: str) -> None:
+        try:
+            self._request("DELETE", f"job/{job_id}")
+        except RestError as exc:
+            if "Invalid job id" in exc.message or "already completing" in exc.message.lower():
+                return
+            raise Unreachable(f"slurmrestd cancel {job_id}: {exc.message}") from None
+
+    def finished(self, since: datetime | None) -> list[FinishedRecord]:
+        if self.jobcomp_file:
+            return read_jobcomp(Path(self.jobcomp_file), since)
+        return []
+
+
+class RestError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _tres(gres: str) -> str:
+    """``gpu:1g.5gb:1`` -> ``gres/gpu:1g.5gb=1``, the TRES form newer APIs take."""
+    name, _, rest = gres.partition(":")
+    kind, _, count = rest.rpartition(":")
+    return f"gres/{name}:{kind}={count}" if kind else f"gres/{name}={count}"
+
+
+def _json(text: str, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise Unreachable(f"{what} --json printed no JSON: {text[:200]!r}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def make_client(config: Mapping[str, Any]) -> SlurmClient:
+    """The backend a cluster's config asks for: ``rest_url`` → REST, else the command line."""
+    timeout = float(config.get("timeout", 30))
+    if config.get("rest_url") or config.get("rest_socket"):
+        return RestBackend(
+            url=str(config.get("rest_url") or "http://localhost"),
+            socket=config.get("rest_socket"),
+            user=str(config.get("user") or os.environ.get("USER") or "root"),
+            token=config.get("token"),
+            token_env=config.get("token_env"),
+            token_file=config.get("token_file"),
+            api_version=config.get("api_version"),
+            jobcomp_file=config.get("jobcomp_file"),
+            timeout=timeout,
+        )
+    return CliBackend(
+        slurm_conf=config.get("slurm_conf"),
+        bin_dir=config.get("bin_dir"),
+        jobcomp_file=config.get("jobcomp_file"),
+        timeout=timeout,
+    )

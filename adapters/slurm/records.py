@@ -1,0 +1,273 @@
+"""Slurm's answers, read into plain records that do not depend on Slurm's version.
+
+Slurm 22.05 (OpenAPI v0.0.38, ``squeue --json``) and 24.11 (data parser v0.0.40 to
+v0.0.42) spell the same facts differently: a job state is ``"RUNNING"`` or
+``["RUNNING"]``, a time is ``1733212800`` or ``{"set": true, "number": 1733212800}``,
+an exit code an integer or ``{"status": [...], "return_code": {...}}``. Every reader
+here accepts both, so the client backends (command line and REST) share one parser
+and the adapter never sees Slurm's JSON.
+
+GRES strings are read the same way everywhere: ``gpu:1g.5gb:7,gpu:3g.20gb:2,mps:100``
+(what a node has), ``gpu:3g.20gb:1(IDX:7),mps:0`` (what it uses), ``gres:gpu:1g.5gb:1``
+or ``gres/gpu:1g.5gb=1`` (what a job asked for per node).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+# name:type:count or name:count, an optional "(S:0-1)" or "(IDX:0,2)" after it.
+_GRES_ITEM = re.compile(r"^(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[^:(=]+))?[:=](?P<count>\d+)(?P<extra>\(.*\))?$")
+
+
+@dataclass(frozen=True)
+class Gres:
+    """One generic resource entry: ``gpu`` of type ``1g.5gb``, ``count`` of them."""
+
+    name: str
+    type: str | None
+    count: int
+
+    def spec(self) -> str:
+        return f"{self.name}:{self.type}:{self.count}" if self.type else f"{self.name}:{self.count}"
+
+
+def parse_gres(text: Any) -> list[Gres]:
+    """``gpu:1g.5gb:7,gpu:3g.20gb:2(S:0),mps:100`` -> Gres entries; '' or '(null)' -> []."""
+    if not text:
+        return []
+    if isinstance(text, list):
+        text = ",".join(str(t) for t in text)
+    out: list[Gres] = []
+    for item in _split_outside_parens(str(text)):
+        item = item.strip()
+        for prefix in ("gres:", "gres/"):
+            if item.startswith(prefix):
+                item = item[len(prefix) :]
+        if not item or item == "(null)":
+            continue
+        match = _GRES_ITEM.match(item)
+        if match is None:
+            # "gpu" alone (one, untyped) or "gpu:a100" (one of a type): count 1.
+            name, _, gtype = item.partition(":")
+            out.append(Gres(name, gtype or None, 1))
+            continue
+        out.append(Gres(match["name"], match["type"], int(match["count"])))
+    return out
+
+
+def _split_outside_parens(text: str) -> list[str]:
+    """Split on commas that are not inside parentheses (``IDX:0,2`` stays whole)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(depth - 1, 0)
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def number(value: Any) -> int | None:
+    """An integer from ``5`` or ``{"set": true, "infinite": false, "number": 5}``."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def timestamp(value: Any) -> datetime | None:
+    seconds = number(value)
+    return datetime.fromtimestamp(seconds, UTC) if seconds else None
+
+
+def states(value: Any) -> list[str]:
+    """``"RUNNING"``, ``["RUNNING", "COMPLETING"]`` or ``"idle+drain"`` -> upper-case words."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        words = [str(v) for v in value]
+    else:
+        words = re.split(r"[+,\s]+", str(value))
+    return [w.upper() for w in words if w]
+
+
+def exit_code(value: Any) -> int | None:
+    """The program's exit code: 22.05 gives an integer, 24.11 ``{"return_code": ...}``;
+    a job killed by a signal N reads as 128 + N, as a shell reports it."""
+    if isinstance(value, dict):
+        signal = number((value.get("signal") or {}).get("id")) if isinstance(value.get("signal"), dict) else None
+        if signal:
+            return 128 + signal
+        return number(value.get("return_code"))
+    return number(value)
+
+
+# Job states after which nothing more happens to a job.
+FINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+    | {"PREEMPTED", "SPECIAL_EXIT", "REVOKED"}
+)
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    name: str
+    comment: str
+    states: tuple[str, ...]  # JOB_STATE words, the base state first
+    reason: str  # state_reason: "Resources", "Priority", "None", ...
+    nodes: str
+    partition: str
+    tres_per_node: tuple[Gres, ...]  # what it asked for per node
+    gres_detail: tuple[str, ...]  # what it was given, with device indexes
+    exit_code: int | None
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+
+    @property
+    def state(self) -> str:
+        return self.states[0] if self.states else "UNKNOWN"
+
+    @property
+    def last_change(self) -> datetime | None:
+        """When its state last changed, as far as Slurm's times tell. A running job's
+        ``end_time`` is when its time limit would end it, not a change: not counted."""
+        if self.state in FINAL_STATES:
+            times = (self.end_time, self.start_time, self.submit_time)
+        elif self.start_time is not None and self.state != "PENDING":
+            times = (self.start_time, self.submit_time)
+        else:
+            times = (self.submit_time,)
+        times = tuple(t for t in times if t is not None)
+        return max(times) if times else None
+
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> SlurmJob:
+        exit_raw = raw.get("exit_code")
+        return cls(
+            job_id=str(number(raw.get("job_id")) or raw.get("job_id")),
+            name=str(raw.get("name") or ""),
+            comment=_comment(raw.get("comment")),
+            states=tuple(states(raw.get("job_state"))),
+            reason=str(raw.get("state_reason") or "None"),
+            nodes=str(raw.get("nodes") or ""),
+            partition=str(raw.get("partition") or ""),
+            tres_per_node=tuple(parse_gres(raw.get("tres_per_node"))),
+            gres_detail=tuple(str(g) for g in raw.get("gres_detail") or ()),
+            exit_code=exit_code(exit_raw),
+            submit_time=timestamp(raw.get("submit_time")),
+            start_time=timestamp(raw.get("start_time")),
+            end_time=timestamp(raw.get("end_time")),
+        )
+
+
+def _comment(value: Any) -> str:
+    # 24.11 gives {"job": "...", "administrator": "...", "system": "..."}.
+    if isinstance(value, dict):
+        return str(value.get("job") or "")
+    return str(value or "")
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    states: tuple[str, ...]  # IDLE, MIXED, ALLOCATED, DOWN, DRAIN, ...
+    gres: tuple[Gres, ...]
+    gres_used: tuple[Gres, ...]
+    partitions: tuple[str, ...]
+    cpus: int
+    memory_mb: int
+    reason: str = ""
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why nothing new can start on the node now (down, drained, ...), or None."""
+        bad = [s for s in self.states if s in _UNAVAILABLE]
+        if not bad:
+            return None
+        why = f": {self.reason}" if self.reason else ""
+        return f"node {self.name} is {'+'.join(s.lower() for s in bad)}{why}"
+
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> SlurmNode:
+        words = states(raw.get("state")) + states(raw.get("state_flags"))
+        return cls(
+            name=str(raw.get("name") or raw.get("hostname")),
+            states=tuple(dict.fromkeys(words)),
+            gres=tuple(parse_gres(raw.get("gres"))),
+            gres_used=tuple(parse_gres(raw.get("gres_used"))),
+            partitions=tuple(raw.get("partitions") or ()),
+            cpus=number(raw.get("cpus")) or 0,
+            memory_mb=number(raw.get("real_memory")) or 0,
+            reason=str(raw.get("reason") or ""),
+        )
+
+
+_UNAVAILABLE = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "FUTURE"})
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A job rendered for Slurm: what both backends send, in Slurm's own terms."""
+
+    name: str
+    comment: str
+    script: str
+    gres: str  # "gpu:1g.5gb:1", "mps:25", "gpu:a100:2"
+    cpus_per_task: int
+    memory_mb: int | None
+    time_limit_minutes: int | None
+    partition: str | None
+    account: str | None
+    qos: str | None
+    workdir: str
+    output: str
+    environment: dict[str, str] = field(default_factory=dict)
+
+    def sbatch_args(self) -> list[str]:
+        """sbatch options as argv (no shell ever sees them); the script goes on stdin."""
+        args = [
+            "--parsable",
+            f"--job-name={self.name}",
+            f"--comment={self.comment}",
+            f"--gres={self.gres}",
+            f"--cpus-per-task={self.cpus_per_task}",
+            f"--chdir={self.workdir}",
+            f"--output={self.output}",
+            # The job sees only what the script exports, never the broker's environment.
+            "--export=NONE",
+        ]
+        if self.memory_mb:
+            args.append(f"--mem={self.memory_mb}M")
+        if self.time_limit_minutes:
+            args.append(f"--time={self.time_limit_minutes}")
+        for option, value in (("partition", self.partition), ("account", self.account), ("qos", self.qos)):
+            if value:
+                args.append(f"--{option}={value}")
+        return args
+
+
+@dataclass(frozen=True)
+class FinishedRecord:
+    """A job that left squeue, from accounting (sacct) or the job completion log."""
+
+    job_id: str
+    name: str
+    state: str
+    exit_code: int | None
+    end_time: datetime | None
+    nodes: str = ""

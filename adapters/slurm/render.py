@@ -1,0 +1,135 @@
+"""A gpush job rendered as a Slurm batch job, with no way for a shell to misread it.
+
+What callers may assume:
+
+- **No shell injection.** The batch script is ``#!/bin/sh``, ``export NAME='value'``
+  for each variable and ``exec 'argv0' 'argv1' ...``: every value is single-quoted
+  with :func:`shlex.quote`, so quotes, ``$()``, backquotes, ``;`` and newlines reach
+  the program byte for byte. sbatch options are passed as argv (never through a
+  shell) and the script on stdin; the REST backend sends the same script as JSON.
+- **Always typed GRES.** slurm/mig → ``gpu:<profile>:<n>``; slurm/exclusive →
+  ``gpu:<type>:<n>`` with the node's GRES type for the placement's GPU model;
+  slurm/mps → ``mps:<count>``, the share of one GPU in the node's MPS units. An untyped
+  ``gpu:<n>`` may land on any type, a MIG slice included, so it is never sent.
+- **Tagged.** The job's name is ``<tag>-<gpush id>`` and its comment
+  ``<tag>:job-<gpush id> ...``: both survive in squeue, the name also in the job
+  completion log (which has no comment), so the adapter finds its jobs after a crash.
+- **The GPU memory budget in the environment.** ``GPUSH_GPU_MEMORY_FRACTION`` is the
+  share of the visible device's memory the job may use (1 on a MIG slice or a whole
+  GPU, its share of the GPU under MPS) and ``GPUSH_GPU_MEMORY_GB`` the same in GB.
+  Device ids are never set: Slurm sets ``CUDA_VISIBLE_DEVICES`` for the GRES it gives.
+- **The job never sees the broker's environment** (``--export=NONE``): only what the
+  script exports, with a plain ``PATH`` unless the job sets its own.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Mapping
+
+from adapters.slurm.records import Submission
+from broker.adapter import Placement, Rejected, Sharing
+from broker.schemas import JobSpec, parse_memory_mib, parse_time_limit
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def tag_name(tag: str, job_id: int) -> str:
+    return f"{tag}-{job_id}"
+
+
+def job_id_of(tag: str, name: str, comment: str = "") -> int | None:
+    """The gpush job id a Slurm job carries in its name or comment, or None."""
+    match = re.fullmatch(rf"{re.escape(tag)}-(\d+)", name or "")
+    if match is None:
+        match = re.match(rf"{re.escape(tag)}:job-(\d+)\b", comment or "")
+    return int(match.group(1)) if match else None
+
+
+def gres_for(placement: Placement, *, gres_type: str | None, mps_per_gpu: int) -> str:
+    """The typed ``--gres`` of a placement (see the module docstring)."""
+    sharing = placement.sharing
+    if sharing == Sharing.SLURM_MIG:
+        if not placement.mig_profile:
+            raise Rejected("a slurm/mig placement without a MIG profile: the broker must name one")
+        return f"gpu:{placement.mig_profile}:{placement.units}"
+    if sharing == Sharing.SLURM_MPS:
+        # placement.units is percent of one GPU; the node may count MPS in other units.
+        return f"mps:{max(1, math.ceil(placement.units * mps_per_gpu / 100))}"
+    if sharing == Sharing.SLURM_EXCLUSIVE:
+        if not gres_type:
+            raise Rejected(
+                f"no GRES type of this cluster is known for GPU model {placement.gpu_model or '?'}: "
+                "set the cluster's gpu_types (GRES type=model) so whole GPUs are asked for by type"
+            )
+        return f"gpu:{gres_type}:{placement.units}"
+    raise Rejected(f"{sharing.value} is not a Slurm sharing mode")
+
+
+def environment(job_id: int, spec: JobSpec, placement: Placement, gpu_memory_gb: float | None) -> dict[str, str]:
+    """The job's variables plus gpush's own; the job's win except for GPUSH_*."""
+    env = {"PATH": DEFAULT_PATH, **spec.env}
+    if placement.sharing == Sharing.SLURM_MPS and gpu_memory_gb:
+        budget = spec.gpu_memory_gb or gpu_memory_gb * placement.units / 100
+        fraction = min(budget / gpu_memory_gb, 1.0)
+    else:
+        budget = spec.gpu_memory_gb or gpu_memory_gb
+        fraction = 1.0
+    env["GPUSH_JOB_ID"] = str(job_id)
+    env["GPUSH_GPU_MEMORY_FRACTION"] = f"{fraction:.4g}"
+    if budget:
+        env["GPUSH_GPU_MEMORY_GB"] = f"{budget:g}"
+    if spec.tenant:
+        env["GPUSH_TENANT"] = spec.tenant
+    return env
+
+
+def script(job_id: int, argv: list[str], env: Mapping[str, str]) -> str:
+    lines = ["#!/bin/sh", f"# gpush job {job_id}, rendered by the gpush Slurm adapter: every value is quoted."]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+    lines.append("exec " + " ".join(shlex.quote(arg) for arg in argv))
+    return "\n".join(lines) + "\n"
+
+
+def render(
+    job_id: int,
+    spec: JobSpec,
+    placement: Placement,
+    *,
+    tag: str,
+    gres_type: str | None,
+    mps_per_gpu: int = 100,
+    gpu_memory_gb: float | None = None,
+    partition: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
+    workdir: str = "/tmp",
+) -> Submission:
+    if not spec.command:
+        raise Rejected("Slurm runs a command: the job has none (give `command`, or `--` and the command)")
+    if placement.replicas > 1:
+        raise Rejected(
+            f"the Slurm adapter runs one replica per job; this placement has {placement.replicas} "
+            "(route elastic inference to Kubernetes, or submit one job per replica)"
+        )
+    env = environment(job_id, spec, placement, gpu_memory_gb)
+    comment = f"{tag}:job-{job_id} tenant={spec.tenant or '-'} user={spec.user or '-'}"
+    if spec.name:
+        comment += f" name={spec.name}"
+    return Submission(
+        name=tag_name(tag, job_id),
+        comment=comment,
+        script=script(job_id, spec.command, env),
+        gres=gres_for(placement, gres_type=gres_type, mps_per_gpu=mps_per_gpu),
+        cpus_per_task=spec.cpus,
+        memory_mb=parse_memory_mib(spec.memory) if spec.memory else None,
+        time_limit_minutes=math.ceil(parse_time_limit(spec.time_limit) / 60) if spec.time_limit else None,
+        partition=placement.partition or partition,
+        account=account,
+        qos=qos,
+        workdir=workdir,
+        output=f"{workdir.rstrip('/')}/{tag}-{job_id}-%j.out",
+        environment=env,
+    )
