@@ -25,6 +25,12 @@ $(STAMP): pyproject.toml
 postgres:
 	integration/scripts/ensure-postgres.sh
 
+# Debian's Slurm packages for the single-machine test cluster (integration/slurm/);
+# the tests start and stop the cluster themselves.
+.PHONY: slurm
+slurm:
+	integration/slurm/install.sh
+
 # pytest exits 5 when a suite collects no tests; that is not a failure of the suite.
 define run_pytest
 	$(BIN)/python -m pytest $(1); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests in $(1)"; rc=0; fi; exit $$rc
@@ -33,7 +39,7 @@ endef
 test-fast: venv
 	$(call run_pytest,tests -q)
 
-test-integration: venv postgres
+test-integration: venv postgres slurm
 	$(call run_pytest,integration -q)
 
 test: test-fast test-integration

@@ -444,7 +444,11 @@ def policy_schema(settings: Settings) -> int:
 
 @cli.command(context_settings=CONTEXT)
 @click.option("--fleet", metavar="FILE", help="Fleet file (examples/fleet.yaml). Not with --trace.")
-@click.option("--workload", metavar="FILE", help="Workload file: jobs with at: and duration: (examples/workload.yaml).")
+@click.option(
+    "--workload",
+    metavar="FILE",
+    help="Workload file: jobs with at: and duration:, and tenants' weights and quotas (examples/workload.yaml).",
+)
 @click.option(
     "--trace",
     nargs=2,

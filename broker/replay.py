@@ -5,8 +5,13 @@ This module owns what ``gpush simulate`` does, without a database:
 - **The workload file** (:func:`load_workload`): a YAML list of jobs, each with
   ``at:`` (seconds from the start) and ``duration:`` (seconds it runs once started)
   beside the usual job fields, and optionally ``count:`` copies ``every:`` seconds
-  apart::
+  apart; and, optionally, the tenants' fair-share weights and GPU quotas, as
+  ``gpush tenant set`` gives them to the live broker (a tenant not listed has weight
+  1 and no quota, as in the broker; jobs without a tenant share as one)::
 
+      tenants:
+        nlp: {weight: 2, gpu_quota: 8}
+        vision: {weight: 1}
       jobs:
         - {at: 0, duration: 3600, count: 4, every: 60, kind: training,
            isolation: hardware, gpu_memory_gb: 5, tenant: nlp}
@@ -18,8 +23,17 @@ This module owns what ``gpush simulate`` does, without a database:
   with :class:`broker.capacity.CapacityView` as the scheduling cycle does, then
   submitted with the fitted placement; the view is kept in step with the clusters by
   giving back what a job took when it ends. Jobs no rule matches, or that no route
-  could ever hold, are held with the reason. Fair share and quotas are left out:
-  jobs are tried in priority, then arrival, order.
+  could ever hold, are held with the reason.
+- **Fair share and quotas**, in every replay (on a fleet, on GPU-sharing nodes, and
+  the whole-GPU comparison): at each event the waiting jobs are tried in the
+  scheduler's order, by :class:`broker.fairshare.FairShare` (priority, then the
+  tenant furthest below its weighted share of the GPU-equivalents in use, then
+  arrival); a job that would take its tenant over its quota waits with the broker's
+  reason ("tenant nlp at quota (8/8 GPU)"), and what a job held is released when it
+  ends. An event is one scheduling cycle: the tenants that share are fixed at its
+  start, as in the broker. The report gives, per tenant, its share of the
+  GPU-equivalents in use over time beside its weight's share, its jobs, queue wait
+  and the time it spent at its quota.
 - **Replay on GPU-sharing nodes** (:func:`replay_shared`): the same loop with the
   policy's routes, placed on :class:`broker.fragmentation.SharedGpuNodes` (per-GPU
   milli-GPU, whole and fractional tasks on the same GPU, FGD or best fit). This is
@@ -46,8 +60,8 @@ import os
 import random
 import statistics
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -58,6 +72,7 @@ import yaml
 from broker.adapter import BackendState, Placement, Rejected, Sharing
 from broker.capacity import CapacityView, Fit, replicas_of
 from broker.errors import InvalidRequest
+from broker.fairshare import FairShare
 from broker.fragmentation import (
     MILLI,
     PLACEMENTS,
@@ -119,17 +134,48 @@ def _seconds(value: Any, what: str, where: str, *, positive: bool) -> float:
     return seconds
 
 
-def parse_workload(text: str, source: str) -> list[Arrival]:
-    """Arrivals from workload YAML (see the module docstring), in file order;
-    :class:`InvalidRequest` names the job and the field that is wrong."""
+@dataclass(frozen=True)
+class TenantTerms:
+    """A tenant's fair-share weight and GPU quota (GPU-equivalents; None: no cap), as
+    ``gpush tenant set`` gives them to the live broker."""
+
+    weight: float = 1.0
+    gpu_quota: float | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A workload file: its jobs in file order, and the tenants it lists."""
+
+    arrivals: list[Arrival]
+    tenants: dict[str, TenantTerms] = field(default_factory=dict)
+
+
+def _yaml(text: str, source: str) -> Any:
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark else source
         raise InvalidRequest(f"{where}: not valid YAML: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise InvalidRequest(f"{source}: not valid YAML: {exc}") from None
+
+
+def read_workload(text: str, source: str) -> Workload:
+    """The jobs and tenants of workload YAML (see the module docstring);
+    :class:`InvalidRequest` names the job or tenant and the field that is wrong."""
+    raw = _yaml(text, source)
+    tenants = _tenants(raw.get("tenants") if isinstance(raw, dict) else None, source)
+    return Workload(_arrivals(raw, source), tenants)
+
+
+def parse_workload(text: str, source: str) -> list[Arrival]:
+    """The jobs of workload YAML, in file order (:func:`read_workload` without tenants)."""
+    return read_workload(text, source).arrivals
+
+
+def _arrivals(raw: Any, source: str) -> list[Arrival]:
     entries = raw.get("jobs") if isinstance(raw, dict) else raw
     if not isinstance(entries, list) or not entries:
         raise InvalidRequest(
@@ -163,12 +209,47 @@ def parse_workload(text: str, source: str) -> list[Arrival]:
     return arrivals
 
 
-def load_workload(path: str | os.PathLike[str]) -> list[Arrival]:
+def _tenants(raw: Any, source: str) -> dict[str, TenantTerms]:
+    """The ``tenants:`` section, checked as ``gpush tenant set`` checks its options."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"{source}: tenants: expected a mapping of tenant names, such as nlp: {{weight: 2}}")
+    tenants: dict[str, TenantTerms] = {}
+    for name, terms in raw.items():
+        where = f"{source}, tenant {name}"
+        if not isinstance(name, str):
+            raise InvalidRequest(f"{where}: a tenant's name is text, as jobs' tenant: fields give it")
+        terms = {} if terms is None else terms
+        if not isinstance(terms, dict):
+            raise InvalidRequest(f"{where}: expected weight: and/or gpu_quota:, got {terms!r}")
+        unknown = sorted(set(terms) - {"weight", "gpu_quota"})
+        if unknown:
+            raise InvalidRequest(f"{where}: unknown field {unknown[0]!r}: a tenant has weight: and gpu_quota:")
+        weight = _number(terms.get("weight", 1.0), "weight", where)
+        if weight <= 0:
+            raise InvalidRequest(f"{where}: weight {weight:g} must be more than 0 (1 is the default share)")
+        quota = terms.get("gpu_quota")
+        if quota is not None:
+            quota = _number(quota, "gpu_quota", where)
+            if quota < 0:
+                raise InvalidRequest(f"{where}: gpu_quota {quota:g} must be 0 or more GPU-equivalents")
+        tenants[name] = TenantTerms(weight, quota)
+    return tenants
+
+
+def _number(value: Any, what: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequest(f"{where}: {what} {value!r} must be a number")
+    return float(value)
+
+
+def load_workload(path: str | os.PathLike[str]) -> Workload:
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise InvalidRequest(f"cannot read workload file {str(path)!r}: {exc.strerror or exc}") from None
-    return parse_workload(text, str(path))
+    return read_workload(text, str(path))
 
 
 # -- whole GPUs ---------------------------------------------------------------------------
@@ -209,6 +290,12 @@ def whole_gpu_spec(spec: JobSpec) -> JobSpec:
 
 # -- what a replay records ------------------------------------------------------------------
 
+NO_TENANT = "(no tenant)"  # jobs of a workload that name no tenant share as one
+
+
+def _tenant_of(name: str | None) -> str:
+    return name or NO_TENANT
+
 
 @dataclass
 class JobRecord:
@@ -228,6 +315,8 @@ class JobRecord:
     demand: float = 0.0  # GPU it asked for, in GPU-equivalents (below what it held with whole GPUs)
     state: str = "waiting"  # waiting | running | succeeded | failed | held
     reason: str | None = None
+    quota_wait: float = 0.0  # seconds it waited at its tenant's quota
+    waited_for: str | None = None  # why it last waited in the queue before it was placed
 
     @property
     def wait(self) -> float | None:
@@ -248,12 +337,14 @@ class Timeline:
     queue: list[int] = field(default_factory=list)  # jobs waiting (broker queue and cluster queues)
     stranded: list[float] = field(default_factory=list)  # free GPU-equivalents while jobs wait
     fragmentation: list[float] = field(default_factory=list)  # FGD measure, GPU-equivalents (shared nodes)
+    tenants: dict[str, list[float]] = field(default_factory=dict)  # tenant -> GPU-equivalents held (its ledger)
+    at_quota: dict[str, list[int]] = field(default_factory=dict)  # tenant -> jobs waiting at its quota
 
-    def add(self, t, allocated, demand, tiers, queue, stranded, fragmentation) -> None:
+    def add(self, t, allocated, demand, tiers, queue, stranded, fragmentation, tenants=None, at_quota=None) -> None:
         if self.t and self.t[-1] == t:  # several events at one instant: keep the last state
             for column in (self.t, self.allocated, self.demand, self.queue, self.stranded, self.fragmentation):
                 column.pop()
-            for values in self.tiers.values():
+            for values in (*self.tiers.values(), *self.tenants.values(), *self.at_quota.values()):
                 values.pop()
         self.t.append(t)
         self.allocated.append(allocated)
@@ -263,6 +354,10 @@ class Timeline:
         self.queue.append(queue)
         self.stranded.append(stranded)
         self.fragmentation.append(fragmentation)
+        for tenant, value in (tenants or {}).items():
+            self.tenants.setdefault(tenant, []).append(value)
+        for tenant, count in (at_quota or {}).items():
+            self.at_quota.setdefault(tenant, []).append(count)
 
     def mean(self, column: Sequence[float]) -> float:
         """Time-weighted mean from the first to the last sample."""
@@ -282,7 +377,28 @@ class Timeline:
             "queue": self.queue[pick],
             "stranded": self.stranded[pick],
             "fragmentation": self.fragmentation[pick],
+            "tenants": {k: v[pick] for k, v in self.tenants.items()},
+            "at_quota": {k: v[pick] for k, v in self.at_quota.items()},
         }
+
+    def shares_mean(self) -> dict[str, float | None]:
+        """Each tenant's share of the GPU-equivalents all tenants hold, time-weighted over
+        the time anything is held (None: nothing ever was)."""
+        area = dict.fromkeys(self.tenants, 0.0)
+        span = 0.0
+        for i in range(len(self.t) - 1):
+            total = sum(column[i] for column in self.tenants.values())
+            if total > 1e-9:
+                dt = self.t[i + 1] - self.t[i]
+                span += dt
+                for tenant, column in self.tenants.items():
+                    area[tenant] += column[i] / total * dt
+        return {tenant: (value / span if span else None) for tenant, value in area.items()}
+
+    def time_at_quota(self, tenant: str) -> float:
+        """Seconds during which jobs of the tenant waited at its quota."""
+        counts = self.at_quota.get(tenant, [])
+        return sum(self.t[i + 1] - self.t[i] for i in range(len(self.t) - 1) if counts[i])
 
 
 def _percentile(values: Sequence[float], p: float) -> float | None:
@@ -308,6 +424,7 @@ class ReplayResult:
     wall_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     measures_fragmentation: bool = False  # FGD's measure is kept on GPU-sharing nodes only
+    tenant_terms: dict[str, TenantTerms] = field(default_factory=dict)  # as the workload gave them
 
     def held_reasons(self) -> Counter:
         return Counter(j.reason or "" for j in self.jobs if j.state == "held")
@@ -324,6 +441,39 @@ class ReplayResult:
             values = by_kind.get(kind, [])
             if values or kind == "all":
                 out[kind] = {"jobs": len(values), **{f"p{p}": _percentile(values, p) for p in PERCENTILES}}
+        return out
+
+    def tenants(self) -> dict[str, dict[str, Any]]:
+        """Per tenant with jobs: its weight and the weight's share of all the tenants'
+        weights (the share of GPU in use it converges to while all contend), quota, jobs,
+        its time-weighted share of the GPU-equivalents in use, peak held, GPU-hours,
+        queue wait p50/p95, and the time it had jobs waiting at its quota."""
+        by_tenant: dict[str, list[JobRecord]] = defaultdict(list)
+        for job in self.jobs:
+            by_tenant[_tenant_of(job.tenant)].append(job)
+        terms = {name: self.tenant_terms.get(name, TenantTerms()) for name in sorted(by_tenant)}
+        weights = sum(t.weight for t in terms.values()) or 1.0
+        shares = self.timeline.shares_mean()
+        out: dict[str, dict[str, Any]] = {}
+        for name, term in terms.items():
+            jobs = by_tenant[name]
+            waits = [j.wait for j in jobs if j.wait is not None]
+            started = [j for j in jobs if j.start is not None]
+            out[name] = {
+                "weight": term.weight,
+                "weight_share": term.weight / weights,
+                "gpu_quota": term.gpu_quota,
+                "jobs": len(jobs),
+                "placed": len(started),
+                "held": sum(1 for j in jobs if j.state == "held"),
+                "gpu_share_mean": shares.get(name),
+                "gpu_peak": max(self.timeline.tenants.get(name, []), default=0.0),
+                "gpu_hours": sum(j.gpu_equivalents * ((j.end or j.start) - j.start) for j in started) / 3600,
+                "wait_p50": _percentile(waits, 50),
+                "wait_p95": _percentile(waits, 95),
+                "time_at_quota": self.timeline.time_at_quota(name),
+                "jobs_waited_at_quota": sum(1 for j in jobs if j.quota_wait > 0),
+            }
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -357,6 +507,7 @@ class ReplayResult:
             "makespan": (max(ends) - min(j.arrival for j in self.jobs)) if ends else None,
             "gpu_hours": sum(j.gpu_equivalents * ((j.end or j.start) - j.start) for j in started) / 3600,
             "waits": self.waits(),
+            "tenants": self.tenants(),
             "held_reasons": dict(self.held_reasons().most_common()),
             "wall_seconds": self.wall_seconds,
             "notes": self.notes,
@@ -403,6 +554,11 @@ class _Entry:
     slots: list[Slot] = field(default_factory=list)  # shared nodes: what it holds
     placement: Placement | None = None
     signature: tuple = ()
+    quota_since: float | None = None  # waiting at its tenant's quota since then
+    tenant: str = field(init=False)  # as fair share counts it
+
+    def __post_init__(self) -> None:
+        self.tenant = _tenant_of(self.arrival.tenant)
 
     @property
     def order(self) -> tuple[int, int]:
@@ -422,13 +578,15 @@ def _signature(spec: JobSpec, routes: list) -> tuple:
 
 class _Queue:
     """Waiting jobs in priority, then arrival, order, with how many of each kind wait
-    (``kinds``: key -> count), so a pass can stop once every kind has failed."""
+    (``kinds``: key -> count), so a pass can stop once every kind has failed, and how
+    many of each tenant (``tenants``), the tenants that share."""
 
     def __init__(self, kind: Callable[[_Entry], tuple]) -> None:
         self._keys: list[tuple[int, int]] = []
         self._entries: list[_Entry] = []
         self._kind = kind
         self.kinds: Counter = Counter()
+        self.tenants: Counter = Counter()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -438,6 +596,7 @@ class _Queue:
         self._keys.insert(at, entry.order)
         self._entries.insert(at, entry)
         self.kinds[self._kind(entry)] += 1
+        self.tenants[entry.tenant] += 1
 
     def remove(self, entry: _Entry) -> None:
         at = bisect.bisect_left(self._keys, entry.order)
@@ -447,6 +606,9 @@ class _Queue:
         self.kinds[kind] -= 1
         if not self.kinds[kind]:
             del self.kinds[kind]
+        self.tenants[entry.tenant] -= 1
+        if not self.tenants[entry.tenant]:
+            del self.tenants[entry.tenant]
 
     def __iter__(self):
         return iter(list(self._entries))
@@ -462,7 +624,125 @@ def _route(entry: _Entry, policy: Policy) -> str | None:
     return None
 
 
-class _FleetReplay:
+class _Loop:
+    """What both event loops share: the waiting jobs, tried at each event as the
+    scheduling cycle takes them (:class:`broker.fairshare.FairShare`), and the time
+    jobs wait at their tenant's quota. Subclasses say what a kind of job is
+    (:meth:`_kind`: jobs of one kind fit or fail alike) and try one job (:meth:`_try`)."""
+
+    policy: Policy
+    queue: _Queue
+
+    def __init__(self, entries: list[_Entry], tenants: Mapping[str, TenantTerms] | None) -> None:
+        self.entries = entries
+        terms = tenants or {}
+        self.fair = FairShare(
+            {name: t.weight for name, t in terms.items()},
+            {name: t.gpu_quota for name, t in terms.items() if t.gpu_quota is not None},
+        )
+        self.tenant_names = sorted({e.tenant for e in entries})
+        self.at_quota: dict[int, _Entry] = {}  # by seq: waiting at their tenant's quota
+        self.quota_counts: Counter = Counter()  # tenant -> its jobs waiting at its quota
+
+    def _kind(self, entry: _Entry) -> tuple:
+        raise NotImplementedError
+
+    def _try(self, t: float, entry: _Entry) -> tuple[str, Any]:
+        """Place the job now, charging its tenant: ("placed", None); ("held", reason)
+        when it never could; ("waiting", reason) for capacity; ("quota", reason)."""
+        raise NotImplementedError
+
+    def _hold(self, entry: _Entry, reason: str) -> None:
+        entry.record.state, entry.record.reason = "held", reason
+
+    def _schedule(self, t: float, fresh: list[_Entry], retry: bool) -> None:
+        """One scheduling cycle: route the fresh jobs, then try the waiting ones (all of
+        them after capacity was freed, else the fresh ones) in fair-share order."""
+        for entry in fresh:
+            reason = _route(entry, self.policy)
+            if reason:
+                self._hold(entry, reason)
+            else:
+                self.queue.add(entry)
+        if retry:
+            candidates = list(self.queue)
+        else:
+            candidates = sorted((e for e in fresh if e.routes and e.record.state == "waiting"), key=lambda e: e.order)
+        by_tenant: dict[str, deque[_Entry]] = {}
+        for entry in candidates:
+            by_tenant.setdefault(entry.tenant, deque()).append(entry)
+        if len(by_tenant) > 1:  # with one tenant trying, there are no shares to compare
+            self.fair.contend(self.queue.tenants)
+        failed: dict[tuple, str] = {}  # kind -> what it waits for: capacity only shrinks within a pass
+        over_quota: dict[tuple, str] = {}  # (tenant, kind) -> reason: usage only grows within a pass
+        at_quota: set[int] = set()
+        while by_tenant and len(failed) < len(self.queue.kinds):
+            if len(by_tenant) == 1:  # one tenant (a trace's pods): its own order is the order
+                tenant = next(iter(by_tenant))
+            else:
+                tenant = self.fair.next_tenant((name, q[0].spec.priority, q[0].seq) for name, q in by_tenant.items())
+            waiting = by_tenant[tenant]
+            entry = waiting.popleft()
+            if not waiting:
+                del by_tenant[tenant]
+            kind = self._kind(entry)
+            if kind in failed:
+                continue
+            reason = over_quota.get((tenant, kind))
+            if reason is None:
+                outcome, value = self._try(t, entry)
+                if outcome == "placed":
+                    self.queue.remove(entry)
+                    self._quota_ends(t, entry)
+                    continue
+                if outcome == "held":
+                    self.queue.remove(entry)
+                    self._hold(entry, value)
+                    continue
+                if outcome == "waiting":
+                    entry.record.reason = failed[kind] = value
+                    continue
+                reason = over_quota[(tenant, kind)] = value
+            entry.record.reason = reason
+            at_quota.add(entry.seq)
+            self._quota_begins(t, entry)
+        if retry:
+            # Every waiting job was tried or is of a kind that found no room: those not
+            # at quota now wait for capacity (the scheduler fits before it checks quotas).
+            for seq, entry in list(self.at_quota.items()):
+                if seq not in at_quota:
+                    self._quota_ends(t, entry)
+                    entry.record.reason = failed.get(self._kind(entry), entry.record.reason)
+
+    def _quota_begins(self, t: float, entry: _Entry) -> None:
+        if entry.quota_since is None:
+            entry.quota_since = t
+            self.at_quota[entry.seq] = entry
+            self.quota_counts[entry.tenant] += 1
+
+    def _quota_ends(self, t: float, entry: _Entry) -> None:
+        if entry.quota_since is not None:
+            entry.record.quota_wait += t - entry.quota_since
+            entry.quota_since = None
+            del self.at_quota[entry.seq]
+            self.quota_counts[entry.tenant] -= 1
+
+    def _finish(self, t: float) -> list[JobRecord]:
+        for entry in list(self.at_quota.values()):
+            self._quota_ends(t, entry)
+        for entry in self.queue:
+            entry.record.reason = entry.record.reason or "still waiting when the replay ended"
+        return [e.record for e in self.entries]
+
+    def _tenant_columns(self) -> dict[str, dict[str, float]]:
+        """What a timeline sample keeps per tenant: GPU-equivalents held, jobs at quota."""
+        return {
+            "tenants": {name: self.fair.usage.get(name, 0.0) for name in self.tenant_names},
+            "at_quota": {name: self.quota_counts[name] for name in self.tenant_names},
+        }
+
+
+class _FleetReplay(_Loop):
     """The event loop of :func:`replay` (one use)."""
 
     def __init__(
@@ -473,6 +753,7 @@ class _FleetReplay:
         whole: bool,
         start: datetime,
         demand_of: Callable[[int], float | None] | None,
+        tenants: Mapping[str, TenantTerms] | None = None,
     ):
         self.whole = whole
         self.demand_of = demand_of
@@ -489,14 +770,15 @@ class _FleetReplay:
         for cluster in self.fleet.clusters.values():
             self.tier_gpus[cluster.flavor] += cluster.gpu_count
         order = sorted(range(len(workload)), key=lambda i: (workload[i].at, i))
-        self.entries: list[_Entry] = []
+        entries: list[_Entry] = []
         for seq, i in enumerate(order, 1):
             arrival = workload[i]
             spec = whole_gpu_spec(arrival.spec) if whole else arrival.spec
             record = JobRecord(seq, spec.name, spec.kind.value, arrival.tenant, arrival.at)
-            self.entries.append(_Entry(seq, arrival, spec, record))
+            entries.append(_Entry(seq, arrival, spec, record))
+        super().__init__(entries, tenants)
         self.by_id = {e.seq: e for e in self.entries}
-        self.queue = _Queue(lambda e: e.signature)
+        self.queue = _Queue(self._kind)
         self.held_in_clusters = 0  # submitted, waiting in a cluster's own queue
         self.queued_in_clusters = 0  # placements that ever waited there
         self.allocated: dict[str, float] = defaultdict(float)  # by flavor
@@ -521,12 +803,10 @@ class _FleetReplay:
             while i < n and entries[i].arrival.at <= t:
                 fresh.append(entries[i])
                 i += 1
-            self._schedule(fresh, retry=freed)
+            self._schedule(t, fresh, retry=freed)
             self._collect()
             self._sample(t)
-        for entry in self.queue:
-            entry.record.reason = entry.record.reason or "still waiting when the replay ended"
-        return self.timeline, [e.record for e in entries]
+        return self.timeline, self._finish(self.timeline.t[-1] if self.timeline.t else 0.0)
 
     def _collect(self) -> bool:
         """Read every cluster's status changes; True if capacity was freed."""
@@ -566,41 +846,33 @@ class _FleetReplay:
         placement = entry.placement
         if placement is None:
             return
-        # Per node, so that the replicas of a time-sliced Deployment, which the view may
-        # spread over nodes under a placement without a node, all come back.
-        for node, units in entry.taken:
-            self.view.give_back(replace(placement, node=node, replicas=max(units // placement.units, 1)))
+        self._untake(placement, entry.taken)
         entry.taken = []
         entry.placement = None
         self.reserved -= placement.gpu_equivalents
+        self.fair.release(entry.tenant, placement.gpu_equivalents)
 
-    def _schedule(self, fresh: list[_Entry], retry: bool) -> None:
-        for entry in fresh:
-            reason = _route(entry, self.policy)
-            if reason:
-                self._hold(entry, reason)
-            else:
-                self.queue.add(entry)
-        if retry:
-            candidates = list(self.queue)
-        else:
-            candidates = sorted((e for e in fresh if e.routes and e.record.state == "waiting"), key=lambda e: e.order)
-        failed: set[tuple] = set()  # capacity only shrinks within a pass
-        for entry in candidates:
-            if len(failed) >= len(self.queue.kinds):
-                break  # every kind of job still waiting has failed once: none of them fits
-            if entry.signature in failed:
-                continue
-            kind, value = self._fit(entry)
-            if kind == "placed":
-                self.queue.remove(entry)
-                self._submit(entry, value)
-            elif kind == "held":
-                self.queue.remove(entry)
-                self._hold(entry, value)
-            else:
-                entry.record.reason = value
-                failed.add(entry.signature)
+    def _untake(self, placement: Placement, taken: list) -> None:
+        # Per node, so that the replicas of a time-sliced Deployment, which the view may
+        # spread over nodes under a placement without a node, all come back.
+        for node, units in taken:
+            self.view.give_back(replace(placement, node=node, replicas=max(units // placement.units, 1)))
+
+    def _kind(self, entry: _Entry) -> tuple:
+        return entry.signature
+
+    def _try(self, t: float, entry: _Entry) -> tuple[str, Any]:
+        kind, value = self._fit(entry)
+        if kind != "placed":
+            return kind, value
+        # As the scheduler does: the quota is checked on what the fit would hold.
+        over_quota = self.fair.over_quota(entry.tenant, value.gpu_equivalents)
+        if over_quota:
+            self._untake(value, entry.taken)
+            entry.taken = []
+            return "quota", over_quota
+        self._submit(entry, value)
+        return "placed", None
 
     def _fit(self, entry: _Entry) -> tuple[str, Any]:
         reasons, never, waiting = [], True, None
@@ -626,12 +898,14 @@ class _FleetReplay:
     def _submit(self, entry: _Entry, placement: Placement) -> None:
         record = entry.record
         entry.placement = placement
+        record.waited_for = record.reason
         record.cluster, record.sharing = placement.cluster, placement.sharing.value
         record.gpu_equivalents = placement.gpu_equivalents
         need = self.demand_of(entry.seq) if self.demand_of else None
         record.demand = placement.gpu_equivalents if need is None else need
         record.node = placement.node
         self.reserved += placement.gpu_equivalents
+        self.fair.charge(entry.tenant, placement.gpu_equivalents)
         labels = {**entry.spec.labels, "sim-duration": f"{entry.arrival.duration:g}"}
         spec = entry.spec.model_copy(update={"labels": labels})
         try:
@@ -641,16 +915,20 @@ class _FleetReplay:
             record.end = self.clock.seconds(self.clock())
             self._give_back(entry)
 
-    def _hold(self, entry: _Entry, reason: str) -> None:
-        entry.record.state, entry.record.reason = "held", reason
-
     def _sample(self, t: float) -> None:
         total = sum(self.tier_gpus.values())
         queued = len(self.queue)
         stranded = max(total - self.reserved, 0.0) if queued else 0.0
         tiers = {tier: max(self.allocated.get(tier, 0.0), 0.0) for tier in self.tier_gpus}
         self.timeline.add(
-            t, sum(tiers.values()), max(self.demand, 0.0), tiers, queued + self.held_in_clusters, stranded, 0.0
+            t,
+            sum(tiers.values()),
+            max(self.demand, 0.0),
+            tiers,
+            queued + self.held_in_clusters,
+            stranded,
+            0.0,
+            **self._tenant_columns(),
         )
 
 
@@ -663,18 +941,20 @@ def replay(
     start: datetime = T0,
     label: str | None = None,
     demand_of: Callable[[int], float | None] | None = None,
+    tenants: Mapping[str, TenantTerms] | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on simulated clusters of ``fleet`` under ``policy``
-    (``whole_gpus``: the same on whole GPUs only; see the module docstring).
+    (``whole_gpus``: the same on whole GPUs only; see the module docstring), with the
+    fair-share weights and quotas of ``tenants`` (a tenant not in it: weight 1, no quota).
 
     A job's ``demand`` is the GPU-equivalents its placement holds, or
     ``demand_of(job_id)`` when that gives a number: what the job needs as another
     replay sized it (a whole-GPU run measured against gpush's sharing)."""
     began = time.perf_counter()
-    loop = _FleetReplay(fleet, policy, workload, whole_gpus, start, demand_of)
+    loop = _FleetReplay(fleet, policy, workload, whole_gpus, start, demand_of, tenants)
     timeline, jobs = loop.run()
     notes = [
-        "fair share and quotas are not replayed: jobs are tried in priority, then arrival, order",
+        _fair_share_note(tenants),
         "stranded: free GPU-equivalents while jobs wait (none of the waiting jobs fits them)",
     ]
     if loop.queued_in_clusters:
@@ -694,6 +974,16 @@ def replay(
         dict(loop.tier_gpus),
         time.perf_counter() - began,
         notes,
+        tenant_terms=dict(tenants or {}),
+    )
+
+
+def _fair_share_note(tenants: Mapping[str, TenantTerms] | None) -> str:
+    quotas = ", ".join(f"{name} {t.gpu_quota:g}" for name, t in (tenants or {}).items() if t.gpu_quota is not None)
+    return (
+        "fair share as the scheduler keeps it: jobs are tried by priority, then the tenant furthest below its "
+        "weighted share of the GPU-equivalents in use, then arrival"
+        + (f"; quotas (GPU-equivalents): {quotas}" if quotas else "")
     )
 
 
@@ -721,23 +1011,24 @@ def task_of(arrival: Arrival, spec: JobSpec, sharing: Sharing, reference_memory_
     return base
 
 
-class _SharedReplay:
+class _SharedReplay(_Loop):
     """The event loop of :func:`replay_shared` (one use)."""
 
-    def __init__(self, nodes, cluster, policy, workload, placement, whole, distribution):
+    def __init__(self, nodes, cluster, policy, workload, placement, whole, distribution, tenants=None):
         self.cluster = cluster
         self.whole = whole
         self.policy = whole_gpu_policy(policy) if whole else policy
         memories = Counter(n.gpu_memory_gb for n in nodes if n.gpu_memory_gb)
         self.reference_memory_gb = memories.most_common(1)[0][0] if memories else 16.0
         order = sorted(range(len(workload)), key=lambda i: (workload[i].at, i))
-        self.entries = []
+        entries = []
         for seq, i in enumerate(order, 1):
             arrival = workload[i]
             spec = whole_gpu_spec(arrival.spec) if whole else arrival.spec
-            self.entries.append(
+            entries.append(
                 _Entry(seq, arrival, spec, JobRecord(seq, spec.name, spec.kind.value, arrival.tenant, arrival.at))
             )
+        super().__init__(entries, tenants)
         if distribution is None:
             # The workload as submitted, also for whole GPUs: both runs' fragmentation
             # is measured against the same jobs.
@@ -768,6 +1059,7 @@ class _SharedReplay:
                 entry.slots = []
                 entry.record.end, entry.record.state = t, "succeeded"
                 self.demand -= entry.record.demand
+                self.fair.release(entry.tenant, entry.record.gpu_equivalents)
                 freed = True
             fresh = []
             while i < n and entries[i].arrival.at <= t:
@@ -775,43 +1067,12 @@ class _SharedReplay:
                 i += 1
             self._schedule(t, fresh, retry=freed)
             self._sample(t)
-        for entry in self.queue:
-            entry.record.reason = entry.record.reason or "still waiting when the replay ended"
-        return self.timeline, [e.record for e in entries]
+        return self.timeline, self._finish(self.timeline.t[-1] if self.timeline.t else 0.0)
 
-    def _schedule(self, t: float, fresh: list[_Entry], retry: bool) -> None:
-        for entry in fresh:
-            reason = _route(entry, self.policy)
-            if reason:
-                entry.record.state, entry.record.reason = "held", reason
-            else:
-                self.queue.add(entry)
-        if retry:
-            candidates = list(self.queue)
-        else:
-            candidates = sorted((e for e in fresh if e.routes and e.record.state == "waiting"), key=lambda e: e.order)
-        failed: set[tuple] = set()
-        for entry in candidates:
-            if len(failed) >= len(self.queue.kinds):
-                break
-            key = self._kind(entry)
-            if key in failed:
-                continue
-            outcome, reason = self._place(t, entry)
-            if outcome == "placed":
-                self.queue.remove(entry)
-            elif outcome == "held":
-                self.queue.remove(entry)
-                entry.record.state, entry.record.reason = "held", reason
-            else:
-                entry.record.reason = reason
-                failed.add(key)
-
-    @staticmethod
-    def _kind(entry: _Entry) -> tuple:
+    def _kind(self, entry: _Entry) -> tuple:
         return (entry.signature, entry.arrival.task, entry.arrival.gpu_models)
 
-    def _place(self, t: float, entry: _Entry) -> tuple[str, str | None]:
+    def _try(self, t: float, entry: _Entry) -> tuple[str, str | None]:
         reasons, never, waiting = [], True, None
         for route in entry.routes:
             sharing = Sharing(route.sharing)
@@ -837,6 +1098,11 @@ class _SharedReplay:
                     break
                 slots.append(slot)
             if len(slots) == replicas_of(entry.spec):
+                over_quota = self.fair.over_quota(entry.tenant, sum(s.task.demand_milli for s in slots) / MILLI)
+                if over_quota:
+                    for slot in slots:
+                        self.nodes.release(slot)
+                    return "quota", over_quota
                 self._start(t, entry, sharing, slots)
                 return "placed", None
             for slot in slots:
@@ -851,6 +1117,7 @@ class _SharedReplay:
     def _start(self, t: float, entry: _Entry, sharing: Sharing, slots: list[Slot]) -> None:
         record = entry.record
         entry.slots = slots
+        record.waited_for = record.reason
         record.start, record.state, record.reason = t, "running", None
         record.cluster, record.sharing = self.cluster, sharing.value
         record.node = self.nodes.nodes[slots[0].node].name
@@ -858,6 +1125,7 @@ class _SharedReplay:
         asked = entry.arrival.task
         record.demand = (asked.demand_milli / MILLI * len(slots)) if asked else record.gpu_equivalents
         self.demand += record.demand
+        self.fair.charge(entry.tenant, record.gpu_equivalents)
         heapq.heappush(self.ends, (t + entry.arrival.duration, entry.seq, entry))
 
     def _sample(self, t: float) -> None:
@@ -872,6 +1140,7 @@ class _SharedReplay:
             queued,
             free if queued else 0.0,
             self.nodes.fragmentation_milli() / MILLI,
+            **self._tenant_columns(),
         )
 
 
@@ -891,16 +1160,18 @@ def replay_shared(
     whole_gpus: bool = False,
     distribution: WorkloadDistribution | None = None,
     label: str | None = None,
+    tenants: Mapping[str, TenantTerms] | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on GPU-sharing ``nodes`` (one Kubernetes cluster called
     ``cluster``) under ``policy``. Routes to ``k8s/timeslice`` (or ``slurm/mps``) take
     a share of one GPU, exclusive routes whole GPUs; ``placement`` picks the node and
     GPU (``fgd`` measures fragmentation against ``distribution``, by default the
-    workload's own). ``whole_gpus``: every job on whole GPUs, see :func:`whole_gpu_policy`."""
+    workload's own). ``whole_gpus``: every job on whole GPUs, see :func:`whole_gpu_policy`.
+    Fair share and quotas as in :func:`replay`."""
     if placement not in PLACEMENTS:
         raise InvalidRequest(f"unknown placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
     began = time.perf_counter()
-    loop = _SharedReplay(nodes, cluster, policy, workload, placement, whole_gpus, distribution)
+    loop = _SharedReplay(nodes, cluster, policy, workload, placement, whole_gpus, distribution, tenants)
     timeline, jobs = loop.run()
     total = loop.nodes.capacity_milli / MILLI
     return ReplayResult(
@@ -914,8 +1185,10 @@ def replay_shared(
         [
             "GPU-sharing nodes: any GPU takes a whole-GPU job or fractional jobs up to 1000 milli-GPU in all",
             "fragmentation: FGD's measure, the expected free GPU a job of the workload could not use",
+            _fair_share_note(tenants),
         ],
         measures_fragmentation=True,
+        tenant_terms=dict(tenants or {}),
     )
 
 
@@ -1097,6 +1370,14 @@ def _check_policy_names(policy: Policy, cluster: str, source: str) -> None:
         )
 
 
+def _tenants_text(tenants: Mapping[str, TenantTerms]) -> str:
+    """ "nlp (weight 2, quota 8 GPU), vision (weight 1)": the tenants: section in a line."""
+    return ", ".join(
+        f"{name} (weight {t.weight:g}" + (f", quota {t.gpu_quota:g} GPU)" if t.gpu_quota is not None else ")")
+        for name, t in tenants.items()
+    )
+
+
 def _load_policy_file(path: str) -> Policy:
     try:
         text = Path(path).read_text()
@@ -1193,23 +1474,34 @@ def run_simulation(
             raise InvalidRequest("a workload replay needs a routing policy file")
         fleet = load_fleet_file(fleet_path)
         policy = _load_policy_file(policy_path)
-        workload = load_workload(workload_path)
+        loaded = load_workload(workload_path)
+        workload, tenants = loaded.arrivals, loaded.tenants
         inputs.update(
             fleet_description=", ".join(
                 f"{name} ({c.flavor}, {len(c.nodes)} nodes, {c.gpu_count} GPUs)" for name, c in fleet.clusters.items()
             ),
             jobs=len(workload),
+            tenants=_tenants_text(tenants) or None,
             placement="best-fit (broker.capacity)",
         )
-        primary = replay(fleet, policy, workload, label=f"gpush ({Path(policy_path).name})")
+        idle = sorted(set(tenants) - {a.tenant for a in workload})
+        if idle:
+            notes.append(f"tenants: lists {', '.join(idle)}, which no job of the workload names")
+        primary = replay(fleet, policy, workload, label=f"gpush ({Path(policy_path).name})", tenants=tenants)
         if compare_policy_path:
             comparison = replay(
-                fleet, _load_policy_file(compare_policy_path), workload, label=Path(compare_policy_path).name
+                fleet,
+                _load_policy_file(compare_policy_path),
+                workload,
+                label=Path(compare_policy_path).name,
+                tenants=tenants,
             )
         else:
             # What each job needs is what gpush's sharing gave it; whole GPUs hold more.
             need = {j.job_id: j.gpu_equivalents for j in primary.jobs if j.start is not None}
-            comparison = replay(fleet, policy, workload, whole_gpus=True, label="whole GPUs", demand_of=need.get)
+            comparison = replay(
+                fleet, policy, workload, whole_gpus=True, label="whole GPUs", demand_of=need.get, tenants=tenants
+            )
 
     results: dict[str, Any] = {
         "inputs": inputs,
@@ -1261,6 +1553,26 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         row("queue wait p50/p95/p99", waits(a), waits(b)),
         row("all jobs done after", _duration_text(a["makespan"]), _duration_text(b["makespan"])),
     ]
+    if _shows_tenants(a["tenants"]):
+        lines.append(row("GPU share / weight share", "", ""))
+        for name, t in a["tenants"].items():
+            other = b["tenants"].get(name) or {}
+            weight = _percent(t["weight_share"])
+            lines.append(
+                row(
+                    f"  {name}",
+                    f"{_percent(t['gpu_share_mean'])} / {weight}",
+                    f"{_percent(other.get('gpu_share_mean'))} / {weight}",
+                )
+            )
+            if t["time_at_quota"] or other.get("time_at_quota"):
+                lines.append(
+                    row(
+                        f"  {name} at quota",
+                        _duration_text(t["time_at_quota"]),
+                        _duration_text(other.get("time_at_quota")),
+                    )
+                )
     inflation = result.get("inflation")
     if inflation:
         medians = inflation["medians"]
@@ -1269,6 +1581,11 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     for reason, count in list(a["held_reasons"].items())[:3]:
         lines.append(f"  held ({count}): {reason}")
     return lines
+
+
+def _shows_tenants(tenants: dict[str, dict[str, Any]]) -> bool:
+    """Per-tenant figures say something when tenants share or a quota caps one."""
+    return len(tenants) > 1 or any(t["gpu_quota"] is not None for t in tenants.values())
 
 
 def _time_axis(t: Sequence[float]) -> tuple[list[float], str]:
@@ -1442,6 +1759,38 @@ def _report_markdown(
         for kind, w in run["waits"].items():
             cells = " | ".join(_duration_text(w[f"p{p}"]) for p in PERCENTILES)
             lines.append(f"| {kind} | {run['label']} | {w['jobs']} | {cells} |")
+
+    shown = [run for run in (a, b) if _shows_tenants(run["tenants"])]
+    if shown:
+        lines += [
+            "",
+            "## Tenants",
+            "",
+            "Jobs are tried as the scheduler takes them: priority, then the tenant furthest below its weighted "
+            "share of the GPU-equivalents in use, then arrival. Share of GPU in use: the tenant's share of the "
+            "GPU-equivalents all tenants hold, time-weighted over the time any are held; while all tenants "
+            "contend it converges to its weight's share. At quota: the time it had jobs waiting at its quota.",
+        ]
+    for run in shown:
+        lines += [
+            "",
+            f"### {run['label']}",
+            "",
+            "| tenant | weight (share) | quota | jobs placed / held | share of GPU in use | peak GPU held "
+            "| GPU-hours | wait p50 | wait p95 | at quota |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, t in run["tenants"].items():
+            quota = "-" if t["gpu_quota"] is None else f"{t['gpu_quota']:g}"
+            at_quota = _duration_text(t["time_at_quota"]) if t["time_at_quota"] else "-"
+            if t["jobs_waited_at_quota"]:
+                at_quota += f" ({t['jobs_waited_at_quota']} jobs)"
+            lines.append(
+                f"| {name} | {t['weight']:g} ({_percent(t['weight_share'])}) | {quota} "
+                f"| {t['placed']} / {t['held']} of {t['jobs']} | {_percent(t['gpu_share_mean'])} "
+                f"| {t['gpu_peak']:.2f} | {t['gpu_hours']:.1f} | {_duration_text(t['wait_p50'])} "
+                f"| {_duration_text(t['wait_p95'])} | {at_quota} |"
+            )
 
     for run in (a, b):
         if run["held_reasons"]:

@@ -470,6 +470,7 @@ class Scheduler:
         claim: _Claim | None = None,
         ledger: tuple[dict[str, float], dict[str, float], dict[str, float]] | None = None,
     ) -> None:
+        from broker.fairshare import FairShare
         from broker.policy import evaluate
 
         if claim is None:
@@ -480,29 +481,18 @@ class Scheduler:
             policy = self._policy(session)
         decide_begin = time.perf_counter()
         claim_before = report.seconds["claim"]
-        active_tenants = set(usage) | set(claim.tenants)
-        weight_sum = sum(weights.get(t, 1.0) for t in active_tenants) or 1.0
-        in_use = sum(usage.values())
-
-        # A tenant's deficit is its weighted share minus its share of what all tenants hold
-        # now: the next job goes to whoever is furthest below. Shares of what is in use (not
-        # of the whole fleet) make tenants converge to their weights on any contended pool,
-        # and a tenant alone may use everything.
-        share = {t: weights.get(t, 1.0) / weight_sum for t in claim.tenants}
+        # The tenants that share are those holding GPUs and those with jobs queued at the
+        # start of the cycle (broker.fairshare has the rule and why).
+        fair = FairShare(weights, quotas, usage, waiting=claim.tenants)
 
         def next_tenant() -> str | None:
             # Every placement changes every tenant's deficit, so pick afresh each time
             # (tenants with queued jobs are few; jobs per cycle are bounded).
-            best, best_key = None, None
-            held_now = in_use or 1.0
-            for tenant, queue in claim.queues.items():
-                if not queue.buffer:
-                    continue
-                head = queue.buffer[0]
-                key = (-head.priority, usage.get(tenant, 0.0) / held_now - share[tenant], head.created_at, head.job_id)
-                if best_key is None or key < best_key:
-                    best, best_key = tenant, key
-            return best
+            return fair.next_tenant(
+                (tenant, queue.buffer[0].priority, (queue.buffer[0].created_at, queue.buffer[0].job_id))
+                for tenant, queue in claim.queues.items()
+                if queue.buffer
+            )
 
         # Batches of about an eighth of what the cycle may decide: the first is written
         # while the rest is decided, and the last one, which nothing overlaps, stays small.
@@ -516,11 +506,10 @@ class Scheduler:
             while (tenant := next_tenant()) is not None:
                 job = claim.pop(tenant, report)
                 job.spec = self._spec(job)
-                kind, value = self._decide(job, policy, evaluate, view, usage, quotas, ahead, routes)
+                kind, value = self._decide(job, policy, evaluate, view, fair, ahead, routes)
                 if kind == "placed":
                     submission.add(job, value)
-                    usage[tenant] = usage.get(tenant, 0.0) + value.gpu_equivalents
-                    in_use += value.gpu_equivalents
+                    fair.charge(tenant, value.gpu_equivalents)
                 elif kind == "held":
                     held.append((job.job_id, value))
                 else:
@@ -545,7 +534,7 @@ class Scheduler:
             spec = spec.model_copy(update={"idempotency_key": job.idempotency_key})
         return spec
 
-    def _decide(self, job, policy, evaluate, view, usage, quotas, ahead, routes):
+    def _decide(self, job, policy, evaluate, view, fair, ahead, routes):
         if policy is None:
             return "held", "held: no routing policy is active (an admin runs `gpush policy apply`)"
         decision = self._routes(job, policy, evaluate, routes)
@@ -558,11 +547,10 @@ class Scheduler:
             sharing = Sharing(route.sharing)
             fit = view.fit(job.spec, route.cluster, sharing, partition=getattr(route, "partition", None))
             if isinstance(fit, Fit):
-                quota = quotas.get(job.tenant)
-                if quota is not None and usage.get(job.tenant, 0.0) + fit.placement.gpu_equivalents > quota + 1e-9:
+                over_quota = fair.over_quota(job.tenant, fit.placement.gpu_equivalents)
+                if over_quota:
                     view.give_back(fit.placement)
-                    used = usage.get(job.tenant, 0.0)
-                    return "waiting", f"tenant {job.tenant} at quota ({used:g}/{quota:g} GPU)"
+                    return "waiting", over_quota
                 return "placed", fit.placement
             assert isinstance(fit, NoFit)
             reasons.append(fit.reason)
@@ -661,21 +649,28 @@ class Scheduler:
             report.waiting += len(waiting)
 
     def _hand_over(self, clusters, placed: Iterable[tuple[_Candidate, Placement]], report: CycleReport) -> _Answers:
-        """The adapter calls of step 7, for jobs already committed in ``submitting``."""
+        """The adapter calls of step 7, for jobs already committed in ``submitting``: one
+        ``submit_many`` per cluster where the adapter has it (broker.adapter), else one
+        ``submit`` per job."""
         answers = _Answers()
-        adapters: dict[str, ClusterAdapter] = {}  # looked up once per cluster, not per job
+        by_cluster: dict[str, list[tuple[_Candidate, Placement]]] = defaultdict(list)
+        for job, placement in placed:
+            by_cluster[placement.cluster].append((job, placement))
         with report.timing("submit"):
-            for job, placement in placed:
-                adapter = adapters.get(placement.cluster)
-                if adapter is None:
-                    adapter = adapters[placement.cluster] = self._adapter(clusters[placement.cluster])
-                try:
-                    backend_id = adapter.submit(job.job_id, job.spec, placement)
-                    answers.submitted.append((job.job_id, placement, backend_id))
-                except Rejected as exc:
-                    answers.refused.append((job.job_id, placement, str(exc)))
-                except AdapterError as exc:
-                    answers.unanswered.append((job.job_id, placement, str(exc)))
+            for cluster, items in by_cluster.items():
+                adapter = self._adapter(clusters[cluster])
+                many = getattr(adapter, "submit_many", None)
+                if many is not None:
+                    results = many([(job.job_id, job.spec, placement) for job, placement in items])
+                else:
+                    results = [_submit_one(adapter, job.job_id, job.spec, placement) for job, placement in items]
+                for (job, placement), result in zip(items, results):
+                    if isinstance(result, Rejected):
+                        answers.refused.append((job.job_id, placement, str(result)))
+                    elif isinstance(result, AdapterError):
+                        answers.unanswered.append((job.job_id, placement, str(result)))
+                    else:
+                        answers.submitted.append((job.job_id, placement, result))
         return answers
 
     def _record(self, answers: _Answers, report: CycleReport) -> None:
@@ -997,6 +992,13 @@ _BACKEND_TARGETS = {
     BackendState.FAILED: S.FAILED,
     BackendState.CANCELLED: S.CANCELLED,
 }
+
+
+def _submit_one(adapter: ClusterAdapter, job_id: int, spec: JobSpec, placement: Placement) -> str | AdapterError:
+    try:
+        return adapter.submit(job_id, spec, placement)
+    except AdapterError as exc:
+        return exc
 
 
 def _status_reason(target: JobState, cluster: str, row, backend) -> str:

@@ -24,9 +24,11 @@ from broker.fragmentation import (
 )
 from broker.policy import load_policy
 from broker.replay import (
+    TenantTerms,
     inflation_arrivals,
     inflation_experiment,
     parse_workload,
+    read_workload,
     replay,
     replay_shared,
     run_simulation,
@@ -35,7 +37,7 @@ from broker.replay import (
     whole_gpu_policy,
 )
 from broker.simfleet import load_fleet, load_fleet_file
-from broker.traces import load_openb, pod_job, read_pods, trace_model
+from broker.traces import load_openb, openb_policy, pod_job, read_pods, trace_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_FLEET = ROOT / "examples" / "fleet.yaml"
@@ -206,6 +208,180 @@ jobs:
     summary = result.summary()
     assert summary["held"] == 2
     assert sorted(summary["held_reasons"].values()) == [1, 1]
+
+
+# -- fair share and quotas ----------------------------------------------------------------------
+
+# One contended pool: 8 whole A100s, every job sent there.
+POOL_FLEET = """
+clusters:
+  slurm-a:
+    flavor: slurm
+    nodes:
+      - {name: gpu, count: 2, gpus: [{model: A100-SXM4-80GB, count: 4}]}
+"""
+POOL_POLICY = "rules:\n  - {name: all, match: {}, route: {cluster: slurm-a, sharing: slurm/exclusive}}\n"
+
+
+def pool_replay(text: str, **options):
+    workload = read_workload(text, "w.yaml")
+    return replay(
+        load_fleet(POOL_FLEET, "fleet"), policy(POOL_POLICY), workload.arrivals, tenants=workload.tenants, **options
+    )
+
+
+def held_at(result, tenant: str, t: float) -> float:
+    """GPU-equivalents the tenant held at virtual time ``t``."""
+    timeline = result.timeline
+    at = max(i for i, when in enumerate(timeline.t) if when <= t)
+    return timeline.tenants[tenant][at]
+
+
+def test_a_workload_lists_tenants_weights_and_quotas() -> None:
+    workload = read_workload(
+        """
+tenants:
+  nlp: {weight: 2, gpu_quota: 8}
+  vision: {weight: 1}
+  ops:
+jobs:
+  - {at: 0, duration: 60, kind: training, tenant: nlp}
+""",
+        "w.yaml",
+    )
+    assert workload.tenants == {
+        "nlp": TenantTerms(2.0, 8.0),
+        "vision": TenantTerms(1.0, None),
+        "ops": TenantTerms(1.0, None),
+    }
+    assert [a.tenant for a in workload.arrivals] == ["nlp"]
+    assert read_workload("jobs: [{at: 0, duration: 60, kind: training}]", "w.yaml").tenants == {}
+
+
+@pytest.mark.parametrize(
+    ("section", "words"),
+    [
+        ("tenants: {nlp: {weight: 0}}", ["tenant nlp", "weight 0 must be more than 0"]),
+        ("tenants: {nlp: {gpu_quota: -1}}", ["tenant nlp", "gpu_quota -1 must be 0 or more"]),
+        ("tenants: {nlp: {quota: 8}}", ["tenant nlp", "unknown field 'quota'", "gpu_quota"]),
+        ("tenants: {nlp: {weight: lots}}", ["tenant nlp", "weight 'lots' must be a number"]),
+        ("tenants: [nlp]", ["tenants: expected a mapping"]),
+    ],
+)
+def test_a_bad_tenants_section_says_which_tenant_and_field(section: str, words: list[str]) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        read_workload(section + "\njobs: [{at: 0, duration: 60, kind: training}]", "w.yaml")
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_tenants_weighted_3_to_1_converge_to_75_25_of_a_contended_pool() -> None:
+    # Both tenants arrive together and fill the pool half and half; as jobs end, the freed
+    # GPUs go to whoever is furthest below its weighted share, until a holds 6 and b 2.
+    jobs = [
+        f"  - {{at: {i * 7}, duration: {600 + (i * 137) % 900}, kind: training, tenant: {tenant}}}"
+        for tenant, count in (("a", 60), ("b", 20))
+        for i in range(count)
+    ]
+    result = pool_replay("tenants: {a: {weight: 3}, b: {weight: 1}}\njobs:\n" + "\n".join(jobs))
+    assert (held_at(result, "a", 60), held_at(result, "b", 60)) == (4, 4)
+    for t in (3000, 5000, 7000):
+        assert (held_at(result, "a", t), held_at(result, "b", t)) == (6, 2)
+    tenants = result.summary()["tenants"]
+    assert tenants["a"]["weight_share"] == 0.75 and tenants["b"]["weight_share"] == 0.25
+    assert tenants["a"]["gpu_share_mean"] == pytest.approx(0.75, abs=0.03)
+    assert tenants["b"]["gpu_share_mean"] == pytest.approx(0.25, abs=0.03)
+    assert tenants["a"]["placed"] == 60 and tenants["b"]["placed"] == 20
+
+
+QUOTA_WORKLOAD = """
+tenants:
+  nlp: {gpu_quota: 2}
+jobs:
+  - {name: nlp, at: 0, duration: 100, count: 5, kind: training, tenant: nlp}
+  - {name: vision, at: 0, duration: 100, count: 4, kind: training, tenant: vision}
+  - {name: nlp-big, at: 0, duration: 100, kind: training, gpus: 3, tenant: nlp}
+"""
+
+
+def test_a_tenant_at_its_quota_waits_with_the_reason_and_runs_as_its_jobs_end() -> None:
+    result = pool_replay(QUOTA_WORKLOAD)
+    jobs = jobs_by_name(result)
+    # Two at a time, each pair once the one before ends; vision goes ahead meanwhile.
+    assert [jobs[f"nlp-{i}"].start for i in range(1, 6)] == [0, 0, 100, 100, 200]
+    assert [jobs[f"vision-{i}"].start for i in range(1, 5)] == [0, 0, 0, 0]
+    assert max(result.timeline.tenants["nlp"]) == 2  # never over its quota
+    assert [jobs[f"nlp-{i}"].quota_wait for i in range(1, 6)] == [0, 0, 100, 100, 200]
+    assert jobs["nlp-3"].waited_for == jobs["nlp-5"].waited_for == "tenant nlp at quota (2/2 GPU)"
+    assert jobs["nlp-1"].waited_for is None
+    # Three GPUs never fit a quota of two: it waits, as the broker says, to the end.
+    big = jobs["nlp-big"]
+    assert big.state == "waiting" and big.start is None
+    assert big.reason == "tenant nlp at quota (0/2 GPU)"
+    assert big.quota_wait == 300
+    nlp = result.summary()["tenants"]["nlp"]
+    assert nlp["gpu_quota"] == 2 and nlp["gpu_peak"] == 2
+    assert nlp["time_at_quota"] == 300 and nlp["jobs_waited_at_quota"] == 4
+    assert result.summary()["tenants"]["vision"]["time_at_quota"] == 0
+
+
+def test_quotas_hold_on_whole_gpus_and_on_gpu_sharing_nodes() -> None:
+    whole = pool_replay(QUOTA_WORKLOAD, whole_gpus=True)
+    assert max(whole.timeline.tenants["nlp"]) == 2
+    assert jobs_by_name(whole)["nlp-5"].start == 200
+    # Half-GPU jobs on one 4-GPU sharing node: a quota of 1 lets two run at a time.
+    workload = read_workload(
+        """
+tenants: {a: {gpu_quota: 1}}
+jobs:
+  - {name: a, at: 0, duration: 100, count: 6, kind: inference, isolation: none, gpu_memory_gb: 8, tenant: a}
+""",
+        "w.yaml",
+    )
+    shared = replay_shared(
+        [SharedNode("n", 4, gpu_memory_gb=16)],
+        "openb",
+        openb_policy("openb"),
+        workload.arrivals,
+        tenants=workload.tenants,
+    )
+    jobs = jobs_by_name(shared)
+    assert {j.gpu_equivalents for j in jobs.values()} == {0.5}
+    assert [jobs[f"a-{i}"].start for i in range(1, 7)] == [0, 0, 100, 100, 200, 200]
+    assert max(shared.timeline.tenants["a"]) == 1
+    assert shared.summary()["tenants"]["a"]["time_at_quota"] == 200
+
+
+def test_a_lone_tenant_uses_the_whole_pool() -> None:
+    # b's weight is large, but b has no jobs: a alone may use everything.
+    result = pool_replay(
+        "tenants: {a: {weight: 1}, b: {weight: 9}}\n"
+        "jobs: [{name: a, at: 0, duration: 100, count: 12, kind: training, tenant: a}]"
+    )
+    assert max(result.timeline.tenants["a"]) == 8
+    assert sorted(j.start for j in result.jobs) == [0] * 8 + [100] * 4
+    assert result.summary()["tenants"]["a"]["gpu_share_mean"] == 1.0
+
+
+def test_priority_goes_before_fair_share_and_fair_share_before_age_in_a_replay() -> None:
+    # a fills the pool; b arrives and waits far below its share, behind a's older job.
+    result = pool_replay(
+        """
+jobs:
+  - {name: a-first, at: 0, duration: 100, kind: training, tenant: a}
+  - {name: a-second, at: 0, duration: 200, kind: training, tenant: a}
+  - {name: a, at: 0, duration: 1000, count: 6, kind: training, tenant: a}
+  - {name: a-older, at: 5, duration: 100, kind: training, tenant: a}
+  - {name: b, at: 10, duration: 1000, count: 4, kind: training, tenant: b}
+  - {name: a-urgent, at: 20, duration: 100, kind: training, tenant: a, priority: 10}
+"""
+    )
+    jobs = jobs_by_name(result)
+    # One GPU frees at 100: a's urgent job takes it, although b holds nothing.
+    assert jobs["a-urgent"].start == 100 and held_at(result, "b", 100) == 0
+    # Two free at 200: both go to b, furthest below its share, before a's older job.
+    assert [jobs[f"b-{i}"].start for i in (1, 2)] == [200, 200]
+    assert jobs["a-older"].start > 200
 
 
 # -- whole GPUs ------------------------------------------------------------------------------
@@ -468,3 +644,30 @@ def test_a_trace_report_includes_the_inflation_experiment(trace_dir: Path, tmp_p
 def test_a_trace_replay_refuses_a_policy_for_other_clusters(trace_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest, match="one cluster called 'openb'"):
         run_simulation(None, None, str(trace_dir), str(DEFAULT_POLICY), None, str(tmp_path / "r"))
+
+
+def test_the_report_gives_per_tenant_figures(tmp_path: Path) -> None:
+    for name, text in (("fleet.yaml", POOL_FLEET), ("workload.yaml", QUOTA_WORKLOAD), ("policy.yaml", POOL_POLICY)):
+        (tmp_path / name).write_text(text)
+    result = run_simulation(
+        str(tmp_path / "fleet.yaml"),
+        str(tmp_path / "workload.yaml"),
+        None,
+        str(tmp_path / "policy.yaml"),
+        None,
+        str(tmp_path / "r"),
+        plots=False,
+    )
+    assert result["inputs"]["tenants"] == "nlp (weight 1, quota 2 GPU)"
+    nlp = result["primary"]["tenants"]["nlp"]
+    assert (nlp["jobs"], nlp["placed"], nlp["time_at_quota"]) == (6, 5, 300)
+    assert result["comparison"]["tenants"]["nlp"]["gpu_peak"] == 2  # the whole-GPU run keeps the quota too
+    assert not any("not replayed" in note for note in result["notes"] + result["primary"]["notes"])
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "## Tenants" in report
+    assert "| nlp | 1 (50.0%) | 2 | 5 / 0 of 6 |" in report and "| 5m (4 jobs) |" in report
+    detail = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert max(detail["primary"]["timeline"]["tenants"]["nlp"]) == 2
+    assert max(detail["primary"]["timeline"]["at_quota"]["nlp"]) == 4
+    lines = summary_lines(result)
+    assert any(line.split() == ["nlp", "at", "quota", "5m", "5m"] for line in lines)

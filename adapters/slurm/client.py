@@ -157,7 +157,11 @@ class CliBackend:
 
     @_read_retry
     def nodes(self) -> list[SlurmNode]:
-        return [SlurmNode.of(raw) for raw in _json(self._ok("sinfo", "--json"), "sinfo").get("nodes", [])]
+        data = _json(self._ok("sinfo", "--json"), "sinfo")
+        if not isinstance(data.get("nodes"), list):
+            # From 23.02 sinfo --json groups nodes; scontrol --json lists them one by one.
+            data = _json(self._ok("scontrol", "--json", "show", "nodes"), "scontrol")
+        return [SlurmNode.of(raw) for raw in data.get("nodes", [])]
 
     @_read_retry
     def cancel(self, job_id: str) -> None:

@@ -1,0 +1,306 @@
+"""The single-machine Slurm test cluster, seen from Python tests.
+
+``start(state)`` runs ``start.sh`` and returns a :class:`SlurmTestCluster` read from
+``STATE/env.sh``; the cluster object runs Slurm's commands against that cluster only
+(``SLURM_CONF`` of its own), hands out JWTs for slurmrestd, and waits for jobs by
+polling ``squeue --json``. The JSON differs between Slurm 22.05 (Debian 12) and 24.11
+(Debian 13): states are a string in one and a list in the other, and nodes come from
+``sinfo --json`` in one and ``scontrol --json show nodes`` in the other. The helpers
+here even that out so that tests need not care.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+START = HERE / "start.sh"
+STOP = HERE / "stop.sh"
+INSTALL = HERE / "install.sh"
+
+# A job in one of these states will not change any more.
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+# Jobs that hold resources or still may: cancel_all() ends these.
+ACTIVE_STATES = "PENDING,RUNNING,SUSPENDED,CONFIGURING,COMPLETING,REQUEUED,RESIZING"
+
+
+class SlurmClusterError(RuntimeError):
+    """The test cluster would not start, or a Slurm command failed; the message says why."""
+
+
+def _states(value: Any) -> frozenset[str]:
+    """A job's or node's state as a set of upper-case words, from either JSON shape."""
+    if value is None:
+        return frozenset()
+    if isinstance(value, str):
+        return frozenset({value.upper()})
+    return frozenset(str(v).upper() for v in value)
+
+
+def job_states(job: dict[str, Any]) -> frozenset[str]:
+    """``{"RUNNING"}`` from 22.05's ``"RUNNING"`` as from 24.11's ``["RUNNING"]``."""
+    return _states(job.get("job_state"))
+
+
+def node_states(node: dict[str, Any]) -> frozenset[str]:
+    """``{"IDLE"}`` from 22.05's ``"idle"`` as from 24.11's ``["IDLE"]``."""
+    return _states(node.get("state"))
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    """The ``export NAME=value`` lines of env.sh (values are shell-quoted)."""
+    values = {}
+    for line in path.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            name, value = words[1].split("=", 1)
+            values[name] = value
+    return values
+
+
+@dataclass(frozen=True)
+class SlurmTestCluster:
+    """A running test cluster, as described by its ``STATE/env.sh``."""
+
+    state: Path
+    conf: Path  # slurm.conf: SLURM_CONF for every Slurm command
+    rest_url: str  # http://127.0.0.1:PORT
+    rest_socket: Path  # slurmrestd's unix socket
+    version: str  # Slurm's, e.g. "22.05.8"
+    rest_api: str  # newest OpenAPI version slurmrestd serves, e.g. "v0.0.38"
+    log_dir: Path
+    jobcomp: Path  # jobcomp/filetxt: one line per finished job
+
+    @classmethod
+    def load(cls, state: str | os.PathLike[str]) -> SlurmTestCluster:
+        env_file = Path(state) / "env.sh"
+        if not env_file.is_file():
+            raise SlurmClusterError(f"no Slurm test cluster in {state}: {env_file} is missing (start.sh writes it)")
+        env = _read_env_file(env_file)
+        return cls(
+            state=Path(env["GPUSH_SLURM_STATE"]),
+            conf=Path(env["SLURM_CONF"]),
+            rest_url=env["SLURMRESTD_URL"],
+            rest_socket=Path(env["SLURMRESTD_SOCKET"]),
+            version=env["GPUSH_SLURM_VERSION"],
+            rest_api=env["GPUSH_SLURMRESTD_API"],
+            log_dir=Path(env["GPUSH_SLURM_LOG_DIR"]),
+            jobcomp=Path(env["GPUSH_SLURM_JOBCOMP"]),
+        )
+
+    @property
+    def version_info(self) -> tuple[int, int]:
+        """(22, 5) for 22.05.8."""
+        major, minor = self.version.split(".")[:2]
+        return int(major), int(minor)
+
+    # -- running Slurm's commands --------------------------------------------------
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for a subprocess that should talk to this cluster."""
+        env = dict(os.environ if base is None else base)
+        env.update(
+            SLURM_CONF=str(self.conf),
+            SLURMRESTD_URL=self.rest_url,
+            SLURMRESTD_SOCKET=str(self.rest_socket),
+            GPUSH_SLURM_VERSION=self.version,
+            GPUSH_SLURMRESTD_API=self.rest_api,
+        )
+        return env
+
+    def run(self, *args: str, timeout: float = 30.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm command (``sbatch``, ``squeue``...) against this cluster."""
+        result = subprocess.run(args, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise SlurmClusterError(
+                f"{shlex.join(args)} exited {result.returncode}: {result.stderr.strip() or result.stdout.strip()}"
+            )
+        return result
+
+    def _json(self, *args: str) -> dict[str, Any]:
+        return json.loads(self.run(*args).stdout)
+
+    def token(self, lifespan: int = 3600, username: str = "root") -> str:
+        """A JWT for slurmrestd (header X-SLURM-USER-TOKEN), signed by slurmctld."""
+        out = self.run("scontrol", "token", f"username={username}", f"lifespan={lifespan}").stdout.strip()
+        name, _, value = out.partition("=")
+        if name != "SLURM_JWT" or not value:
+            raise SlurmClusterError(f"scontrol token printed {out!r}, expected SLURM_JWT=...")
+        return value
+
+    def rest_headers(self, token: str | None = None, username: str = "root") -> dict[str, str]:
+        """Headers slurmrestd's rest_auth/jwt expects; a new token unless one is given."""
+        return {"X-SLURM-USER-NAME": username, "X-SLURM-USER-TOKEN": token or self.token(username=username)}
+
+    def rest_path(self, endpoint: str) -> str:
+        """``/slurm/v0.0.38/jobs`` for ``"jobs"``, with the API version this Slurm serves."""
+        return f"/slurm/{self.rest_api}/{endpoint.lstrip('/')}"
+
+    # -- jobs and nodes ------------------------------------------------------------
+
+    def submit(self, *sbatch_args: str) -> int:
+        """``sbatch --parsable ARGS``; the job id."""
+        out = self.run("sbatch", "--parsable", *sbatch_args).stdout.strip()
+        return int(out.split(";")[0])
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job slurmctld still knows, finished ones included (for MinJobAge seconds).
+
+        ``squeue --json`` of 22.05 ignores filters and lists every job; ``--states=all``
+        keeps finished jobs in the list where a later Slurm applies filters.
+        """
+        return self._json("squeue", "--json", "--states=all").get("jobs", [])
+
+    def job(self, job_id: int) -> dict[str, Any] | None:
+        return next((j for j in self.jobs() if j.get("job_id") == job_id), None)
+
+    def wait_for(self, job_id: int, states: Collection[str] | str, timeout: float = 15.0) -> dict[str, Any]:
+        """Poll until the job is in one of ``states``; returns its ``squeue --json`` record.
+
+        Fails at once if the job reached a final state it was not asked to reach (it
+        will not change any more), and after ``timeout`` seconds otherwise. A batch job
+        starts at the next pass of slurmctld's once-a-second loop: poll, don't sleep.
+        """
+        wanted = frozenset({states} if isinstance(states, str) else states)
+        deadline = time.monotonic() + timeout
+        job: dict[str, Any] | None = None
+        while True:
+            job = self.job(job_id)
+            current = job_states(job) if job else frozenset()
+            if current & wanted:
+                return job
+            final = current & FINAL_STATES
+            if final or time.monotonic() > deadline:
+                what = f"job {job_id} is {'/'.join(sorted(current)) or 'unknown to squeue'}"
+                if job:
+                    what += f" (reason {job.get('state_reason')}, exit code {job.get('exit_code')})"
+                raise SlurmClusterError(
+                    f"{what}, not {'/'.join(sorted(wanted))}"
+                    + ("" if final else f" after {timeout:g}s")
+                    + f"\n{self.log_tail(10)}"
+                )
+            time.sleep(0.1)
+
+    def cancel_all(self, timeout: float = 15.0) -> None:
+        """Cancel every job that is not finished and wait until none holds resources."""
+        ids = self.run("squeue", "-h", "-t", ACTIVE_STATES, "-o", "%i").stdout.split()
+        if not ids:
+            return
+        self.run("scancel", *ids)
+        deadline = time.monotonic() + timeout
+        while self.run("squeue", "-h", "-t", ACTIVE_STATES, "-o", "%i").stdout.strip():
+            if time.monotonic() > deadline:
+                raise SlurmClusterError(f"jobs still active {timeout:g}s after scancel\n{self.log_tail(10)}")
+            time.sleep(0.1)
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Every node's JSON record by name (``gres``, ``gres_used``, ``state``...).
+
+        22.05 has no ``scontrol --json`` and its ``sinfo --json`` lists nodes; from 23.02
+        on ``sinfo --json`` groups them instead, and ``scontrol --json show nodes`` has
+        the per-node list.
+        """
+        data = self._json("sinfo", "--json")
+        if not isinstance(data.get("nodes"), list):
+            data = self._json("scontrol", "--json", "show", "nodes")
+        return {node["name"]: node for node in data["nodes"]}
+
+    def partitions(self) -> dict[str, str]:
+        """Partition name -> its nodes as Slurm prints them (``gpu01,mig01,mps01``)."""
+        out = self.run("sinfo", "-h", "-o", "%R %N").stdout
+        return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+
+    # -- state and logs ------------------------------------------------------------
+
+    def is_up(self) -> bool:
+        """slurmctld answers, every node is usable and slurmrestd accepts connections."""
+        try:
+            states = self.run("sinfo", "-h", "-N", "-o", "%t", timeout=5).stdout.split()
+        except (SlurmClusterError, subprocess.TimeoutExpired):
+            return False
+        # a suffix (idle*, idle~...) means not responding, powered down and the like
+        if len(states) < 3 or any(s not in {"idle", "mix", "alloc"} for s in states):
+            return False
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(2)
+            try:
+                conn.connect(str(self.rest_socket))
+            except OSError:
+                return False
+        return True
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of each daemon's log, for failure messages."""
+        return _log_tail(self.log_dir, lines)
+
+    def stop(self, purge: bool = False) -> None:
+        """Cancel running jobs and stop the daemons; ``purge`` also deletes STATE."""
+        _run_script(STOP, str(self.state), *(["--purge"] if purge else []))
+
+
+def _log_tail(log_dir: Path, lines: int) -> str:
+    parts = []
+    for log in sorted(log_dir.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log}\n" + "\n".join(tail))
+    return "\n".join(parts) or f"(no logs in {log_dir})"
+
+
+def _run_script(script: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 180.0) -> str:
+    """Run one of the cluster's scripts; its output, or SlurmClusterError with all of it."""
+    command = [str(script), *args]
+    try:
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmClusterError(f"{shlex.join(command)} did not finish in {timeout:g}s") from exc
+    if result.returncode != 0:
+        raise SlurmClusterError(f"{shlex.join(command)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def start(
+    state: str | os.PathLike[str], fresh: bool = True, *, env: Mapping[str, str] | None = None
+) -> SlurmTestCluster:
+    """Start (or restart) the cluster in ``state`` and return it once it is usable.
+
+    ``fresh`` forgets the jobs and node state of an earlier run in the same directory.
+    Ports and the start timeout come from the environment, or ``env`` on top of it:
+    ``GPUSH_SLURMCTLD_PORT``, ``GPUSH_SLURMD_PORT``, ``GPUSH_SLURMRESTD_PORT``,
+    ``GPUSH_SLURM_START_TIMEOUT``. Raises :class:`SlurmClusterError` with the daemons'
+    log tails when the cluster does not come up; start.sh then leaves nothing running.
+    """
+    _run_script(START, str(state), *(["--fresh"] if fresh else []), env=env)
+    return SlurmTestCluster.load(state)
+
+
+def install() -> str:
+    """Install the Debian packages (a no-op taking milliseconds when they are there)."""
+    return _run_script(INSTALL, timeout=600)

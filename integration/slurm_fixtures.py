@@ -1,0 +1,58 @@
+"""pytest fixtures for the real Slurm test cluster (integration/slurm/).
+
+``slurm_cluster`` (session scope) starts the cluster fresh in a temporary STATE and
+stops and deletes it when the session ends. The STATE is not under pytest's
+basetemp, which is private (0700), because slurmrestd runs as another user and must
+read its configuration there. With ``GPUSH_SLURM_STATE`` set to the STATE of a
+cluster that is already up (``integration/slurm/start.sh STATE``), it uses that one
+and leaves it running. A cluster that does not start is a failure, never a skip:
+`make test` installs Slurm first (``make slurm``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from integration.slurm.cluster import SlurmClusterError, SlurmTestCluster, start
+
+
+def _running_cluster(state: str) -> SlurmTestCluster | None:
+    try:
+        cluster = SlurmTestCluster.load(state)
+    except (SlurmClusterError, KeyError, OSError):
+        return None
+    return cluster if cluster.is_up() else None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmTestCluster]:
+    """A running Slurm cluster: mig01 (MIG slices), mps01 (MPS), gpu01 (whole GPUs)."""
+    chosen = os.environ.get("GPUSH_SLURM_STATE")
+    if chosen and (cluster := _running_cluster(chosen)):
+        yield cluster
+        cluster.cancel_all()  # someone else's cluster: leave it up, but as we found it
+        return
+
+    # A GPUSH_SLURM_STATE that is not running yet is started there and kept
+    # afterwards, logs included; a temporary one is deleted.
+    state = Path(chosen) if chosen else Path(tempfile.mkdtemp(prefix="gpush-slurm-"))
+    try:
+        cluster = start(state, fresh=True)
+    except SlurmClusterError as exc:
+        failure = str(exc)  # start.sh's own output: the reason and the daemons' log tails
+    else:
+        failure = None
+    if failure:
+        if not chosen:
+            shutil.rmtree(state, ignore_errors=True)
+        pytest.fail(f"the Slurm test cluster did not start in {state}:\n{failure}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop(purge=not chosen)
