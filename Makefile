@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make demo     first look: embedded broker (SQLite), example jobs, list"
 	@echo "make test     everything CI runs: fast tests (SQLite) + integration (PostgreSQL)"
-	@echo "make bench    submissions, scheduling cycle at scale, placement quality on the openb trace"
+	@echo "make bench    submissions, scheduling cycle at scale, placement quality, jobs into a real Slurm"
 
 venv: $(STAMP)
 
@@ -47,10 +47,11 @@ test: test-fast test-integration
 demo: venv
 	@integration/scripts/demo.sh $(BIN)/gpush
 
-bench: venv postgres
+bench: venv postgres slurm
 	$(BIN)/python integration/bench/submit.py --json bench-results.json
 	$(BIN)/python integration/bench/schedule.py --million --json bench-schedule.json
 	$(BIN)/python integration/bench/placement.py --json bench-placement.json
+	$(BIN)/python integration/bench/slurm.py --jobs 1000 --json bench-slurm.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results.json

@@ -18,6 +18,11 @@ What callers may assume of every adapter:
   may be retried later (the job goes back to the queue, or the cycle skips the
   cluster). Anything else is a bug.
 - **No user work in the broker.** Adapters talk to a cluster; they never run jobs.
+- **Optional batching.** An adapter may also offer ``submit_many(items)``, items being
+  ``(job_id, spec, placement)``, returning per item the backend id or the
+  :class:`AdapterError` it met, with ``submit``'s guarantees for each; the scheduler
+  uses it when present, so a cluster that serves submissions in parallel (Slurm) gets
+  a cycle's jobs at once rather than one after another.
 """
 
 from __future__ import annotations
@@ -61,7 +66,16 @@ class Sharing(StrEnum):
 @dataclass(frozen=True)
 class Placement:
     """Where the broker decided a job runs. ``units`` is per replica: whole GPUs,
-    MIG instances, time-slice replicas, or MPS shares (percent of one GPU)."""
+    MIG instances, time-slice replicas, or MPS shares (percent of one GPU).
+
+    ``gpus``: device indexes on ``node`` the broker chose, when it chose them. For MPS
+    shares and time-slice replicas there is one index per replica (a replica's units
+    all live on one physical GPU; two replicas may name the same GPU); a cluster that
+    honours them runs each replica on its GPU, or keeps the job waiting until that GPU
+    has room. Empty: the cluster picks the devices (always so for whole GPUs and MIG
+    instances, whose devices the broker does not track, and for replicas spread over
+    several nodes). Placements stored before this field existed load with it empty.
+    """
 
     cluster: str
     sharing: Sharing
@@ -73,13 +87,18 @@ class Placement:
     gpu_memory_gb: float | None = None  # the job's memory limit per unit (time-slicing, MPS)
     replicas: int = 1
     partition: str | None = None
+    gpus: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (v.value if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
+        out = {k: (v.value if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
+        out["gpus"] = list(self.gpus)  # JSON has no tuples; from_dict turns it back
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Placement:
-        return cls(**{**data, "sharing": Sharing(data["sharing"])})
+        # A stored placement is JSON: ``gpus`` comes back as a list (a tuple keeps the
+        # placement hashable) or, from before the field existed, not at all.
+        return cls(**{**data, "sharing": Sharing(data["sharing"]), "gpus": tuple(data.get("gpus") or ())})
 
 
 class BackendState(StrEnum):
@@ -88,6 +107,9 @@ class BackendState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # The cluster no longer has the job and it never started there (a controller that
+    # crashed before saving it): the broker puts it back in the queue.
+    LOST = "lost"
 
 
 @dataclass(frozen=True)
@@ -118,6 +140,21 @@ class CapacityUnit:
     For whole GPUs and MIG instances a unit is one device; for time-slicing it is one
     replica (``gpu_equivalent`` = 1/replicas); for MPS it is one percent of a GPU
     (``capacity`` = 100 per GPU, ``gpu_equivalent`` = 0.01).
+
+    What an adapter should report:
+
+    - **Whole GPUs and MIG instances:** one record per node and kind (model, MIG
+      profile), ``capacity`` counting the devices, ``gpus`` listing the GPUs they are on.
+    - **Time-slice replicas and MPS shares:** one record *per physical GPU* when the
+      cluster can say which GPU holds what: ``gpus=(index,)``, ``capacity`` the GPU's
+      replicas (or 100 for MPS), ``allocated`` what is taken on that GPU, and for
+      time-slicing ``memory_allocated_gb``, the GPU memory its jobs asked for. A replica
+      or a share lives on one GPU, so only per-GPU counts tell whether a job fits, and
+      the broker then fits each job on a GPU (fragmentation-aware) and names it in
+      ``Placement.gpus``. A cluster that knows only per-node counts (a device plugin
+      that does not say which GPU a replica is on) reports one record per node with
+      ``capacity`` over all its GPUs and ``gpus`` listing them; the broker then fits by
+      node, as the cluster itself will.
     """
 
     cluster: str
@@ -131,6 +168,9 @@ class CapacityUnit:
     mig_profile: str | None = None
     gpus: tuple[int, ...] = ()  # device indexes on the node this unit lives on
     gpu_memory_gb: float | None = None  # memory of the physical GPU (time-slicing guard)
+    # GPU memory the jobs on this unit's GPU(s) asked for, when the cluster knows it
+    # (time-slicing guard); None: the broker counts its own jobs' memory per node.
+    memory_allocated_gb: float | None = None
     in_mig_mode: bool = False
     broken: str | None = None  # why nothing may be placed here (a drift finding), or None
     labels: Mapping[str, str] = field(default_factory=dict)

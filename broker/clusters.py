@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,11 +77,20 @@ def add_cluster(
     replace: bool = False,
     check: Callable[[ClusterAdapter], None] | None = None,
 ) -> ClusterInfo:
-    """Register (or with ``replace`` re-configure) a cluster after its adapter accepts the config."""
+    """Register (or with ``replace`` re-configure) a cluster after its adapter accepts the config.
+
+    A real cluster's jobs carry a tag that names this gpush installation (the
+    adapter's ``tag``): unless the admin sets one, a new registration gets its own
+    (``gpush`` and four hex digits) and a re-configuration keeps the one it had, so
+    two brokers sharing a cluster never take each other's jobs for theirs.
+    """
+    row = session.get(Cluster, name)
+    if kind != "sim" and "tag" not in config:
+        old_tag = (row.config or {}).get("tag") if row is not None else None
+        config = {**config, "tag": old_tag or f"gpush{secrets.token_hex(2)}"}
     adapter = make_adapter(name, kind, config, clock=lambda: now)
     if check is not None:
         check(adapter)
-    row = session.get(Cluster, name)
     if row is not None and not replace:
         raise Conflict(f"cluster {name} is already registered: pass --replace to change its configuration")
     if row is None:

@@ -23,10 +23,16 @@ whole-GPU tasks take whole and fractional tasks take in part:
   the openb trace with CPU counted (median of 10 seeds, 100% arrived demand): 95.3%
   allocation, against 94.7% for exact FGD (94.1% with FGD's 95% typical pods) and
   94.3% for best fit; the first task is refused at 95.1% instead of 93.5%.
-  This is the function the scheduler calls: candidates are plain :class:`NodeState`
-  records, so the caller decides how its inventory maps to per-GPU free milli.
-  :func:`best_fit` is the rule :mod:`broker.capacity` uses today, on the same model,
+  Candidates are plain :class:`NodeState` records, so the caller decides how its
+  inventory maps to per-GPU free milli. :func:`best_fit` is the rule
+  :mod:`broker.capacity` uses for whole GPUs and MIG instances, on the same model,
   for comparison.
+- **One GPU at a time** (:func:`single_gpu`, :func:`gpu_increase`). When every
+  shape of the workload takes one GPU and CPU is not counted, a node's fragmentation
+  is the sum of its GPUs' (a task fits a GPU's free part or it does not), so the
+  increase of placing a task on a GPU depends on that GPU's free milli alone. This is
+  how :mod:`broker.capacity` runs :func:`choose`'s rule for MPS shares and
+  time-slice replicas across a whole fleet without scoring every node.
 - **Placement at trace scale** (:class:`SharedGpuNodes`). The same rules over
   thousands of nodes, fast enough to replay a production trace: each node's score
   for every task shape is kept and only the node a placement changed is scored
@@ -166,6 +172,31 @@ def node_fragmentation(gpu_free: Sequence[int], cpu_free: int | None, distributi
     return expected
 
 
+def single_gpu(distribution: WorkloadDistribution) -> WorkloadDistribution | None:
+    """The shapes of ``distribution`` that take one GPU, CPU dropped, renormalised; None
+    when it has none. What lands on a shared GPU (an MPS share, time-slice replicas)
+    is a one-GPU task, so only those shapes can use a shared GPU's free part."""
+    weights: dict[int, float] = {}
+    for shape, weight in distribution:
+        if shape.gpus == 1:
+            weights[shape.gpu_milli] = weights.get(shape.gpu_milli, 0.0) + weight
+    total = sum(weights.values())
+    if not total:
+        return None
+    shapes = sorted(weights)
+    return WorkloadDistribution(tuple(TaskShape(m) for m in shapes), tuple(weights[m] / total for m in shapes))
+
+
+def gpu_increase(free_milli: int, demand_milli: int, distribution: WorkloadDistribution) -> float:
+    """How much placing ``demand_milli`` on one GPU with ``free_milli`` free raises its
+    node's fragmentation, when every shape of ``distribution`` takes one GPU and CPU is
+    not counted (:func:`single_gpu`): then it is the same on any node, and equal to
+    what :func:`choose` computes for that GPU (rounded the same way)."""
+    before = node_fragmentation((free_milli,), None, distribution)
+    after = node_fragmentation((free_milli - demand_milli,), None, distribution)
+    return round(after - before, _DECIMALS)
+
+
 def fits(node: NodeState, task: TaskShape) -> bool:
     """Whether ``task`` can start on ``node`` now."""
     if node.cpu_free is not None and node.cpu_free < task.cpu_milli:
@@ -239,7 +270,7 @@ def choose(
 
 
 def best_fit(candidates: Iterable[NodeState], demand: TaskShape) -> Choice | None:
-    """Best fit, the rule of :mod:`broker.capacity`: the node left with the least
+    """Best fit, the rule of :mod:`broker.capacity` for whole GPUs: the node left with the least
     free GPU, then the earlier candidate; on it, the GPU left with the least free."""
     best: tuple | None = None
     for order, node in enumerate(candidates):
@@ -312,7 +343,7 @@ class SharedGpuNodes:
 
     - ``fgd``: :func:`choose`'s rule (against ``distribution``, with ``tolerance_milli``).
     - ``best-fit``: the node left with the least free GPU, then the lower node index
-      (:mod:`broker.capacity`'s rule).
+      (:mod:`broker.capacity`'s rule for whole GPUs).
 
     On the chosen node a fractional task takes the GPU that FGD prefers (best fit on
     ties), a multi-GPU task the fullest GPUs with room. Each node's score for every

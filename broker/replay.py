@@ -880,7 +880,9 @@ class _FleetReplay(_Loop):
             sharing = Sharing(route.sharing)
             slots = self.view.slots.get(route.cluster, {}).get(sharing, [])
             before = [s.free for s in slots]
-            fit = self.view.fit(entry.spec, route.cluster, sharing, partition=route.partition)
+            fit = self.view.fit(
+                entry.spec, route.cluster, sharing, partition=route.partition, gpu_model=route.gpu_model
+            )
             if isinstance(fit, Fit):
                 # What the fit took, node by node, to give back when the job ends.
                 entry.taken = [

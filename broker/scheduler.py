@@ -268,7 +268,7 @@ class Scheduler:
             for job_id, chain in chains.items():
                 if chain[0][0] == S.SUBMITTED:
                     changes.leaving_submitted.add(job_id)
-                if chain[-1][1] in _FINISHED:
+                if chain[-1][1] in _FINISHED or chain[-1][1] == S.QUEUED:  # it holds nothing any more
                     changes.finishing.add(job_id)
         if changes.finishing:
             with self.sessions() as session:
@@ -309,6 +309,12 @@ class Scheduler:
                 if state == S.SUBMITTED and backend.reason and backend.reason != row.state_reason:
                     pending[backend.job_id] = backend.reason
                 continue
+            if backend.state == BackendState.LOST:
+                if state == S.SUBMITTED:  # it never started: run it again, wherever it now fits
+                    lost = backend.reason or f"{cluster} lost the job before it started"
+                    chains[backend.job_id] += [(S.SUBMITTED, S.REQUEUED, lost), (S.REQUEUED, S.QUEUED, "queued again")]
+                    current[backend.job_id] = S.QUEUED
+                continue
             target = _BACKEND_TARGETS.get(backend.state)
             if target is None or target == state or state not in (S.SUBMITTED, S.RUNNING):
                 continue
@@ -345,6 +351,8 @@ class Scheduler:
                             reasons=[reason for _, reason in items],
                             now=self.clock(),
                             actor=ACTOR,
+                            # Back in the queue: the placement it had is void.
+                            values=_unplaced(len(items)) if to == S.QUEUED else None,
                         )
                     )
                     moved += len(done)
@@ -545,7 +553,13 @@ class Scheduler:
         waiting_for = None
         for route in decision.routes:
             sharing = Sharing(route.sharing)
-            fit = view.fit(job.spec, route.cluster, sharing, partition=getattr(route, "partition", None))
+            fit = view.fit(
+                job.spec,
+                route.cluster,
+                sharing,
+                partition=getattr(route, "partition", None),
+                gpu_model=getattr(route, "gpu_model", None),
+            )
             if isinstance(fit, Fit):
                 over_quota = fair.over_quota(job.tenant, fit.placement.gpu_equivalents)
                 if over_quota:

@@ -38,15 +38,25 @@ How a simulated cluster behaves (what a broker or a test may rely on):
   the limit, as Slurm and ``activeDeadlineSeconds`` do.
 - **Node choice.** A placement's ``node`` is honoured (the job waits there if the node
   is busy). Without one, the job takes the first node, in fleet-file order, with room.
+  Under MPS and time-slicing a placement's ``gpus`` (one device index per replica, or
+  one for all of them; only with a ``node``) are honoured too: each replica runs on its
+  GPU, and the job waits in the node's queue until those GPUs have room, behind the
+  jobs there that want the same GPUs (or any GPU), not behind those pinned to others.
+  Whole GPUs and MIG instances are counted per node, not per device, so ``gpus`` is
+  ignored there.
 - **Queueing.** Jobs wait in FIFO order, without backfill: per node for jobs pinned to a
   node, and per unit kind across the cluster for the others. Units on a node where
   pinned jobs wait go to no unpinned job until those have started, so a large job is
   not starved by small ones. A multi-unit job takes all its units on one node at once, or waits.
   Replicas (``placement.replicas``) are placed together on one node.
-- **MPS.** Units are percent of one GPU; each replica's share lives on one GPU, the
-  lowest-indexed GPU with room.
-- **Time-slicing.** Replicas are handed out least-loaded first (the physical GPU with
-  the most free replicas, lowest index on ties), so jobs spread over the GPUs. There is
+- **Inventory.** Whole GPUs and MIG instances: one unit per node and kind. MPS and
+  time-slicing: one unit per physical GPU (``gpus=(index,)``, capacity 100 or the GPU's
+  replicas), time-sliced ones with the memory their jobs asked (``memory_allocated_gb``).
+- **MPS.** Units are percent of one GPU; each replica's share lives on one GPU: the
+  one its placement names, else the lowest-indexed GPU with room.
+- **Time-slicing.** Replicas go to the GPUs their placement names; without, they are
+  handed out least-loaded first (the physical GPU with the most free replicas, lowest
+  index on ties), so jobs spread over the GPUs. There is
   no memory isolation: when the ``gpu_memory_gb`` of the jobs on one physical GPU adds up
   to more than the GPU has, the job that pushed it over fails with
   ``OOMKilled: time-sliced GPU memory over-committed`` (exit code 137), as a CUDA
@@ -416,6 +426,7 @@ _SHARING_BY_MODE = {
     ("k8s", "mig"): Sharing.K8S_MIG,
     ("k8s", "timeslice"): Sharing.K8S_TIMESLICE,
 }
+_SHARED = (Sharing.SLURM_MPS, Sharing.K8S_TIMESLICE)  # units per physical GPU
 _FINISHED = (BackendState.SUCCEEDED, BackendState.FAILED, BackendState.CANCELLED)
 
 
@@ -496,6 +507,7 @@ class _Job:
         "limit_us",
         "exit_at_end",
         "pinned",
+        "pins",
         "state",
         "reason",
         "node",
@@ -521,6 +533,8 @@ class _Job:
         self.limit_us: int | None = None
         self.exit_at_end = 0
         self.pinned = placement.node is not None
+        # (GPU position in its pool, units) per replica its placement pins to a GPU, or None.
+        self.pins: tuple[tuple[int, int], ...] | None = None
         self.state = BackendState.PENDING
         self.reason: str | None = None
         self.node: str | None = placement.node
@@ -552,6 +566,7 @@ class _Pool:
         "waiting",
         "waiting_count",
         "slots",
+        "_units",
     )
 
     def __init__(
@@ -579,6 +594,62 @@ class _Pool:
         self.waiting: deque[_Job] = deque()
         self.waiting_count = 0
         self.slots: list[tuple[_UnitClass, int]] = []
+        self._units: list[CapacityUnit] | None = None  # what inventory() reports, until it changes
+
+    def inventory(self, cluster: str) -> list[CapacityUnit]:
+        """This pool's inventory records: one per physical GPU for MPS and time-slicing,
+        one for the pool otherwise. Kept until an allocation changes them."""
+        if self._units is not None:
+            return self._units
+        model, sharing = self.model, self.sharing
+        if sharing in _MIG:
+            memory, equivalent = model.profile(self.profile).memory_gb, model.gpu_equivalent(self.profile)
+        elif sharing is Sharing.SLURM_MPS:
+            memory, equivalent = model.memory_gb / 100, 0.01
+        elif sharing is Sharing.K8S_TIMESLICE:
+            # Nothing stops a replica from using the whole GPU's memory; the guard
+            # against over-commit is gpu_memory_gb, summed over the GPU's jobs.
+            memory, equivalent = float(model.memory_gb), 1 / self.per_gpu
+        else:
+            memory, equivalent = float(model.memory_gb), 1.0
+        if self.gpu_room is not None:
+            # A share or a replica lives on one GPU: one record per physical GPU.
+            self._units = [
+                CapacityUnit(
+                    cluster=cluster,
+                    node=self.node,
+                    sharing=sharing,
+                    gpu_model=model.name,
+                    unit_memory_gb=memory,
+                    capacity=self.per_gpu,
+                    allocated=self.per_gpu - self.gpu_room[pos],
+                    gpu_equivalent=equivalent,
+                    gpus=(gpu,),
+                    gpu_memory_gb=float(model.memory_gb),
+                    memory_allocated_gb=None if self.gpu_memory is None else self.gpu_memory[pos],
+                    labels=self.labels,
+                )
+                for pos, gpu in enumerate(self.gpus)
+            ]
+        else:
+            self._units = [
+                CapacityUnit(
+                    cluster=cluster,
+                    node=self.node,
+                    sharing=sharing,
+                    gpu_model=model.name,
+                    unit_memory_gb=memory,
+                    capacity=self.capacity,
+                    allocated=self.capacity - self.free,
+                    gpu_equivalent=equivalent,
+                    mig_profile=self.profile,
+                    gpus=self.gpus,
+                    gpu_memory_gb=float(model.memory_gb),
+                    in_mig_mode=sharing in _MIG,
+                    labels=self.labels,
+                )
+            ]
+        return self._units
 
     def refresh(self) -> None:
         """Tell the unit classes this pool serves how much room unpinned jobs may use
@@ -592,12 +663,35 @@ class _Pool:
         for unit_class, slot in self.slots:
             unit_class.tree.set(slot, room)
 
+    def blocked(self, job: _Job) -> bool:
+        """Whether a job waiting here first could take what ``job`` needs: any job not
+        pinned to GPUs (FIFO), or one pinned to a GPU ``job`` is pinned to."""
+        if job.pins is None:
+            return self.waiting_count > 0
+        wanted = {pos for pos, _ in job.pins}
+        for other in self.waiting:
+            if other.state is not BackendState.PENDING:
+                continue
+            if other.pins is None or any(pos in wanted for pos, _ in other.pins):
+                return True
+        return False
+
     def could_ever_hold(self, job: _Job) -> bool:
+        if job.pins is not None:
+            if len(job.pins) == 1:
+                return job.pins[0][1] <= self.per_gpu
+            return all(units <= self.per_gpu for units in _pinned_units(job.pins).values())
         if self.sharing is Sharing.SLURM_MPS:
             return job.units <= 100 and job.replicas <= len(self.gpus) * (100 // job.units)
         return job.need <= self.capacity
 
     def fits(self, job: _Job) -> bool:
+        if job.pins is not None:
+            room = self.gpu_room
+            if len(job.pins) == 1:
+                pos, units = job.pins[0]
+                return room[pos] >= units
+            return all(room[pos] >= units for pos, units in _pinned_units(job.pins).items())
         if self.sharing is not Sharing.SLURM_MPS:
             return self.free >= job.need
         if job.replicas == 1:
@@ -606,12 +700,17 @@ class _Pool:
 
     def take(self, job: _Job) -> list[int]:
         """Allocate ``job``'s units; returns the GPU positions whose memory it over-committed."""
+        self._units = None
         self.free -= job.need
         room = self.gpu_room
         if room is None:
             return []
         held: dict[int, int] = {}
-        if self.sharing is Sharing.SLURM_MPS:
+        if job.pins is not None:
+            for pos, units in job.pins:
+                room[pos] -= units
+                held[pos] = held.get(pos, 0) + units
+        elif self.sharing is Sharing.SLURM_MPS:
             for _ in range(job.replicas):
                 pos = next(p for p, r in enumerate(room) if r >= job.units)
                 room[pos] -= job.units
@@ -636,6 +735,7 @@ class _Pool:
 
     def restore(self, job: _Job) -> None:
         """Re-take a running job's recorded allocation (after a reload)."""
+        self._units = None
         self.free -= job.need
         if self.gpu_room is not None:
             for pos, units in job.holdings:
@@ -643,6 +743,7 @@ class _Pool:
             self._charge_memory(job)
 
     def release(self, job: _Job) -> None:
+        self._units = None
         self.free += job.need
         if self.gpu_room is not None:
             for pos, units in job.holdings:
@@ -650,6 +751,28 @@ class _Pool:
                 if self.gpu_memory is not None:
                     self.gpu_memory[pos] = max(self.gpu_memory[pos] - units * job.memory_gb, 0.0)
         job.holdings = ()
+
+
+def _pins(pool: _Pool, job: _Job) -> tuple[tuple[int, int], ...]:
+    """(GPU position in ``pool``, units) per replica for the GPUs ``job.placement.gpus``
+    names: one per replica, or one for them all; Rejected otherwise."""
+    gpus = job.placement.gpus
+    if len(gpus) == 1:
+        gpus = gpus * job.replicas
+    if len(gpus) != job.replicas:
+        raise Rejected(
+            f"placement names {len(job.placement.gpus)} GPUs for {job.replicas} replicas: "
+            "name one GPU per replica, or one for all of them"
+        )
+    return tuple((pool.gpus.index(g), job.units) for g in gpus)
+
+
+def _pinned_units(pins: tuple[tuple[int, int], ...]) -> dict[int, int]:
+    """Units per GPU position of a job's pins (two replicas may share a GPU)."""
+    units: dict[int, int] = {}
+    for pos, n in pins:
+        units[pos] = units.get(pos, 0) + n
+    return units
 
 
 class _UnitClass:
@@ -859,39 +982,13 @@ class SimulatedCluster:
             return StatusPage(jobs, f"{self._epoch}:{end}")
 
     def inventory(self) -> list[CapacityUnit]:
+        """Whole GPUs and MIG instances per node and kind; MPS and time-slicing per GPU."""
         with self._lock:
             self._answer()
             self._save()
-            units = []
+            units: list[CapacityUnit] = []
             for pool in self._pools:
-                model, sharing = pool.model, pool.sharing
-                if sharing in _MIG:
-                    memory, equivalent = model.profile(pool.profile).memory_gb, model.gpu_equivalent(pool.profile)
-                elif sharing is Sharing.SLURM_MPS:
-                    memory, equivalent = model.memory_gb / 100, 0.01
-                elif sharing is Sharing.K8S_TIMESLICE:
-                    # Nothing stops a replica from using the whole GPU's memory; the guard
-                    # against over-commit is gpu_memory_gb, summed over the GPU's jobs.
-                    memory, equivalent = float(model.memory_gb), 1 / pool.per_gpu
-                else:
-                    memory, equivalent = float(model.memory_gb), 1.0
-                units.append(
-                    CapacityUnit(
-                        cluster=self.name,
-                        node=pool.node,
-                        sharing=sharing,
-                        gpu_model=model.name,
-                        unit_memory_gb=memory,
-                        capacity=pool.capacity,
-                        allocated=pool.capacity - pool.free,
-                        gpu_equivalent=equivalent,
-                        mig_profile=pool.profile,
-                        gpus=pool.gpus,
-                        gpu_memory_gb=float(model.memory_gb),
-                        in_mig_mode=sharing in _MIG,
-                        labels=pool.labels,
-                    )
-                )
+                units.extend(pool.inventory(self.name))
             return units
 
     def health(self) -> Health:
@@ -965,6 +1062,11 @@ class SimulatedCluster:
         if sharing is Sharing.SLURM_MPS and placement.units > 100:
             raise Rejected(f"an MPS share is a percent of one GPU: {placement.units} is more than 100")
 
+        if placement.gpus and placement.node is None:
+            raise Rejected(
+                f"placement names GPU {', '.join(map(str, placement.gpus))} but no node: "
+                "device indexes are per node, so give the node as well"
+            )
         job = _Job(job_id, 0, placement, unit_class)
         if placement.node is not None:
             job.pool = self._pinned_pool(job, unit_class, model_name)
@@ -995,6 +1097,8 @@ class SimulatedCluster:
         if not candidates:
             offers = ", ".join(_what(p.sharing, p.profile, p.model.name, 1, 1) for p in pools)
             raise Rejected(f"node {node} of {self.name} has no {asked}: it offers {offers}; pick another node")
+        if job.placement.gpus and job.sharing in _SHARED:
+            return self._pinned_gpus(job, candidates, asked)
         holding = [pool for pool in candidates if pool.could_ever_hold(job)]
         if not holding:
             raise Rejected(
@@ -1002,6 +1106,25 @@ class SimulatedCluster:
                 f"it has {candidates[0].capacity} units of that kind; ask for fewer, or pick another node"
             )
         return next((pool for pool in holding if pool.fits(job)), holding[0])
+
+    def _pinned_gpus(self, job: _Job, candidates: list[_Pool], asked: str) -> _Pool:
+        """The pool holding the GPUs ``placement.gpus`` names (a GPU is in one pool), with
+        the job pinned to them; Rejected if they are not there or can never hold it."""
+        node, gpus = job.placement.node, job.placement.gpus
+        pool = next((p for p in candidates if all(g in p.gpus for g in gpus)), None)
+        if pool is None:
+            offered = ", ".join(str(g) for p in candidates for g in p.gpus)
+            raise Rejected(
+                f"node {node} of {self.name} has no {asked} on GPU {', '.join(map(str, gpus))}: "
+                f"its GPUs for {job.sharing.value} are {offered}; name one of them, or leave gpus out"
+            )
+        job.pins = _pins(pool, job)
+        if not pool.could_ever_hold(job):
+            raise Rejected(
+                f"GPU {', '.join(map(str, gpus))} of node {node} can never hold {asked}: a GPU there has "
+                f"{pool.per_gpu} units of that kind; ask for less, or spread the replicas over GPUs"
+            )
+        return pool
 
     def _missing_units(self, sharing: Sharing, profile: str | None, model_name: str | None) -> str:
         offers = sorted(
@@ -1050,7 +1173,7 @@ class SimulatedCluster:
         t = self._now_us
         if job.pinned:
             pool = job.pool
-            if pool.waiting_count == 0 and pool.fits(job):
+            if pool.fits(job) and (pool.waiting_count == 0 or not pool.blocked(job)):
                 self._start(job, pool, t)
                 return
             job.reason = self._pinned_reason(job, pool)
@@ -1077,6 +1200,13 @@ class SimulatedCluster:
         )
         if pool.fits(job) and pool.waiting_count:
             return f"{head}: {pool.waiting_count} earlier job(s) waiting first"
+        if job.pins is not None:
+            on = _pinned_units(job.pins)
+            gpus = ", ".join(str(pool.gpus[pos]) for pos in on)
+            room = min(pool.gpu_room[pos] for pos in on)
+            if pool.sharing is Sharing.SLURM_MPS:
+                return f"{head}, GPU {gpus}: {room}% free there"
+            return f"{head}, GPU {gpus}: {room} of {pool.per_gpu} replicas free there"
         if pool.sharing is Sharing.SLURM_MPS:
             return f"{head}: at most {max(pool.gpu_room)}% free on one GPU"
         if pool.free == 0:
@@ -1196,17 +1326,26 @@ class SimulatedCluster:
 
     def _drain_pool(self, pool: _Pool, t: int) -> None:
         waiting = pool.waiting
+        kept: deque[_Job] = deque()
+        held: set[int] = set()  # GPUs that jobs still waiting are pinned to
         while waiting:
-            head = waiting[0]
-            if head.state is not BackendState.PENDING:
+            job = waiting[0]
+            if job.state is not BackendState.PENDING:
                 waiting.popleft()
                 continue
-            if not pool.fits(head):
-                break  # FIFO without backfill: nothing passes the head
-            waiting.popleft()
-            pool.waiting_count -= 1
-            self._pending -= 1
-            self._start(head, pool, t)
+            pins = job.pins
+            if (pins is None or not any(pos in held for pos, _ in pins)) and pool.fits(job):
+                waiting.popleft()
+                pool.waiting_count -= 1
+                self._pending -= 1
+                self._start(job, pool, t)
+                continue
+            if pins is None:
+                break  # FIFO without backfill: nothing passes a job that may take any GPU
+            # A job pinned to GPUs holds up only the jobs that want those GPUs.
+            kept.append(waiting.popleft())
+            held.update(pos for pos, _ in pins)
+        waiting.extendleft(reversed(kept))
 
     def _drain_classes(self, classes: list[_UnitClass], t: int) -> None:
         blocked: list[_UnitClass] = []
@@ -1357,6 +1496,11 @@ class SimulatedCluster:
         self._jobs[job.job_id] = job
         pool = self._pool_by_key.get(tuple(record["pool"])) if record["pool"] else None
         job.pool = pool
+        if pool is not None and placement.gpus and placement.sharing in _SHARED:
+            try:
+                job.pins = _pins(pool, job)
+            except (Rejected, ValueError):
+                pool = job.pool = None  # the fleet file changed under it: no such GPU any more
         if job.state is BackendState.RUNNING:
             if pool is None:
                 # The node left the fleet file while the job ran: what Slurm calls NODE_FAIL.

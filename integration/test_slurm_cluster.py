@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from integration.slurm.cluster import SlurmTestCluster, node_states
-from integration.slurm_fixtures import slurm_cluster  # noqa: F401
 
 
 def _asked_gres(job: dict) -> str:
@@ -22,7 +21,7 @@ def _asked_gres(job: dict) -> str:
 
 
 @pytest.fixture
-def cluster(slurm_cluster: SlurmTestCluster):  # noqa: F811
+def cluster(slurm_cluster: SlurmTestCluster):
     """The session's cluster, with no job of this test left behind."""
     yield slurm_cluster
     slurm_cluster.cancel_all()

@@ -70,6 +70,11 @@ def units(cluster: SimulatedCluster, node: str, sharing: Sharing, profile: str |
     return unit
 
 
+def gpu_units(cluster: SimulatedCluster, node: str, sharing: Sharing):
+    """The per-GPU units of an MPS or time-sliced node, by device index."""
+    return sorted((u for u in cluster.inventory() if u.node == node and u.sharing is sharing), key=lambda u: u.gpus)
+
+
 # -- the fleet file ----------------------------------------------------------------------
 
 
@@ -169,9 +174,13 @@ def test_slurm_inventory_counts_slices_shares_and_whole_gpus(slurm: SimulatedClu
     assert (small.capacity, small.allocated, small.unit_memory_gb, small.in_mig_mode) == (7, 0, 5.0, True)
     assert small.gpu_equivalent == pytest.approx(1 / 7)
     assert units(slurm, "mig-01", Sharing.SLURM_MIG, "3g.20gb").gpu_equivalent == pytest.approx(3 / 7)
-    mps = units(slurm, "mps-01", Sharing.SLURM_MPS)
-    assert (mps.capacity, mps.gpu_equivalent, mps.gpu_memory_gb, mps.gpus) == (200, 0.01, 40.0, (0, 1))
-    assert mps.unit_memory_gb == pytest.approx(0.4)
+    # An MPS share lives on one GPU: one unit per physical GPU, 100% each.
+    mps = gpu_units(slurm, "mps-01", Sharing.SLURM_MPS)
+    assert [(u.capacity, u.gpu_equivalent, u.gpu_memory_gb, u.gpus) for u in mps] == [
+        (100, 0.01, 40.0, (0,)),
+        (100, 0.01, 40.0, (1,)),
+    ]
+    assert mps[0].unit_memory_gb == pytest.approx(0.4)
     whole = units(slurm, "gpu-01", Sharing.SLURM_EXCLUSIVE)
     assert (whole.capacity, whole.gpu_equivalent, whole.gpu_model, whole.gpus) == (
         4,
@@ -182,8 +191,12 @@ def test_slurm_inventory_counts_slices_shares_and_whole_gpus(slurm: SimulatedClu
 
 
 def test_k8s_inventory_counts_replicas_and_labels_nodes(k8s: SimulatedCluster) -> None:
-    replicas = units(k8s, "t4-01", Sharing.K8S_TIMESLICE)
-    assert (replicas.capacity, replicas.gpu_memory_gb) == (16, 16.0)
+    # A replica lives on one GPU: one unit per physical GPU, its 4 replicas and 16 GB.
+    per_gpu = gpu_units(k8s, "t4-01", Sharing.K8S_TIMESLICE)
+    assert [(u.gpus, u.capacity, u.gpu_memory_gb, u.memory_allocated_gb) for u in per_gpu] == [
+        ((i,), 4, 16.0, 0.0) for i in range(4)
+    ]
+    replicas = per_gpu[0]
     assert replicas.gpu_equivalent == pytest.approx(1 / 4)
     assert replicas.labels["nvidia.com/gpu.replicas"] == "4"
     assert replicas.labels["nvidia.com/gpu.memory"] == "16384"
@@ -305,7 +318,7 @@ def test_mps_shares_live_on_one_gpu(slurm: SimulatedCluster, clock: VirtualClock
     slurm.submit(2, spec(200), mps)
     slurm.submit(3, spec(100), mps)  # 80% free across the node, but only 40% on either GPU
     assert slurm.find(3).reason == "waiting for 60% of an MPS A100-SXM4-40GB GPU on mps-01: at most 40% free on one GPU"
-    assert units(slurm, "mps-01", Sharing.SLURM_MPS).allocated == 120
+    assert [u.allocated for u in gpu_units(slurm, "mps-01", Sharing.SLURM_MPS)] == [60, 60]
     clock.at(100)
     assert slurm.find(3).state is BackendState.RUNNING
 
@@ -368,7 +381,101 @@ def test_time_sliced_memory_over_commit_is_oom_killed(k8s: SimulatedCluster) -> 
     killed = k8s.find(6)
     assert (killed.state, killed.exit_code) == (BackendState.FAILED, 137)
     assert killed.reason.startswith("OOMKilled: time-sliced GPU memory over-committed")
-    assert units(k8s, "t4-01", Sharing.K8S_TIMESLICE).allocated == 5
+    # The killed job's replica and memory are free again; the others stay where they run.
+    per_gpu = gpu_units(k8s, "t4-01", Sharing.K8S_TIMESLICE)
+    assert [(u.allocated, u.memory_allocated_gb) for u in per_gpu] == [(2, 14.0), (1, 10.0), (1, 10.0), (1, 10.0)]
+
+
+# -- placements that name a GPU ----------------------------------------------------------------
+
+
+def test_a_share_pinned_to_a_gpu_runs_there_or_waits_for_it(slurm: SimulatedCluster, clock: VirtualClock) -> None:
+    on_gpu_1 = placement(Sharing.SLURM_MPS, 60, node="mps-01", gpu_memory_gb=24, gpus=(1,))
+    slurm.submit(1, spec(100), on_gpu_1)
+    slurm.submit(2, spec(100), on_gpu_1)  # GPU 0 is idle, but the placement names GPU 1
+    assert [u.allocated for u in gpu_units(slurm, "mps-01", Sharing.SLURM_MPS)] == [0, 60]
+    waiting = slurm.find(2)
+    assert waiting.state is BackendState.PENDING
+    assert waiting.reason == "waiting for 60% of an MPS A100-SXM4-40GB GPU on mps-01, GPU 1: 40% free there"
+    clock.at(150)
+    assert slurm.find(2).at == at(100)  # started on GPU 1 when job 1 freed it
+    assert [u.allocated for u in gpu_units(slurm, "mps-01", Sharing.SLURM_MPS)] == [0, 60]
+
+
+def test_time_slice_replicas_go_to_the_gpus_their_placement_names(k8s: SimulatedCluster) -> None:
+    two = placement(Sharing.K8S_TIMESLICE, node="t4-01", gpu_memory_gb=3, replicas=2, gpus=(2, 2))
+    k8s.submit(1, spec(600), two)
+    per_gpu = gpu_units(k8s, "t4-01", Sharing.K8S_TIMESLICE)
+    assert [(u.allocated, u.memory_allocated_gb) for u in per_gpu] == [(0, 0.0), (0, 0.0), (2, 6.0), (0, 0.0)]
+
+
+def test_a_job_waiting_for_its_gpu_holds_up_only_jobs_that_want_that_gpu(
+    slurm: SimulatedCluster, clock: VirtualClock
+) -> None:
+    def share(gpu: int) -> Placement:
+        return placement(Sharing.SLURM_MPS, 60, node="mps-01", gpu_memory_gb=24, gpus=(gpu,))
+
+    slurm.submit(1, spec(100), share(1))
+    slurm.submit(2, spec(100), share(1))  # waits for GPU 1
+    slurm.submit(3, spec(100), share(1))  # behind job 2
+    slurm.submit(4, spec(100), share(0))  # GPU 0 is free: nothing there waits before it
+    assert [slurm.find(j).state for j in (2, 3, 4)] == [
+        BackendState.PENDING,
+        BackendState.PENDING,
+        BackendState.RUNNING,
+    ]
+    assert slurm.find(3).reason == "waiting for 60% of an MPS A100-SXM4-40GB GPU on mps-01, GPU 1: 40% free there"
+    # Job 2 takes GPU 1 when job 1 frees it at 100 s; job 3 when job 2 ends.
+    clock.at(150)
+    assert (slurm.find(2).state, slurm.find(2).at, slurm.find(3).state) == (
+        BackendState.RUNNING,
+        at(100),
+        BackendState.PENDING,
+    )
+    clock.at(250)
+    assert (slurm.find(3).state, slurm.find(3).at) == (BackendState.RUNNING, at(200))
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        pytest.param(
+            placement(Sharing.K8S_TIMESLICE, gpus=(0,)), ["names GPU 0 but no node", "give the node"], id="no-node"
+        ),
+        pytest.param(
+            placement(Sharing.K8S_TIMESLICE, node="t4-01", gpus=(7,)),
+            ["node t4-01 of k8s-a has no", "on GPU 7", "are 0, 1, 2, 3"],
+            id="no-such-gpu",
+        ),
+        pytest.param(
+            placement(Sharing.K8S_TIMESLICE, node="t4-01", replicas=3, gpus=(0, 1)),
+            ["names 2 GPUs for 3 replicas"],
+            id="count",
+        ),
+        pytest.param(
+            placement(Sharing.K8S_TIMESLICE, 3, node="t4-01", replicas=2, gpus=(1,)),
+            ["GPU 1 of node t4-01 can never hold", "4 units"],
+            id="too-many-on-one-gpu",
+        ),
+    ],
+)
+def test_a_gpu_the_node_cannot_give_is_rejected(k8s: SimulatedCluster, where: Placement, words: list[str]) -> None:
+    with pytest.raises(Rejected) as info:
+        k8s.submit(1, spec(60), where)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_a_state_file_keeps_a_waiting_jobs_gpu(tmp_path: Path, clock: VirtualClock) -> None:
+    config = {"fleet": str(DEMO_FLEET), "state_file": str(tmp_path / "slurm-a.json")}
+    before = SimulatedCluster("slurm-a", config, clock=clock)
+    on_gpu_0 = placement(Sharing.SLURM_MPS, 70, node="mps-01", gpu_memory_gb=28, gpus=(0,))
+    before.submit(1, spec(100), on_gpu_0)
+    before.submit(2, spec(100), on_gpu_0)
+    after = SimulatedCluster("slurm-a", config, clock=clock)
+    clock.at(150)
+    assert (after.find(2).state, after.find(2).at) == (BackendState.RUNNING, at(100))
+    assert [u.allocated for u in gpu_units(after, "mps-01", Sharing.SLURM_MPS)] == [70, 0]
 
 
 # -- refusals ----------------------------------------------------------------------------------
@@ -444,7 +551,8 @@ def test_a_state_file_keeps_running_allocations(tmp_path: Path, clock: VirtualCl
     before = SimulatedCluster("k8s-a", config, clock=clock)
     before.submit(1, spec(100), placement(Sharing.K8S_TIMESLICE, 2, node="t4-02", gpu_memory_gb=6))
     after = SimulatedCluster("k8s-a", config, clock=clock)
-    assert units(after, "t4-02", Sharing.K8S_TIMESLICE).allocated == 2
+    per_gpu = gpu_units(after, "t4-02", Sharing.K8S_TIMESLICE)
+    assert [(u.allocated, u.memory_allocated_gb) for u in per_gpu] == [(1, 6.0), (1, 6.0), (0, 0.0), (0, 0.0)]
     assert after.next_event_time() == at(100)
 
 
@@ -455,7 +563,7 @@ def test_a_state_file_keeps_waiting_jobs_in_order(tmp_path: Path, clock: Virtual
     for job_id, seconds in ((1, 100), (2, 200), (3, 50), (4, 50)):
         before.submit(job_id, spec(seconds), share)
     after = SimulatedCluster("slurm-a", config, clock=clock)
-    assert units(after, "mps-01", Sharing.SLURM_MPS).allocated == 140
+    assert [u.allocated for u in gpu_units(after, "mps-01", Sharing.SLURM_MPS)] == [70, 70]
     assert after.find(4).reason == "waiting for 70% of an MPS A100-SXM4-40GB GPU: 1 earlier job(s) waiting first"
     clock.at(1000)
     # 3 takes job 1's share when it ends at 100 s, and 4 takes 3's at 150 s: in order, each for 50 s.

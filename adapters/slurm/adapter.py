@@ -305,26 +305,36 @@ class SlurmAdapter:
             now_reported[job_id] = (backend.state, backend.reason)
         with self._lock:
             vanished = self._active - set(tagged)
-            read_finished = vanished or (not self._read_finished and since is not None)
+            # After a start, jobs that ended since the cursor may have left squeue already.
+            catch_up = not self._read_finished and since is not None
             self._read_finished = True
-        if read_finished:
+        if vanished or catch_up:
             records = {}
-            for record in self.client.finished(since if not vanished else None):
+            for record in self.client.finished(None if vanished else since - _SLACK):
                 job_id = job_id_of(self.settings.tag, record.name)
-                if job_id is not None and job_id not in tagged:
+                if job_id is None or job_id in tagged:
+                    continue
+                ended_since = catch_up and (record.end_time is None or record.end_time >= since - _SLACK)
+                if job_id in vanished or ended_since:
                     records[job_id] = record
             for job_id, record in records.items():
                 out.append(self._finished(job_id, record))
             for job_id in vanished - set(records):
-                out.append(
-                    BackendJob(
-                        job_id,
-                        self._known.get(job_id, "?"),
-                        BackendState.FAILED,
-                        reason=f"left {self.name}'s queue with no record of how it ended "
-                        "(no accounting, no readable job completion log: set jobcomp_file)",
+                last = reported.get(job_id, (None, None))[0]
+                if last in (None, BackendState.PENDING):
+                    # Gone before it started, with no record: slurmctld lost it (a crash
+                    # before it saved its state). It never ran, so it can run again.
+                    state = BackendState.LOST
+                    why = f"{self.name} lost the job before it started (slurmctld restarted without it)"
+                    with self._lock:
+                        self._known.pop(job_id, None)  # a resubmission must reach Slurm
+                else:
+                    state = BackendState.FAILED
+                    why = (
+                        f"left {self.name}'s queue with no record of how it ended "
+                        "(no accounting, no readable job completion log: set jobcomp_file)"
                     )
-                )
+                out.append(BackendJob(job_id, self._known.get(job_id, "?"), state, reason=why))
         with self._lock:
             self._active = current
             self._reported = now_reported
@@ -499,6 +509,10 @@ class SlurmAdapter:
     def pending_reason(self, job: SlurmJob) -> str:
         """Why a job waits in Slurm, in the user's terms."""
         reason = job.reason
+        if reason == "Resources" and "DOWN, DRAINED" in job.description:
+            # 22.05 keeps the reason Resources when the job's only nodes are drained
+            # or down, and says so in state_description.
+            reason = "ReqNodeNotAvail"
         wanted = next((g for g in job.tres_per_node if g.name in ("gpu", "mps")), None)
         what = _describe(wanted) if wanted else "its resources"
         if reason in ("Resources", "Priority", "None") and wanted is not None:
@@ -558,7 +572,7 @@ class SlurmAdapter:
 
 def _describe(gres: Gres) -> str:
     if gres.name == "mps":
-        return f"an MPS share ({gres.count})"
+        return f"an MPS share of {gres.count}"
     if gres.type and MIG_TYPE.match(gres.type):
         return f"a {gres.type} slice" if gres.count == 1 else f"{gres.count} {gres.type} slices"
     kind = f"{gres.type} " if gres.type else ""

@@ -228,12 +228,22 @@ def read_jobcomp(path: Path, since: datetime | None) -> list[FinishedRecord]:
                 job_id=fields["JobId"],
                 name=fields.get("Name", ""),
                 state=fields.get("JobState", "UNKNOWN").upper(),
-                exit_code=int(code.split(":")[0]) if code.split(":")[0].isdigit() else None,
+                exit_code=_jobcomp_exit(code),
                 end_time=end,
                 nodes=fields.get("NodeList", ""),
             )
         )
     return out
+
+
+def _jobcomp_exit(code: str) -> int | None:
+    """``ExitCode=3:0`` -> 3; ``0:9`` (killed by signal 9) -> 137, as a shell reports it."""
+    status, _, signal = code.partition(":")
+    if not status.isdigit():
+        return None
+    if status == "0" and signal.isdigit() and signal != "0":
+        return 128 + int(signal)
+    return int(status)
 
 
 def _local_time(text: str | None) -> datetime | None:
@@ -429,7 +439,9 @@ class RestBackend:
         return []
 
 
-class RestError(Exception):
+class RestError(Unreachable):
+    """slurmrestd answered with an error: Unreachable unless a caller knows it is a refusal."""
+
     def __init__(self, status: int, message: str):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status

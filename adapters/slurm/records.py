@@ -112,7 +112,12 @@ def exit_code(value: Any) -> int | None:
         if signal:
             return 128 + signal
         return number(value.get("return_code"))
-    return number(value)
+    # 22.05 gives the raw wait status, as ``scontrol``'s ExitCode=3:0 reads it: 768 is
+    # "exited 3", 9 is "killed by signal 9".
+    status = number(value)
+    if status is None:
+        return None
+    return 128 + (status & 0x7F) if status & 0x7F else status >> 8
 
 
 # Job states after which nothing more happens to a job.
@@ -137,6 +142,7 @@ class SlurmJob:
     submit_time: datetime | None
     start_time: datetime | None
     end_time: datetime | None
+    description: str = ""  # state_description: Slurm's detail of the reason, if any
 
     @property
     def state(self) -> str:
@@ -172,6 +178,7 @@ class SlurmJob:
             submit_time=timestamp(raw.get("submit_time")),
             start_time=timestamp(raw.get("start_time")),
             end_time=timestamp(raw.get("end_time")),
+            description=str(raw.get("state_description") or ""),
         )
 
 

@@ -1,0 +1,384 @@
+"""gpush driving the real Slurm test cluster: MIG slices as typed GRES, MPS, whole GPUs.
+
+The broker runs here in-process (PostgreSQL queue, the real scheduling cycle, the real
+wall clock) with one cluster, ``slurm-a``, registered with the Slurm adapter against
+the cluster of integration/slurm/ (mig01: 7 x 1g.5gb + 2 x 3g.20gb, mps01: one A100
+under MPS, gpu01: two whole A100s). Jobs really run under slurmd; their output files
+are read back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from adapters.slurm import SlurmAdapter
+from broker import policy as policy_engine
+from broker import policystore, queue
+from broker.adapter import Placement, Sharing
+from broker.auth import Principal
+from broker.clusters import AdapterPool, add_cluster, list_clusters
+from broker.models import Job, JobEvent
+from broker.scheduler import Scheduler
+from broker.schemas import JobSpec, Role
+from integration.slurm.cluster import SlurmTestCluster
+
+ADMIN = Principal(user="root", tenant="ops", role=Role.ADMIN)
+TOKEN_ENV = "GPUSH_TEST_SLURM_JWT"
+POLICY = """
+rules:
+  - name: isolated-on-mig
+    why: hardware isolation on the smallest MIG slice that holds the job
+    match: {isolation: hardware}
+    route: {cluster: slurm-a, sharing: slurm/mig}
+  - name: light-on-mps
+    why: process-level sharing on the MPS GPU
+    match: {isolation: process}
+    route: {cluster: slurm-a, sharing: slurm/mps}
+  - name: whole
+    why: everything else on whole GPUs
+    match: {}
+    route: {cluster: slurm-a, sharing: slurm/exclusive}
+"""
+
+
+class Clock:
+    def __call__(self):
+        from datetime import UTC, datetime
+
+        return datetime.now(UTC)
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmTestCluster):
+    """The session's cluster, with no job left running by an earlier test, before and after."""
+    slurm_cluster.cancel_all()
+    yield slurm_cluster
+    slurm_cluster.cancel_all()
+
+
+def slurm_config(cluster: SlurmTestCluster, backend: str, workdir: Path) -> dict:
+    common = {"jobcomp_file": str(cluster.jobcomp), "workdir": str(workdir), "cache_seconds": 0}
+    if backend == "rest":
+        os.environ[TOKEN_ENV] = cluster.token()
+        return {**common, "rest_url": cluster.rest_url, "token_env": TOKEN_ENV, "user": "root"}
+    return {**common, "slurm_conf": str(cluster.conf)}
+
+
+class Broker:
+    """One broker process: its adapter pool and scheduler (a restart makes new ones)."""
+
+    def __init__(self, engine, sessions, clock):
+        self.engine, self.sessions, self.clock = engine, sessions, clock
+        self.restart()
+
+    def restart(self) -> None:
+        self.pool = AdapterPool(self.clock)
+        self.scheduler = Scheduler(self.engine, self.pool, clock=self.clock)
+
+    def adapter(self) -> SlurmAdapter:
+        with self.sessions() as session:
+            (info,) = list_clusters(session)
+        return self.pool.get(info)
+
+    def submit(self, tenant="ml", **fields) -> int:
+        spec = JobSpec.model_validate({"tenant": tenant, "user": "alice", **fields})
+        with self.sessions() as session, session.begin():
+            (result,) = queue.submit_jobs(session, [spec], ADMIN, now=self.clock())
+        return result.job["id"]
+
+    def job(self, job_id: int) -> Job:
+        with self.sessions() as session:
+            return session.get(Job, job_id)
+
+    def states(self, ids) -> dict[int, str]:
+        with self.sessions() as session:
+            rows = session.execute(select(Job.id, Job.state).where(Job.id.in_(list(ids)))).all()
+        return dict(rows)
+
+    def events(self, job_id: int) -> list[str]:
+        with self.sessions() as session:
+            rows = session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars()
+            return [e.to_state for e in rows]
+
+    def summary(self) -> list[tuple]:
+        with self.sessions() as session:
+            rows = session.execute(select(Job.id, Job.state, Job.state_reason, Job.backend_id).order_by(Job.id)).all()
+        return [tuple(r) for r in rows]
+
+    def cycle_until(self, done, timeout: float = 30.0, pause: float = 0.3):
+        """Run scheduling cycles until ``done()`` is true; fails with the states after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            report = self.scheduler.run_cycle()
+            if done():
+                return report
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not done after {timeout:g} s; jobs: {self.summary()}; last cycle: {report}")
+            time.sleep(pause)
+
+
+@pytest.fixture(params=["cli", "rest"])
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def broker(engine, sessions, slurm: SlurmTestCluster, tmp_path, request) -> Broker:
+    backend = request.node.callspec.params.get("backend", "rest") if hasattr(request.node, "callspec") else "rest"
+    clock = Clock()
+    tmp_path.chmod(0o755)
+    with sessions() as session, session.begin():
+        add_cluster(
+            session,
+            name="slurm-a",
+            kind="slurm",
+            config=slurm_config(slurm, backend, tmp_path),
+            actor="root",
+            now=clock(),
+        )
+    b = Broker(engine, sessions, clock)
+    with sessions() as session, session.begin():
+        views = {
+            c.name: policy_engine.cluster_view(c.name, c.kind, b.pool.get(c).inventory())
+            for c in list_clusters(session)
+        }
+        policystore.apply(
+            session, POLICY, comment="slurm test", author="root", now=clock(), views=views, base_version=None
+        )
+    b.workdir = tmp_path
+    return b
+
+
+def output(b: Broker, job_id: int) -> str:
+    files = list(b.workdir.glob(f"{b.adapter().settings.tag}-{job_id}-*.out"))
+    assert files, f"no output file of job {job_id} in {b.workdir}"
+    return files[0].read_text()
+
+
+def tagged_in_slurm(slurm: SlurmTestCluster, b: Broker) -> Counter:
+    """How many Slurm jobs carry each gpush id (to prove nothing ran twice)."""
+    tag = b.adapter().settings.tag
+    return Counter(
+        int(j["name"].rsplit("-", 1)[1]) for j in slurm.jobs() if str(j.get("name", "")).startswith(f"{tag}-")
+    )
+
+
+# -- every sharing mode, on both backends -----------------------------------------------
+
+
+def test_each_sharing_mode_runs_to_completion(broker: Broker, backend):
+    env_probe = [
+        "sh",
+        "-c",
+        'echo "devices=$CUDA_VISIBLE_DEVICES mps=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE '
+        'fraction=$GPUSH_GPU_MEMORY_FRACTION gpus=$SLURM_JOB_GPUS"',
+    ]
+    ids = {
+        "mig": broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=env_probe),
+        "mps": broker.submit(kind="inference", isolation="process", gpu_memory_gb=10, command=env_probe),
+        "whole": broker.submit(kind="training", gpus=2, command=env_probe),
+    }
+    broker.cycle_until(lambda: set(broker.states(ids.values()).values()) == {"succeeded"})
+    placements = {name: broker.job(i).placement for name, i in ids.items()}
+    assert placements["mig"]["sharing"] == "slurm/mig" and placements["mig"]["mig_profile"] == "1g.5gb"
+    assert placements["mps"]["sharing"] == "slurm/mps" and placements["mps"]["units"] == 25
+    assert placements["whole"]["sharing"] == "slurm/exclusive" and placements["whole"]["units"] == 2
+    for job_id in ids.values():
+        events = broker.events(job_id)
+        assert events[-3:] == ["submitted", "running", "succeeded"] or events[-2:] == ["submitted", "succeeded"]
+    assert "mps=25" in output(broker, ids["mps"]) and "fraction=0.25" in output(broker, ids["mps"])
+    assert "devices=0,1" in output(broker, ids["whole"]) and "fraction=1" in output(broker, ids["whole"])
+    assert "devices=0" in output(broker, ids["mig"])
+    assert broker.job(ids["mig"]).backend_id.isdigit()
+
+
+def test_a_command_reaches_the_program_unchanged(broker: Broker):
+    nasty = ["it's", '"double"', "$(touch /tmp/gpush-pwned)", "`id`", "a;b", "x\ny", "-n", "", "ünï"]
+    job_id = broker.submit(
+        kind="training",
+        gpus=1,
+        command=["printf", "[%s]", *nasty],
+        env={"NASTY": "$(id) 'q' \"d\"\n;z"},
+    )
+    broker.cycle_until(lambda: broker.job(job_id).state == "succeeded")
+    assert output(broker, job_id) == "".join(f"[{arg}]" for arg in nasty)
+    assert not Path("/tmp/gpush-pwned").exists()
+
+
+# -- what waits, and why ---------------------------------------------------------------------
+
+
+def test_seven_slices_run_at_once_and_the_next_job_waits_with_the_reason(broker: Broker, slurm):
+    sleep = ["sleep", "30"]
+    ids = [broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=sleep) for _ in range(10)]
+    broker.cycle_until(lambda: Counter(broker.states(ids).values())["running"] == 9, timeout=20)
+    profiles = Counter(broker.job(i).placement["mig_profile"] for i in ids[:9])
+    assert profiles == {"1g.5gb": 7, "3g.20gb": 2}  # the smallest slice first, then larger ones
+    waiting = broker.job(ids[9])
+    assert waiting.state == "queued"
+    assert waiting.state_reason.startswith("waiting for a 1g.5gb slice") and "0 of 7 free" in waiting.state_reason
+    # Seen from Slurm: mig01 has every slice busy, and the 10th job never reached it.
+    assert ids[9] not in tagged_in_slurm(slurm, broker)
+
+
+def test_slurm_says_why_an_eighth_slice_job_waits(broker: Broker):
+    """Straight through the adapter (bypassing the broker's own fit): Slurm's pending
+    reason comes back in the user's terms."""
+    adapter = broker.adapter()
+    spec = JobSpec.model_validate(
+        {"kind": "training", "isolation": "hardware", "gpu_memory_gb": 4, "command": ["sleep", "30"]}
+    )
+    slice_ = Placement(
+        cluster="slurm-a", sharing=Sharing.SLURM_MIG, units=1, gpu_equivalents=1 / 7, mig_profile="1g.5gb"
+    )
+    for job_id in range(900001, 900009):
+        adapter.submit(job_id, spec, slice_)
+    deadline = time.monotonic() + 15
+    while True:
+        page = {b.job_id: b for b in adapter.statuses(None).jobs if b.job_id >= 900001}
+        states = Counter(b.state.value for b in page.values())
+        if states["running"] == 7 and states["pending"] == 1:
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(0.3)
+    (pending,) = [b for b in page.values() if b.state.value == "pending"]
+    assert pending.reason == "waiting in slurm-a for a 1g.5gb slice: all 7 busy"
+
+
+def test_mps_jobs_share_one_gpu_at_once(broker: Broker, slurm):
+    ids = [
+        broker.submit(kind="inference", isolation="process", gpu_memory_gb=10, command=["sleep", "30"])
+        for _ in range(5)
+    ]
+    broker.cycle_until(lambda: Counter(broker.states(ids).values())["running"] == 4, timeout=20)
+    tag = broker.adapter().settings.tag
+    names = {f"{tag}-{i}" for i in ids}
+    running = [j for j in slurm.jobs() if j["name"] in names and "RUNNING" in str(j["job_state"])]
+    assert {j["nodes"] for j in running} == {"mps01"} and len(running) == 4
+    fifth = broker.job(ids[4])
+    assert fifth.state == "queued" and fifth.state_reason.startswith("waiting for an MPS share of 25% on slurm-a")
+
+
+def test_a_slice_no_node_offers_is_held_before_slurm_sees_it(broker: Broker, slurm):
+    job_id = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=30, command=["true"])
+    broker.scheduler.run_cycle()
+    held = broker.job(job_id)
+    assert held.state == "held"
+    assert "no MIG slice on slurm-a has 30 GB (largest: 3g.20gb)" in held.state_reason
+    assert job_id not in tagged_in_slurm(slurm, broker)
+
+
+def test_a_policy_naming_a_gpu_the_cluster_lacks_is_refused(broker: Broker):
+    bad = POLICY.replace(
+        "{cluster: slurm-a, sharing: slurm/exclusive}", "{cluster: slurm-a, sharing: slurm/exclusive, gpu_model: H100}"
+    )
+    with broker.sessions() as session:
+        views = {
+            c.name: policy_engine.cluster_view(c.name, c.kind, broker.pool.get(c).inventory())
+            for c in list_clusters(session)
+        }
+        report = policy_engine.validate(policy_engine.load_policy(bad), views)
+    assert any("has no H100" in str(problem) for problem in report.errors), report
+
+
+# -- cancel ------------------------------------------------------------------------------------
+
+
+def test_cancel_works_in_every_state(broker: Broker, slurm):
+    long = ["sleep", "60"]
+    cancel = {}
+    cancel["queued"] = broker.submit(kind="training", gpus=1, command=long)
+    cancel["held"] = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=30, command=long)
+    cancel["running"] = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=long)
+    broker.cycle_until(lambda: broker.job(cancel["running"]).state == "running")
+    assert broker.job(cancel["held"]).state == "held"
+    # A job Slurm has but does not run: its partition is down (the broker cannot see that).
+    slurm.run("scontrol", "update", "PartitionName=gpu", "State=DOWN")
+    try:
+        cancel["pending in Slurm"] = broker.submit(kind="inference", isolation="process", gpu_memory_gb=2, command=long)
+        broker.cycle_until(lambda: "partition gpu" in (broker.job(cancel["pending in Slurm"]).state_reason or ""))
+        assert broker.job(cancel["pending in Slurm"]).state == "submitted"
+        for job_id in cancel.values():
+            with broker.sessions() as session, session.begin():
+                queue.cancel_job(session, job_id, ADMIN, now=broker.clock())
+        broker.cycle_until(lambda: set(broker.states(cancel.values()).values()) == {"cancelled"}, timeout=20)
+    finally:
+        slurm.run("scontrol", "update", "PartitionName=gpu", "State=UP")
+    names = {f"{broker.adapter().settings.tag}-{cancel[k]}" for k in ("running", "pending in Slurm")}
+    in_slurm = [j for j in slurm.jobs() if j["name"] in names]
+    assert len(in_slurm) == 2 and all("CANCELLED" in str(j["job_state"]) for j in in_slurm), in_slurm
+
+
+# -- crashes and restarts ------------------------------------------------------------------------
+
+
+def test_a_broker_killed_between_sbatch_and_the_write_finds_the_job_by_its_tag(broker: Broker, slurm, monkeypatch):
+    job_id = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=["sleep", "5"])
+
+    def crash(self, answers, report):
+        raise KeyboardInterrupt("broker killed after sbatch, before the database write")
+
+    monkeypatch.setattr(Scheduler, "_record", crash)
+    with pytest.raises(KeyboardInterrupt):
+        broker.scheduler.run_cycle()
+    monkeypatch.undo()
+    assert broker.job(job_id).state == "submitting"
+    assert tagged_in_slurm(slurm, broker)[job_id] == 1
+
+    broker.restart()  # a new broker process: new adapters, nothing in memory
+    broker.cycle_until(lambda: broker.job(job_id).state in ("submitted", "running"))
+    assert tagged_in_slurm(slurm, broker)[job_id] == 1
+    assert "after a broker restart" in " ".join(broker.events(job_id)) or broker.job(job_id).backend_id
+
+
+def test_status_sync_after_a_restart_catches_jobs_that_ended_meanwhile(broker: Broker, slurm):
+    ids = [
+        broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=["sleep", "2"]) for _ in range(3)
+    ]
+    broker.cycle_until(lambda: set(broker.states(ids).values()) <= {"submitted", "running"})
+    # The broker is down while the jobs finish.
+    for job_id in ids:
+        slurm.wait_for(int(broker.job(job_id).backend_id), "COMPLETED", timeout=20)
+    broker.restart()
+    broker.cycle_until(lambda: set(broker.states(ids).values()) == {"succeeded"}, timeout=10)
+
+
+def _slurmctld_pid(slurm: SlurmTestCluster) -> int:
+    pid_file = next(slurm.state.rglob("slurmctld.pid"))
+    return int(pid_file.read_text().strip())
+
+
+def test_slurmctld_down_in_a_burst_loses_and_doubles_nothing(broker: Broker, slurm, how=signal.SIGTERM):
+    """slurmctld stops (and saves its jobs) in the middle of a burst; while it is down
+    the cluster is unhealthy and new jobs wait in gpush; once it is back every job runs
+    exactly once."""
+    ids = [
+        broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=["sleep", "1"]) for _ in range(12)
+    ]
+    broker.scheduler.run_cycle()
+    os.kill(_slurmctld_pid(slurm), how)
+    more = [broker.submit(kind="inference", isolation="process", gpu_memory_gb=2, command=["true"]) for _ in range(8)]
+    time.sleep(0.5)
+    report = broker.scheduler.run_cycle()
+    assert report.errors, "a cycle with slurmctld down should say so"
+    assert broker.adapter().health().ok is False
+    waiting = broker.job(more[0])
+    assert waiting.state == "queued" and "slurm-a" in (waiting.state_reason or "")
+    subprocess.run(
+        [str(Path(__file__).parent / "slurm" / "start.sh"), str(slurm.state)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    everything = ids + more
+    broker.cycle_until(lambda: set(broker.states(everything).values()) == {"succeeded"}, timeout=60)
+    counts = tagged_in_slurm(slurm, broker)
+    assert all(counts[i] == 1 for i in everything), counts
