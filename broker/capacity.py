@@ -775,6 +775,16 @@ class CapacityView:
             # TaskShape's range: a share too small to count in milli-GPU counts as 1.
             group.fragmentation.observe(max(units * MILLI // shape.capacity, 1), replicas)
             break
+        if replicas == 1:  # the common case, without the bookkeeping of several
+            position = self._fgd(group, able, memory_gb)
+            if position is None:
+                return None
+            units = able[group.shape_at[position]]
+            slot = group.slots[position]
+            group.set_free(position, slot.free - units)
+            if memory_gb and slot.memory_free_gb is not None:
+                slot.memory_free_gb -= memory_gb
+            return [(position, units)]
         picks: list[tuple[int, int]] = []
         node = None
         if replicas > 1:

@@ -38,15 +38,20 @@ class VersionInfo:
         return {**self.__dict__, "created_at": self.created_at.isoformat()}
 
 
-_cache: dict[int, policies.Policy] = {}
+# Keyed by the text as well as the number: one process may serve several databases
+# (tests, a re-created database) whose version 1 are different policies.
+_cache: dict[tuple[int, str], policies.Policy] = {}
 _cache_lock = threading.Lock()
 
 
 def parsed(version: int, text: str) -> policies.Policy:
     with _cache_lock:
-        if version not in _cache:
-            _cache[version] = policies.load_policy(text, f"policy version {version}")
-        return _cache[version]
+        key = (version, text)
+        if key not in _cache:
+            if len(_cache) >= 64:
+                _cache.clear()
+            _cache[key] = policies.load_policy(text, f"policy version {version}")
+        return _cache[key]
 
 
 def active_version(session: Session) -> int | None:

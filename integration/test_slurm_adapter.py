@@ -28,7 +28,7 @@ from broker.clusters import AdapterPool, add_cluster, list_clusters
 from broker.models import Job, JobEvent
 from broker.scheduler import Scheduler
 from broker.schemas import JobSpec, Role
-from integration.slurm.cluster import SlurmTestCluster
+from integration.slurm.cluster import SlurmTestCluster, _read_env_file
 
 ADMIN = Principal(user="root", tenant="ops", role=Role.ADMIN)
 TOKEN_ENV = "GPUSH_TEST_SLURM_JWT"
@@ -58,7 +58,10 @@ class Clock:
 
 @pytest.fixture
 def slurm(slurm_cluster: SlurmTestCluster):
-    """The session's cluster, with no job left running by an earlier test, before and after."""
+    """The session's cluster, up (a test that stopped slurmctld and failed may have left it
+    down) and with no job left running by an earlier test, before and after."""
+    if not slurm_cluster.is_up():
+        restart_slurm(slurm_cluster)
     slurm_cluster.cancel_all()
     yield slurm_cluster
     slurm_cluster.cancel_all()
@@ -351,6 +354,18 @@ def test_status_sync_after_a_restart_catches_jobs_that_ended_meanwhile(broker: B
     broker.cycle_until(lambda: set(broker.states(ids).values()) == {"succeeded"}, timeout=10)
 
 
+def restart_slurm(slurm: SlurmTestCluster) -> None:
+    """start.sh on the cluster's STATE, keeping its jobs (as a restarted slurmctld does)."""
+    subprocess.run(
+        [str(Path(__file__).parent / "slurm" / "start.sh"), str(slurm.state)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        # The ports it was started on (env.sh keeps them), not the defaults.
+        env={**slurm.env(), **{k: v for k, v in _read_env_file(slurm.state / "env.sh").items() if k.endswith("_PORT")}},
+    )
+
+
 def _slurmctld_pid(slurm: SlurmTestCluster) -> int:
     pid_file = next(slurm.state.rglob("slurmctld.pid"))
     return int(pid_file.read_text().strip())
@@ -365,19 +380,18 @@ def test_slurmctld_down_in_a_burst_loses_and_doubles_nothing(broker: Broker, slu
     ]
     broker.scheduler.run_cycle()
     os.kill(_slurmctld_pid(slurm), how)
-    more = [broker.submit(kind="inference", isolation="process", gpu_memory_gb=2, command=["true"]) for _ in range(8)]
-    time.sleep(0.5)
-    report = broker.scheduler.run_cycle()
-    assert report.errors, "a cycle with slurmctld down should say so"
-    assert broker.adapter().health().ok is False
-    waiting = broker.job(more[0])
-    assert waiting.state == "queued" and "slurm-a" in (waiting.state_reason or "")
-    subprocess.run(
-        [str(Path(__file__).parent / "slurm" / "start.sh"), str(slurm.state)],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    try:
+        more = [
+            broker.submit(kind="inference", isolation="process", gpu_memory_gb=2, command=["true"]) for _ in range(8)
+        ]
+        time.sleep(0.5)
+        report = broker.scheduler.run_cycle()
+        assert report.errors, "a cycle with slurmctld down should say so"
+        assert broker.adapter().health().ok is False
+        waiting = broker.job(more[0])
+        assert waiting.state == "queued" and "slurm-a" in (waiting.state_reason or "")
+    finally:
+        restart_slurm(slurm)
     everything = ids + more
     broker.cycle_until(lambda: set(broker.states(everything).values()) == {"succeeded"}, timeout=60)
     counts = tagged_in_slurm(slurm, broker)

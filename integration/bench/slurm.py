@@ -86,20 +86,19 @@ def squeue_states(cluster: SlurmTestCluster, names: set[str]) -> dict[str, str]:
     return out
 
 
+def sbatch_small(cluster: SlurmTestCluster, name: str, workdir: Path, command: str) -> None:
+    """One small job as a user submits it: an MPS share of 1%, straight to sbatch."""
+    cluster.run(
+        "sbatch", "--parsable", f"--job-name={name}", "--gres=mps:1", f"--chdir={workdir}",
+        "--output=/dev/null", "--wrap", command,
+    )  # fmt: skip
+
+
 def bench_sbatch(cluster: SlurmTestCluster, jobs: int, workdir: Path) -> dict:
     names = {f"sb{i}" for i in range(jobs)}
     begin = time.perf_counter()
     for name in sorted(names):
-        cluster.run(
-            "sbatch",
-            "--parsable",
-            f"--job-name={name}",
-            "--gres=mps:1",
-            f"--chdir={workdir}",
-            "--output=/dev/null",
-            "--wrap",
-            "true",
-        )
+        sbatch_small(cluster, name, workdir, "true")
     submitted = time.perf_counter() - begin
     while True:
         states = squeue_states(cluster, names)
@@ -190,16 +189,7 @@ def bench_latency(broker: Broker, cluster: SlurmTestCluster, n: int, interval: f
     for i in range(n):
         name = f"lat{i}"
         t0 = time.perf_counter()
-        cluster.run(
-            "sbatch",
-            "--parsable",
-            f"--job-name={name}",
-            "--gres=mps:1",
-            f"--chdir={workdir}",
-            "--output=/dev/null",
-            "--wrap",
-            "sleep 0.5",
-        )
+        sbatch_small(cluster, name, workdir, "sleep 0.5")
         while squeue_states(cluster, {name}).get(name) not in ("RUNNING", "COMPLETED", "COMPLETING"):
             time.sleep(0.01)
         sbatch_s.append(time.perf_counter() - t0)
