@@ -99,7 +99,7 @@ def _milli(units: int, capacity: int) -> int:
     return units * MILLI // capacity if capacity > 0 else 0
 
 
-@dataclass
+@dataclass(slots=True)  # thousands per cycle: no per-instance dict
 class Slot:
     """One CapacityUnit with what is still free this cycle."""
 
@@ -390,6 +390,8 @@ class CapacityView:
 
     slots: dict[str, dict[Sharing, list[Slot]]] = field(default_factory=dict)
     workload: WorkloadDistribution | None = None
+    # Clusters whose inventory could not be read this cycle, and why (their adapter's error).
+    unavailable: dict[str, str] = field(default_factory=dict)
     _groups: dict[tuple[str, Sharing], _Group] = field(default_factory=dict, repr=False, compare=False)
     # Where the replicas of multi-replica fits of shared modes went, so that they come
     # back exactly: (position, units) per replica, by the placement as one replica on
@@ -406,13 +408,15 @@ class CapacityView:
         timeslice_memory_used: Mapping[tuple[str, str], float] | None = None,
         *,
         workload: WorkloadDistribution | None = None,
+        unavailable: Mapping[str, str] | None = None,
     ) -> CapacityView:
         """``not_yet_started``: placements the broker made that clusters do not count yet.
         ``timeslice_memory_used``: GPU memory of gpush's active time-sliced jobs per
         (cluster, node), the placements not yet started included (as the scheduler
         counts it); used for units that do not report ``memory_allocated_gb``.
-        ``workload``: see the class docstring."""
-        view = cls(workload=workload)
+        ``workload``: see the class docstring. ``unavailable``: clusters that did not
+        answer, with why; jobs routed there wait with that reason."""
+        view = cls(workload=workload, unavailable=dict(unavailable or {}))
         pending = list(not_yet_started)
         memory_used = timeslice_memory_used or {}
         pending_memory: dict[tuple[str, str], float] = defaultdict(float)
@@ -555,6 +559,8 @@ class CapacityView:
         """Place the job on ``cluster`` under ``sharing`` (on ``gpu_model`` GPUs only,
         when the route names a model) now, or say why not."""
         if cluster not in self.slots:
+            if cluster in self.unavailable:
+                return NoFit(f"waiting for {cluster}, which does not answer: {self.unavailable[cluster]}", never=False)
             return NoFit(f"cluster {cluster} reports no capacity (down, disabled, or not registered)", never=False)
         if not self._slots(cluster, sharing):
             return NoFit(f"{cluster} offers no {sharing.value} GPUs", never=True)

@@ -453,12 +453,14 @@ class Scheduler:
         if booked is None:
             booked = self.read_booked_capacity(_StatusChanges())
         inventory: dict[str, list[CapacityUnit]] = {}
+        unavailable: dict[str, str] = {}
         for name, info in clusters.items():
             try:
                 inventory[name] = list(self._adapter(info).inventory())
             except AdapterError as exc:
                 report.errors.append(f"inventory of {name}: {exc}")
-        return CapacityView.build(inventory, booked.pending, booked.memory)
+                unavailable[name] = str(exc)
+        return CapacityView.build(inventory, booked.pending, booked.memory, unavailable=unavailable)
 
     # 5, 6, 7 -------------------------------------------------------------------------
 
