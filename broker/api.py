@@ -427,7 +427,7 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         view = CapacityView.build(inventory)
         placements = []
         for route in decision.routes:
-            fit = view.fit(spec, route.cluster, route.sharing, partition=route.partition)
+            fit = view.fit(spec, route.cluster, route.sharing, partition=route.partition, gpu_model=route.gpu_model)
             if isinstance(fit, Fit):
                 placements.append({"route": str(route), "fits": True, "placement": fit.placement.to_dict()})
                 break

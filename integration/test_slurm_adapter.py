@@ -203,7 +203,8 @@ def test_each_sharing_mode_runs_to_completion(broker: Broker, backend):
     assert broker.job(ids["mig"]).backend_id.isdigit()
 
 
-def test_a_command_reaches_the_program_unchanged(broker: Broker):
+def test_a_command_reaches_the_program_unchanged(broker: Broker, backend, monkeypatch):
+    monkeypatch.setenv("GPUSH_BROKER_SECRET", "the broker's own environment")
     nasty = ["it's", '"double"', "$(touch /tmp/gpush-pwned)", "`id`", "a;b", "x\ny", "-n", "", "ünï"]
     job_id = broker.submit(
         kind="training",
@@ -211,9 +212,11 @@ def test_a_command_reaches_the_program_unchanged(broker: Broker):
         command=["printf", "[%s]", *nasty],
         env={"NASTY": "$(id) 'q' \"d\"\n;z"},
     )
-    broker.cycle_until(lambda: broker.job(job_id).state == "succeeded")
+    leak = broker.submit(kind="training", gpus=1, command=["sh", "-c", 'echo "${GPUSH_BROKER_SECRET-unset} $NASTY"'])
+    broker.cycle_until(lambda: set(broker.states([job_id, leak]).values()) == {"succeeded"})
     assert output(broker, job_id) == "".join(f"[{arg}]" for arg in nasty)
     assert not Path("/tmp/gpush-pwned").exists()
+    assert output(broker, leak) == "unset \n"  # the broker's variables never reach a job
 
 
 # -- what waits, and why ---------------------------------------------------------------------

@@ -386,7 +386,7 @@ def test_every_sharing_mode_asks_for_typed_gres(placement, gres):
     assert job.gres == gres
     args = job.sbatch_args()
     assert f"--gres={gres}" in args
-    assert "--export=NONE" in args
+    assert "--export=ALL" in args
     assert not [a for a in args if re.fullmatch(r"--gres=gpu:\d+", a)]
 
 
@@ -428,7 +428,7 @@ def test_render_tags_the_job_and_translates_its_limits():
         "--cpus-per-task=4",
         "--chdir=/scratch/gpush/",
         "--output=/scratch/gpush/gpush-42-%j.out",
-        "--export=NONE",
+        "--export=ALL",
         "--mem=16384M",
         "--time=90",
         "--partition=exclusive",
@@ -684,7 +684,7 @@ def test_submit_sends_a_typed_tagged_job_once():
     sent = slurm.submitted[0]
     assert (sent.name, sent.gres) == ("gpush-20", "gpu:a100:1")
     assert sent.comment.startswith("gpush:job-20 ")
-    assert "--export=NONE" in sent.sbatch_args()
+    assert "--export=ALL" in sent.sbatch_args()
 
 
 def test_after_a_restart_a_job_slurm_has_is_not_submitted_again():

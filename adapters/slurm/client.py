@@ -39,6 +39,7 @@ import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from adapters.slurm.records import FinishedRecord, SlurmJob, SlurmNode, Submission, exit_code, states, timestamp
+from adapters.slurm.render import DEFAULT_PATH
 from broker.adapter import Rejected, Unreachable
 
 # Newest first: the REST backend takes the first the server offers.
@@ -111,14 +112,16 @@ class CliBackend:
             raise Unreachable(f"{name} not found (install Slurm's client commands, or set the cluster's bin_dir)")
         return path
 
-    def _run(self, name: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, name: str, *args: str, stdin: str | None = None, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         try:
             return subprocess.run(
                 [self._cmd(name), *args],
                 input=stdin,
                 capture_output=True,
                 text=True,
-                env=self.env,
+                env=dict(self.env if env is None else env),
                 timeout=self.timeout,
                 check=False,
             )
@@ -142,7 +145,11 @@ class CliBackend:
         return out.strip()
 
     def submit(self, job: Submission) -> str:
-        done = self._run("sbatch", *job.sbatch_args(), stdin=job.script)
+        # sbatch's environment becomes the job's (--export=ALL): only what Slurm needs.
+        clean = {"PATH": self.env.get("PATH", DEFAULT_PATH)} | {
+            k: v for k, v in self.env.items() if k in ("SLURM_CONF", "LANG", "LC_ALL")
+        }
+        done = self._run("sbatch", *job.sbatch_args(), stdin=job.script, env=clean)
         if done.returncode == 0:
             return done.stdout.strip().split(";", 1)[0]
         message = _last_line(done.stderr) or f"sbatch exited {done.returncode}"

@@ -255,8 +255,12 @@ class Submission:
             f"--cpus-per-task={self.cpus_per_task}",
             f"--chdir={self.workdir}",
             f"--output={self.output}",
-            # The job sees only what the script exports, never the broker's environment.
-            "--export=NONE",
+            # The job gets the environment sbatch runs with, which the command-line backend
+            # reduces to PATH and SLURM_CONF (see CliBackend.submit), and what the script
+            # exports; never the broker's own. Not NONE or NIL: both make slurmd load the
+            # user's login environment for every job (SLURM_GET_USER_ENV), which costs a
+            # login shell per job: 30 trivial jobs took 3.8 s to run instead of 0.6 s here.
+            "--export=ALL",
         ]
         if self.memory_mb:
             args.append(f"--mem={self.memory_mb}M")

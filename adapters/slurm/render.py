@@ -18,8 +18,10 @@ What callers may assume:
   share of the visible device's memory the job may use (1 on a MIG slice or a whole
   GPU, its share of the GPU under MPS) and ``GPUSH_GPU_MEMORY_GB`` the same in GB.
   Device ids are never set: Slurm sets ``CUDA_VISIBLE_DEVICES`` for the GRES it gives.
-- **The job never sees the broker's environment** (``--export=NONE``): only what the
-  script exports, with a plain ``PATH`` unless the job sets its own.
+- **The job never sees the broker's environment**: only what the script exports, with
+  a plain ``PATH`` unless the job sets its own (the REST backend sends exactly that
+  environment; the command-line backend runs sbatch with only ``PATH`` and
+  ``SLURM_CONF``, see :meth:`adapters.slurm.records.Submission.sbatch_args`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,625 @@
+"""The Kubernetes adapter: gpush's adapter protocol (broker.adapter) over a Kubernetes API.
+
+It turns placements into Jobs and Deployments (adapters.k8s.render), follows them by
+watch (adapters.k8s.states says what each object state means), reads the node pool's
+GPUs as inventory (adapters.k8s.inventory) and configures time-slicing
+(adapters.k8s.timeslice). Only adapters.k8s.client talks to the API server. What a
+caller may assume beyond the protocol's own guarantees:
+
+- **Finding its jobs.** Every object is named ``<tag>-<gpush id>`` in the cluster's
+  namespace and labelled ``gpush.io/broker=<tag>``, ``gpush.io/job-id=<id>``;
+  ``find`` and ``cancel`` select by label, so they work after a crash. ``submit`` of a
+  job whose object exists already (a broker killed between the create and its database
+  write) returns that object's id once its labels prove it is this job's; an object of
+  that name that is not refuses the submission.
+- **Statuses by watch.** The cursor holds the resourceVersions of the Pod, Job and
+  Deployment watches of this broker's label. Each call watches the three side by
+  side for at most ``watch_seconds`` (1 s) and reports the jobs whose state or reason
+  moved. The first call of a process, a cursor this process did not hand out, and a
+  410 Gone (a resourceVersion the server has compacted) re-list everything and report
+  every job's current state; after a restart the old cursor is also watched once for
+  objects deleted meanwhile. A dropped connection is resumed at the next call.
+  Objects deleted by someone other than gpush are reported cancelled, or lost (queued
+  again) when they never started.
+- **Inventory** (adapters.k8s.inventory): per node, time-slicing per physical GPU,
+  MIG per profile, whole GPUs; Pod requests of the whole cluster count as allocated
+  (with permission to list Pods in every namespace; else this namespace's, which the
+  records' labels say). Nodes read within ``cache_seconds`` share one listing.
+- **Scale.** :meth:`KubernetesAdapter.scale` sets an elastic job's replicas through the
+  Deployment's scale subresource; the broker decides whether the replicas fit.
+- **Speed.** ``submit_many`` creates a batch on several threads (``submit_threads``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from adapters.k8s.client import AlreadyExists, Gone, KubeClient, NotFound, WatchBatch
+from adapters.k8s.inventory import gpu_requests_by_node, node_units
+from adapters.k8s.render import (
+    RenderOptions,
+    check_tag,
+    default_gpu_types,
+    job_id_of,
+    object_name,
+    product_names,
+    render,
+    selector,
+)
+from adapters.k8s.states import Observed, backend_job
+from adapters.k8s.timeslice import (
+    DEFAULT_CONFIG,
+    TimeslicePlan,
+    TimesliceState,
+    apply_timeslice,
+    read_timeslice,
+    render_timeslice,
+)
+from broker.adapter import (
+    AdapterError,
+    BackendJob,
+    BackendState,
+    CapacityUnit,
+    Health,
+    Placement,
+    Rejected,
+    StatusPage,
+)
+from broker.errors import InvalidRequest
+from broker.gpus import gpu_model
+from broker.schemas import JobSpec
+
+WATCHED = ("pods", "jobs", "deployments")
+_CURSOR_VERSION = 1
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+def _pairs(value: Any, what: str, example: str) -> Any:
+    # From the command line: "key=value,key2=value2".
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(f"{what} is KEY=VALUE[,KEY=VALUE...], e.g. {example}")
+        return {k.strip(): v.strip() for k, v in pairs}
+    return value
+
+
+class KubernetesSettings(BaseModel):
+    """A Kubernetes cluster's config (``gpush cluster add NAME --kind k8s --config KEY=VALUE``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kubeconfig: str | None = Field(
+        None, description="kubeconfig path; 'in-cluster' for the broker Pod's service account; default $KUBECONFIG"
+    )
+    context: str | None = Field(None, description="kubeconfig context (default: its current-context)")
+    namespace: str = Field("gpush", pattern=_DNS_LABEL, description="where gpush's Jobs and Deployments go")
+    create_namespace: bool = Field(False, description="create the namespace on first use")
+    tag: str = Field("gpush", description="names this broker's objects (<tag>-<id>) and labels them")
+    image: str | None = Field(None, description="image for jobs that name none")
+    service_account: str | None = Field(None, description="service account of the Pods (default: none mounted)")
+    run_as_user: int = Field(1000, ge=1, description="the non-root uid Pods run as")
+    priority_class: str | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict, description="added to every Pod: KEY=VALUE,...")
+    timeslice_config: str = Field(DEFAULT_CONFIG, description="NAMESPACE/NAME of the time-slicing ConfigMap")
+    gpu_types: dict[str, str] = Field(default_factory=dict, description="nvidia.com/gpu.product -> GPU model")
+    submit_threads: int = Field(8, ge=1, le=64)
+    watch_seconds: float = Field(1.0, gt=0, le=30, description="longest a status read waits for events")
+    cache_seconds: float = Field(1.0, ge=0)
+    timeout: float = Field(30.0, gt=0)
+
+    @field_validator("tag")
+    @classmethod
+    def _tag(cls, value: str) -> str:
+        return check_tag(value)
+
+    @field_validator("node_selector", mode="before")
+    @classmethod
+    def _selector_pairs(cls, value: Any) -> Any:
+        return _pairs(value, "node_selector", "pool=gpu,zone=a")
+
+    @field_validator("gpu_types", mode="before")
+    @classmethod
+    def _type_pairs(cls, value: Any) -> Any:
+        return _pairs(value, "gpu_types", "NVIDIA-A100-SXM4-80GB=A100-SXM4-80GB")
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _known_models(cls, value: dict[str, str]) -> dict[str, str]:
+        return {product: gpu_model(model).name for product, model in value.items()}
+
+
+def settings_problems(exc: ValidationError, model: type[BaseModel] = KubernetesSettings) -> str:
+    """Pydantic's complaints about a cluster config, in an admin's terms (as the Slurm adapter's)."""
+    known = sorted(model.model_fields)
+    problems = []
+    for error in exc.errors():
+        key = ".".join(map(str, error["loc"])) or "config"
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, known, n=1) or [k for k in known if key in k][:1]
+            hint = f"did you mean {close[0]}? " if close else ""
+            problems.append(f"unknown setting {key!r}: {hint}settings are {', '.join(known)}")
+        else:
+            problems.append(f"{key}: {error['msg']}")
+    return "; ".join(problems)
+
+
+def parse_cursor(cursor: str | None) -> dict[str, str] | None:
+    """The resourceVersions a cursor holds, or None (no cursor, or not one of this adapter's)."""
+    if not cursor:
+        return None
+    try:
+        data = json.loads(cursor)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("k8s") != _CURSOR_VERSION:
+        return None
+    versions = {kind: str(data.get(kind) or "") for kind in WATCHED}
+    return versions if all(versions.values()) else None
+
+
+def format_cursor(versions: dict[str, str]) -> str:
+    return json.dumps({"k8s": _CURSOR_VERSION, **{k: versions[k] for k in WATCHED}}, separators=(",", ":"))
+
+
+class KubernetesAdapter:
+    """gpush's adapter for one Kubernetes cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: dict[str, Any],
+        *,
+        clock: Callable[[], datetime] | None = None,
+        client: KubeClient | None = None,
+    ):
+        try:
+            self.settings = KubernetesSettings.model_validate(config)
+        except ValidationError as exc:
+            raise InvalidRequest(f"Kubernetes cluster {name}: {settings_problems(exc)}") from None
+        self.name = name
+        self.clock = clock or (lambda: datetime.now(UTC))
+        s = self.settings
+        self.client = client or KubeClient(
+            kubeconfig=s.kubeconfig, context=s.context, timeout=s.timeout, pool_size=s.submit_threads + 4
+        )
+        self.namespace = s.namespace
+        self.tag = s.tag
+        self.gpu_types = {**default_gpu_types(), **s.gpu_types}
+        self.options = RenderOptions(
+            tag=s.tag,
+            namespace=s.namespace,
+            image=s.image,
+            service_account=s.service_account,
+            run_as_user=s.run_as_user,
+            priority_class=s.priority_class,
+            node_selector=dict(s.node_selector),
+            gpu_types=self.gpu_types,
+        )
+        self._lock = threading.RLock()
+        self._status_lock = threading.Lock()  # one status read at a time: it owns the watch state
+        self._namespace_ready = False
+        self._watchers = ThreadPoolExecutor(len(WATCHED), thread_name_prefix=f"k8s-watch-{name}")
+        self._seen: dict[int, Observed] = {}
+        self._ids: dict[int, str] = {}  # gpush id -> backend id
+        self._versions: dict[str, str] | None = None  # what the last status page's cursor said
+        self._reported: dict[int, tuple[BackendState, str | None]] = {}
+        self._cancelled: set[int] = set()
+        self._gone: set[int] = set()  # jobs whose object was deleted: their Pods' events are late news
+        self._node_listing: tuple[float, list[dict[str, Any]]] | None = None
+        self._products: dict[str, set[str]] = {}  # GPU model -> product labels seen on nodes
+
+    # -- the protocol ------------------------------------------------------------------
+
+    def health(self) -> Health:
+        try:
+            version = str(self.client.version().get("gitVersion") or "?")
+        except AdapterError as exc:
+            return Health(False, f"Kubernetes cluster {self.name} does not answer: {exc}")
+        try:
+            namespace = self.client.get("namespaces", None, self.namespace)
+        except AdapterError as exc:
+            return Health(False, f"Kubernetes {version} answers, but namespace {self.namespace} is not readable: {exc}")
+        if namespace is None and not self.settings.create_namespace:
+            return Health(
+                False,
+                f"Kubernetes {version} answers, but namespace {self.namespace} does not exist: create it "
+                f"(kubectl create namespace {self.namespace}) or set create_namespace=true",
+                version,
+            )
+        said = "created on first use" if namespace is None else "readable"
+        return Health(True, f"Kubernetes {version}: namespace {self.namespace} {said}", version)
+
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+        manifest = render(
+            job_id,
+            spec,
+            placement,
+            self.options,
+            gpu_memory_gb=self._model_memory(placement.gpu_model),
+            products=self._products_for(placement),
+        )
+        self._ensure_namespace()
+        try:
+            self.client.create(manifest.kind, self.namespace, manifest.body)
+        except AlreadyExists:
+            existing = self.client.get(manifest.kind, self.namespace, manifest.name)
+            if existing is None:  # deleted in between: this create is the one
+                self.client.create(manifest.kind, self.namespace, manifest.body)
+            elif job_id_of(existing, self.tag) != job_id:
+                raise Rejected(
+                    f"{manifest.backend_id} exists in namespace {self.namespace} of {self.name} but is not "
+                    f"gpush job {job_id} of this broker (labels {(existing['metadata'].get('labels') or {})}): "
+                    "delete it, or give this cluster another tag"
+                ) from None
+        except NotFound as exc:
+            raise Rejected(
+                f"namespace {self.namespace} does not exist in {self.name}: create it "
+                f"(kubectl create namespace {self.namespace}) or set create_namespace=true ({exc})"
+            ) from None
+        with self._lock:
+            self._ids[job_id] = manifest.backend_id
+            self._cancelled.discard(job_id)
+        return manifest.backend_id
+
+    def submit_many(self, items: Sequence[tuple[int, JobSpec, Placement]]) -> list[str | AdapterError]:
+        """Create a batch on several threads; per item the backend id or the AdapterError."""
+
+        def one(item: tuple[int, JobSpec, Placement]) -> str | AdapterError:
+            try:
+                return self.submit(*item)
+            except AdapterError as exc:
+                return exc
+
+        if not items:
+            return []
+        if len(items) == 1:
+            return [one(items[0])]
+        self._ensure_namespace()
+        with ThreadPoolExecutor(min(self.settings.submit_threads, len(items))) as pool:
+            return list(pool.map(one, items))
+
+    def cancel(self, job_id: int) -> None:
+        with self._lock:
+            self._cancelled.add(job_id)
+        wanted = selector(self.tag, job_id)
+        for kind in ("jobs", "deployments", "pods"):
+            # Pods too: a Job's are removed by the garbage collector in its own time, and
+            # they hold their GPUs until then.
+            items, _ = self.client.list(kind, self.namespace, label_selector=wanted)
+            for obj in items:
+                if job_id_of(obj, self.tag) == job_id:
+                    self.client.delete(kind, self.namespace, obj["metadata"]["name"])
+
+    def find(self, job_id: int) -> BackendJob | None:
+        wanted = selector(self.tag, job_id)
+        seen = Observed()
+        for kind in ("jobs", "deployments"):
+            items, _ = self.client.list(kind, self.namespace, label_selector=wanted)
+            for obj in items:
+                if job_id_of(obj, self.tag) == job_id:
+                    setattr(seen, "job" if kind == "jobs" else "deployment", obj)
+        if seen.owner is None:
+            return None
+        pods, _ = self.client.list("pods", self.namespace, label_selector=wanted)
+        seen.pods = {p["metadata"]["name"]: p for p in pods if job_id_of(p, self.tag) == job_id}
+        seen.note_started()
+        return backend_job(job_id, self._backend_id(job_id, seen), seen, self.name)
+
+    def statuses(self, cursor: str | None = None) -> StatusPage:
+        with self._status_lock:
+            asked = parse_cursor(cursor)
+            if self._versions is None or asked != self._versions:
+                changed = self._relist(since=asked)
+                report_all = True
+            else:
+                try:
+                    changed = self._watch()
+                    report_all = False
+                except Gone:
+                    changed = self._relist(since=None)
+                    report_all = True
+            page = self._page(changed, report_all)
+            return StatusPage(page, format_cursor(self._versions) if self._versions else cursor)
+
+    def inventory(self) -> list[CapacityUnit]:
+        nodes = self._nodes()
+        pods, partial = self._bound_pods()
+        held = gpu_requests_by_node(pods)
+        try:
+            timeslice = read_timeslice(self.client, self.settings.timeslice_config)
+        except AdapterError:
+            timeslice = None  # no permission to read the operator's config: no drift findings
+        units: list[CapacityUnit] = []
+        products: dict[str, set[str]] = {}
+        for node in nodes:
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            expected, source = (None, "")
+            if timeslice is not None:
+                expected, source = timeslice.replicas_for(labels)
+            found = node_units(
+                self.name,
+                node,
+                held.get((node.get("metadata") or {}).get("name", ""), {}),
+                gpu_types=self.gpu_types,
+                expected_replicas=expected,
+                expected_from=source,
+            )
+            for unit in found:
+                if unit.labels.get("product"):
+                    products.setdefault(unit.gpu_model, set()).add(unit.labels["product"])
+            if partial:
+                found = [_with_label(u, "allocation", partial) for u in found]
+            units.extend(found)
+        with self._lock:
+            self._products = products
+        return units
+
+    # -- beyond the protocol -------------------------------------------------------------
+
+    def scale(self, job_id: int, replicas: int) -> int:
+        """Set an elastic job's replicas (its Deployment's scale subresource); returns them."""
+        if replicas < 0:
+            raise Rejected(f"replicas must be 0 or more, not {replicas}")
+        name = object_name(self.tag, job_id)
+        existing = self.client.get("deployments", self.namespace, name)
+        if existing is None or job_id_of(existing, self.tag) != job_id:
+            if self.client.get("jobs", self.namespace, name) is not None:
+                raise Rejected(
+                    f"job {job_id} runs as a Kubernetes Job, which does not scale: only elastic inference does"
+                )
+            raise Rejected(f"{self.name} has no Deployment for job {job_id} (namespace {self.namespace})")
+        answer = self.client.scale(self.namespace, name, replicas)
+        return int((answer.get("spec") or {}).get("replicas", replicas))
+
+    def timeslice(self, replicas: int, node_label: str | None = None) -> TimeslicePlan:
+        """The time-slicing ConfigMap and ClusterPolicy patch for this cluster (not applied)."""
+        return render_timeslice(replicas, node_label=node_label, config_map=self.settings.timeslice_config)
+
+    def apply_timeslice(self, plan: TimeslicePlan) -> list[str]:
+        """Apply a plan from :meth:`timeslice`; returns what changed."""
+        return apply_timeslice(self.client, plan)
+
+    def timeslice_state(self) -> TimesliceState | None:
+        return read_timeslice(self.client, self.settings.timeslice_config)
+
+    # -- submissions ---------------------------------------------------------------------
+
+    def _ensure_namespace(self) -> None:
+        if self._namespace_ready or not self.settings.create_namespace:
+            return
+        with self._lock:
+            if self._namespace_ready:
+                return
+            if self.client.get("namespaces", None, self.namespace) is None:
+                self.client.create_namespace(self.namespace)
+            self._namespace_ready = True
+
+    def _model_memory(self, name: str | None) -> float | None:
+        if not name:
+            return None
+        try:
+            return float(gpu_model(name).memory_gb)
+        except ValueError:
+            return None
+
+    def _products_for(self, placement: Placement) -> list[str]:
+        if not placement.gpu_model:
+            return []
+        with self._lock:
+            seen = set(self._products.get(placement.gpu_model, ()))
+        return product_names(placement.gpu_model, self.gpu_types, seen)
+
+    def _backend_id(self, job_id: int, seen: Observed) -> str:
+        owner = seen.owner
+        if owner is not None:
+            kind = "job" if seen.job is not None else "deployment"
+            return f"{kind}/{owner['metadata']['name']}"
+        return self._ids.get(job_id) or f"job/{object_name(self.tag, job_id)}"
+
+    # -- statuses ------------------------------------------------------------------------
+
+    def _observed(self, job_id: int) -> Observed:
+        seen = self._seen.get(job_id)
+        if seen is None:
+            seen = self._seen[job_id] = Observed()
+        return seen
+
+    def _relist(self, since: dict[str, str] | None) -> set[int]:
+        """Read this broker's objects afresh; returns every job id known (all are reported).
+        With ``since`` (a cursor from before this process), objects deleted after it are
+        looked for in a watch from there."""
+        wanted = selector(self.tag)
+        listed: dict[str, list[dict[str, Any]]] = {}
+        versions: dict[str, str] = {}
+        for kind in WATCHED:
+            listed[kind], versions[kind] = self.client.list(kind, self.namespace, label_selector=wanted)
+        with self._lock:
+            cancelled = set(self._cancelled)
+        old = self._seen
+        fresh: dict[int, Observed] = {}
+        for kind in ("jobs", "deployments"):
+            for obj in listed[kind]:
+                job_id = job_id_of(obj, self.tag)
+                if job_id is None:
+                    continue
+                seen = fresh.setdefault(job_id, Observed())
+                setattr(seen, "job" if kind == "jobs" else "deployment", obj)
+        for pod in listed["pods"]:
+            job_id = job_id_of(pod, self.tag)
+            if job_id in fresh:
+                fresh[job_id].pods[pod["metadata"]["name"]] = pod
+        for job_id, seen in fresh.items():
+            seen.started = old[job_id].started if job_id in old else False
+            seen.cancelled = job_id in cancelled
+            seen.note_started()
+        changed = set(fresh)
+        # Known to this process but gone from the cluster: deleted while the watch was away.
+        for job_id, seen in old.items():
+            if job_id not in fresh and not seen.deleted:
+                seen.deleted, seen.cancelled = True, job_id in cancelled
+                fresh[job_id] = seen
+                changed.add(job_id)
+        if since is not None:
+            changed |= self._deleted_since(since, versions, fresh, cancelled)
+        self._seen = fresh
+        self._gone = {job_id for job_id, seen in fresh.items() if seen.deleted}
+        self._versions = versions
+        return changed
+
+    def _deleted_since(
+        self, since: dict[str, str], now: dict[str, str], fresh: dict[int, Observed], cancelled: set[int]
+    ) -> set[int]:
+        """Jobs whose object was deleted between an old cursor and the re-list (best effort:
+        nothing when the server has compacted that history)."""
+        changed: set[int] = set()
+        for kind in ("jobs", "deployments"):
+            if since[kind] == now[kind]:
+                continue
+            try:
+                batch = self.client.watch(
+                    kind,
+                    self.namespace,
+                    resource_version=since[kind],
+                    label_selector=selector(self.tag),
+                    seconds=self.settings.watch_seconds,
+                )
+            except (Gone, Rejected):
+                continue
+            for event in batch.events:
+                job_id = job_id_of(event.object, self.tag)
+                if event.type != "DELETED" or job_id is None or job_id in fresh:
+                    continue
+                seen = Observed(deleted=True, cancelled=job_id in cancelled)
+                setattr(seen, "job" if kind == "jobs" else "deployment", event.object)
+                status = event.object.get("status") or {}
+                seen.started = bool(
+                    status.get("succeeded")
+                    or status.get("failed")
+                    or status.get("ready")
+                    or status.get("readyReplicas")
+                )
+                fresh[job_id] = seen
+                changed.add(job_id)
+        return changed
+
+    def _watch(self) -> set[int]:
+        """Events since the last page, from the three watches side by side."""
+        versions = dict(self._versions or {})
+        futures = {
+            kind: self._watchers.submit(
+                self.client.watch,
+                kind,
+                self.namespace,
+                resource_version=versions[kind],
+                label_selector=selector(self.tag),
+                seconds=self.settings.watch_seconds,
+            )
+            for kind in WATCHED
+        }
+        batches: dict[str, WatchBatch] = {}
+        failure: BaseException | None = None
+        for kind, future in futures.items():
+            try:
+                batches[kind] = future.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others finished
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        changed: set[int] = set()
+        with self._lock:
+            cancelled = set(self._cancelled)
+        # Owners first, so a Pod event of a job created in this batch finds its Job.
+        for kind in ("jobs", "deployments", "pods"):
+            batch = batches[kind]
+            for event in batch.events:
+                job_id = job_id_of(event.object, self.tag)
+                if job_id is None:
+                    continue
+                name = (event.object.get("metadata") or {}).get("name", "")
+                if kind == "pods":
+                    if job_id in self._gone or job_id not in self._seen:
+                        continue
+                    seen = self._seen[job_id]
+                    if event.type == "DELETED":
+                        seen.pods.pop(name, None)
+                    else:
+                        seen.pods[name] = event.object
+                else:
+                    seen = self._observed(job_id)
+                    attribute = "job" if kind == "jobs" else "deployment"
+                    if event.type == "DELETED":
+                        setattr(seen, attribute, event.object)
+                        seen.deleted, seen.cancelled = True, job_id in cancelled
+                        self._gone.add(job_id)
+                    else:
+                        if seen.deleted:  # submitted again (a lost job back from the queue)
+                            seen = self._seen[job_id] = Observed()
+                        setattr(seen, attribute, event.object)
+                        self._gone.discard(job_id)
+                seen.note_started()
+                changed.add(job_id)
+            versions[kind] = batch.resource_version
+        self._versions = versions
+        return changed
+
+    def _page(self, changed: set[int], report_all: bool) -> list[BackendJob]:
+        out: list[BackendJob] = []
+        for job_id in sorted(changed):
+            seen = self._seen.get(job_id)
+            if seen is None or (seen.owner is None and not seen.deleted):
+                continue
+            backend = backend_job(job_id, self._backend_id(job_id, seen), seen, self.name)
+            key = (backend.state, backend.reason)
+            if report_all or self._reported.get(job_id) != key:
+                out.append(backend)
+            self._reported[job_id] = key
+            if seen.deleted:
+                # Reported once; later Pod events of it are ignored (``_gone``).
+                self._seen.pop(job_id, None)
+                self._reported.pop(job_id, None)
+                with self._lock:
+                    self._cancelled.discard(job_id)
+        return out
+
+    # -- inventory -----------------------------------------------------------------------
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        with self._lock:
+            now = time.monotonic()
+            if self._node_listing is None or now - self._node_listing[0] > self.settings.cache_seconds:
+                nodes, _ = self.client.list("nodes")
+                self._node_listing = (now, nodes)
+            return self._node_listing[1]
+
+    def _bound_pods(self) -> tuple[list[dict[str, Any]], str | None]:
+        """Pods that hold resources, cluster-wide when allowed; and, when only this
+        namespace could be read, a note saying so."""
+        unfinished = "status.phase!=Succeeded,status.phase!=Failed"
+        try:
+            pods, _ = self.client.list("pods", None, field_selector=unfinished)
+            return pods, None
+        except NotFound:
+            pass
+        except Rejected as exc:
+            if "Forbidden" not in str(exc) and "403" not in str(exc):
+                # A server that does not take this field selector: filter here instead.
+                pods, _ = self.client.list("pods", None)
+                return pods, None
+        pods, _ = self.client.list("pods", self.namespace)
+        return pods, f"counted from namespace {self.namespace} only (no permission to list Pods cluster-wide)"
+
+
+def _with_label(unit: CapacityUnit, key: str, value: str) -> CapacityUnit:
+    from dataclasses import replace
+
+    return replace(unit, labels={**unit.labels, key: value})

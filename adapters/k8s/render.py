@@ -1,0 +1,474 @@
+"""A gpush job rendered as a Kubernetes object: a batch/v1 Job, or an apps/v1 Deployment.
+
+What callers may assume:
+
+- **Which object.** Elastic inference (``spec.elastic``) becomes a Deployment with
+  ``placement.replicas`` replicas, scaled later through its scale subresource;
+  everything else a Job that runs once (``backoffLimit`` 0, ``restartPolicy: Never``,
+  ``activeDeadlineSeconds`` from ``time_limit``, no ``ttlSecondsAfterFinished`` so the
+  finished Job stays for ``find``), with ``parallelism = completions = replicas``.
+- **Tagged.** The object is named ``<tag>-<gpush id>`` and it and its Pods carry
+  :data:`LABEL_BROKER` (the registration's tag) and :data:`LABEL_JOB_ID`, so the
+  adapter finds its objects by label after a crash and two brokers sharing a
+  namespace never take each other's. Tenant and user travel as labels made valid
+  (:func:`label_value`) and, as typed, as annotations. The job's own labels travel to
+  the Pods; keys in gpush's or Kubernetes' own domains are refused.
+- **GPU requests by sharing mode.** k8s/timeslice: ``nvidia.com/gpu: <units>`` on
+  nodes whose GPU Feature Discovery labels say time-slicing
+  (``nvidia.com/gpu.sharing-strategy=time-slicing``, or no strategy label and
+  ``nvidia.com/gpu.replicas`` > 1 from GFD before v0.15), with the host memory limit
+  of the job; k8s/mig: ``nvidia.com/mig-<profile>: <units>`` (the GPU Operator's
+  mixed strategy); k8s/exclusive: ``nvidia.com/gpu: <units>`` on nodes that do not
+  share (strategy ``none``, or no strategy label and at most one replica). Requests
+  equal limits. The GPU model is pinned by ``nvidia.com/gpu.product`` for
+  time-slicing and whole GPUs (a MIG profile names its model already).
+- **The GPU memory budget in the environment.** ``GPUSH_GPU_MEMORY_FRACTION`` is the
+  share of each visible device's memory the job may use (its ``gpu_memory_gb`` over
+  the GPU's memory under time-slicing, 1 on a MIG slice or a whole GPU) and
+  ``GPUSH_GPU_MEMORY_GB`` the same in GB (time-slicing has no memory isolation: the
+  program must hold itself to it). Device ids are never set: the device plugin chooses them, and a job that
+  sets ``CUDA_VISIBLE_DEVICES`` or ``NVIDIA_VISIBLE_DEVICES`` itself is refused.
+- **No shell, no root.** ``command`` is the container's argv (a string command was
+  already made ``/bin/sh -c ...`` by the job spec, visibly); Pods run as a non-root
+  uid without privilege escalation, and mount no service account token unless the
+  cluster names a service account.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.adapter import Placement, Rejected, Sharing
+from broker.gpus import MODELS, gpu_model
+from broker.schemas import JobSpec, parse_memory_mib, parse_time_limit
+
+DOMAIN = "gpush.io"
+LABEL_BROKER = f"{DOMAIN}/broker"  # the registration's tag: whose objects these are
+LABEL_JOB_ID = f"{DOMAIN}/job-id"
+LABEL_TENANT = f"{DOMAIN}/tenant"
+LABEL_USER = f"{DOMAIN}/user"
+LABEL_KIND = f"{DOMAIN}/kind"  # training | inference | batch
+LABEL_SHARING = f"{DOMAIN}/sharing"  # timeslice | mig | exclusive
+ANNOTATION_NAME = f"{DOMAIN}/name"
+ANNOTATION_TENANT = f"{DOMAIN}/tenant"
+ANNOTATION_USER = f"{DOMAIN}/user"
+ANNOTATION_GPU_MEMORY = f"{DOMAIN}/gpu-memory-gb"
+
+# Labels GPU Feature Discovery (the GPU Operator's, or the device plugin's) sets on nodes.
+GFD_PRODUCT = "nvidia.com/gpu.product"  # "NVIDIA-A100-SXM4-40GB", "Tesla-T4-SHARED" when time-sliced
+GFD_COUNT = "nvidia.com/gpu.count"  # physical GPUs (not replicas)
+GFD_REPLICAS = "nvidia.com/gpu.replicas"  # time-slicing replicas per GPU (1: not shared)
+GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB of one GPU
+GFD_SHARING = "nvidia.com/gpu.sharing-strategy"  # none | time-slicing | mps (GFD v0.15 and later)
+GFD_MIG_STRATEGY = "nvidia.com/mig.strategy"  # none | single | mixed
+DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"  # which key of the time-slicing ConfigMap
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+SHARED_SUFFIX = "-SHARED"
+
+CONTAINER = "job"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The device plugin picks the devices; a job that names its own would use GPUs it was not given.
+_DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+_RESERVED_LABEL_DOMAINS = (DOMAIN, "kubernetes.io", "k8s.io")
+_TAG = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_DNS_LABEL_MAX = 63
+
+
+def mig_resource(profile: str) -> str:
+    return f"{MIG_RESOURCE_PREFIX}{profile}"
+
+
+def check_tag(tag: str) -> str:
+    """A registration's tag names Kubernetes objects (``<tag>-<id>``): DNS-1123, short."""
+    if not _TAG.match(tag):
+        raise ValueError(
+            f"tag {tag!r} names Kubernetes objects: use 1 to 32 lowercase letters, digits and -, "
+            "starting with a letter and ending with a letter or digit (e.g. gpush or gpush-prod)"
+        )
+    return tag
+
+
+def object_name(tag: str, job_id: int) -> str:
+    """``<tag>-<id>``: a DNS-1123 label, short enough for the Pod names derived from it."""
+    name = f"{tag}-{job_id}"
+    if len(name) > _DNS_LABEL_MAX - 16:  # Job and ReplicaSet controllers append -<hash>-<suffix>
+        raise Rejected(f"object name {name} is too long for Kubernetes: use a shorter tag")
+    return name
+
+
+def selector(tag: str, job_id: int | None = None) -> str:
+    """The label selector of this broker's objects (of one job when ``job_id`` is given)."""
+    terms = [f"{LABEL_BROKER}={tag}"]
+    if job_id is not None:
+        terms.append(f"{LABEL_JOB_ID}={job_id}")
+    return ",".join(terms)
+
+
+def job_id_of(obj: Mapping[str, Any], tag: str) -> int | None:
+    """The gpush job id an object carries, if it is this broker's, else None."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if labels.get(LABEL_BROKER) != tag:
+        return None
+    value = str(labels.get(LABEL_JOB_ID) or "")
+    return int(value) if value.isdigit() else None
+
+
+def label_value(text: str, what: str) -> str:
+    """``text`` as a valid label value: characters a label may not hold become ``_``
+    (``alice@example.com`` -> ``alice_example.com``), cut to 63 and trimmed to end
+    alphanumeric. Refused when nothing valid remains."""
+    value = re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:_DNS_LABEL_MAX]
+    value = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+    if not value or not _LABEL_VALUE.match(value):
+        raise Rejected(
+            f"{what} {text!r} cannot be a Kubernetes label value: use letters, digits, - _ or ., "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def _check_user_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The job's labels (JobSpec checked their syntax), refused if they claim a reserved domain."""
+    for key in labels:
+        prefix = key.split("/", 1)[0] if "/" in key else ""
+        if any(prefix == d or prefix.endswith("." + d) for d in _RESERVED_LABEL_DOMAINS):
+            raise Rejected(
+                f"label {key} is in a domain that gpush or Kubernetes reserves ({prefix}): "
+                "use a key of your own, such as team/model or model"
+            )
+    return dict(labels)
+
+
+def quantity_mib(memory: str) -> str:
+    """gpush's ``16G`` (GiB, as Slurm counts) as Kubernetes' ``16384Mi``."""
+    return f"{parse_memory_mib(memory)}Mi"
+
+
+def product_names(model: str, gpu_types: Mapping[str, str] = {}, seen: Iterable[str] = ()) -> list[str]:  # noqa: B006
+    """The ``nvidia.com/gpu.product`` values that mean GPU model ``model``: configured ones
+    (``gpu_types``), those seen on nodes, and GFD's spellings of the model's names
+    (``NVIDIA-A100-SXM4-40GB``, ``Tesla-T4``), each also with ``-SHARED``."""
+    names = {product for product, mapped in gpu_types.items() if mapped == model}
+    names.update(seen)
+    try:
+        known = gpu_model(model)
+        spellings = [known.name, *known.aliases]
+    except ValueError:
+        spellings = [model]
+    for spelling in spellings:
+        names.update({spelling, f"NVIDIA-{spelling}", f"Tesla-{spelling}"})
+    out = set()
+    for name in names:
+        base = name.removesuffix(SHARED_SUFFIX)
+        out.update({base, base + SHARED_SUFFIX})
+    return sorted(n for n in out if len(n) <= _DNS_LABEL_MAX and _LABEL_VALUE.match(n))
+
+
+def model_of_product(product: str, gpu_types: Mapping[str, str] = {}) -> str | None:  # noqa: B006
+    """The gpush GPU model a GFD product label names (``Tesla-T4-SHARED`` -> ``T4``), or None."""
+    base = product.removesuffix(SHARED_SUFFIX)
+    for candidate in (product, base):
+        if candidate in gpu_types:
+            return gpu_types[candidate]
+        if candidate in GFD_PRODUCTS:
+            return GFD_PRODUCTS[candidate]
+    for candidate in (base, base.removeprefix("NVIDIA-"), base.removeprefix("Tesla-")):
+        try:
+            return gpu_model(candidate).name
+        except ValueError:
+            continue
+    return None
+
+
+# GFD spellings (the driver's device name, spaces as dashes) that are not a gpush name
+# with NVIDIA- or Tesla- in front. gpush counts PCIe cards as their SXM model of equal memory.
+GFD_PRODUCTS = {
+    "NVIDIA-A100-80GB-PCIe": "A100-SXM4-80GB",
+    "NVIDIA-H100-PCIe": "H100-SXM5-80GB",
+    "NVIDIA-H100-80GB-HBM3": "H100-SXM5-80GB",
+    "NVIDIA-H200-141GB-HBM3e": "H200-SXM5-141GB",
+    "NVIDIA-L40S": "L40S",
+}
+
+
+def default_gpu_types() -> dict[str, str]:
+    """GFD's product spellings of every model gpush knows -> the model (the ``gpu_types`` default)."""
+    out: dict[str, str] = dict(GFD_PRODUCTS)
+    for model in MODELS:
+        for spelling in (model.name, *model.aliases):
+            for prefix in ("NVIDIA-", "Tesla-", ""):
+                out.setdefault(f"{prefix}{spelling}", model.name)
+    return out
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """What a cluster's settings add to every object (see KubernetesSettings)."""
+
+    tag: str
+    namespace: str
+    image: str | None = None
+    service_account: str | None = None
+    run_as_user: int = 1000
+    priority_class: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    gpu_types: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    kind: str  # the client's collection: "jobs" or "deployments"
+    body: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+    @property
+    def backend_id(self) -> str:
+        """``job/<name>`` or ``deployment/<name>``: what ``kubectl get`` takes."""
+        return f"{self.kind.removesuffix('s')}/{self.name}"
+
+
+def gpu_requests(placement: Placement) -> dict[str, str]:
+    """The extended resources one Pod asks for (requests and limits alike)."""
+    units = placement.units
+    if units < 1:
+        raise Rejected(f"a placement of {units} GPU units: the broker must ask for at least one")
+    if placement.sharing == Sharing.K8S_MIG:
+        if not placement.mig_profile:
+            raise Rejected("a k8s/mig placement without a MIG profile: the broker must name one")
+        return {mig_resource(placement.mig_profile): str(units)}
+    if placement.sharing in (Sharing.K8S_TIMESLICE, Sharing.K8S_EXCLUSIVE):
+        return {GPU_RESOURCE: str(units)}
+    raise Rejected(
+        f"{placement.sharing.value} is not a Kubernetes sharing mode: use k8s/timeslice, k8s/mig or k8s/exclusive"
+    )
+
+
+def _requirement(key: str, operator: str, values: Sequence[str] = ()) -> dict[str, Any]:
+    out: dict[str, Any] = {"key": key, "operator": operator}
+    if values:
+        out["values"] = list(values)
+    return out
+
+
+def node_affinity(placement: Placement, products: Sequence[str]) -> dict[str, Any] | None:
+    """Required node terms for the sharing mode and GPU model; the broker's node preferred."""
+    if placement.sharing == Sharing.K8S_TIMESLICE:
+        terms = [
+            [_requirement(GFD_SHARING, "In", ["time-slicing"])],
+            [_requirement(GFD_SHARING, "DoesNotExist"), _requirement(GFD_REPLICAS, "Gt", ["1"])],
+        ]
+    elif placement.sharing == Sharing.K8S_EXCLUSIVE:
+        terms = [
+            [_requirement(GFD_SHARING, "In", ["none"])],
+            [_requirement(GFD_SHARING, "DoesNotExist"), _requirement(GFD_REPLICAS, "DoesNotExist")],
+            [_requirement(GFD_SHARING, "DoesNotExist"), _requirement(GFD_REPLICAS, "Lt", ["2"])],
+        ]
+    else:
+        terms = []
+    if terms and products:
+        terms = [[*term, _requirement(GFD_PRODUCT, "In", products)] for term in terms]
+    affinity: dict[str, Any] = {}
+    if terms:
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [{"matchExpressions": term} for term in terms]
+        }
+    if placement.node:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {
+                "weight": 100,
+                "preference": {"matchExpressions": [_requirement("kubernetes.io/hostname", "In", [placement.node])]},
+            }
+        ]
+    return {"nodeAffinity": affinity} if affinity else None
+
+
+def memory_budget(placement: Placement, spec: JobSpec, gpu_memory_gb: float | None) -> tuple[float, float | None]:
+    """(fraction of each visible device's memory, GB) the job may use."""
+    if placement.sharing == Sharing.K8S_TIMESLICE:
+        budget = placement.gpu_memory_gb or spec.gpu_memory_gb
+        if budget and gpu_memory_gb:
+            return min(budget / gpu_memory_gb, 1.0), budget
+        return 1.0, budget or gpu_memory_gb
+    if placement.sharing == Sharing.K8S_MIG and placement.mig_profile:
+        try:
+            model = gpu_model(placement.gpu_model) if placement.gpu_model else None
+            memory = model.profile(placement.mig_profile).memory_gb if model else None
+        except ValueError:
+            memory = None
+        if memory is None:
+            match = re.match(r"^\d+g\.(\d+)gb$", placement.mig_profile)
+            memory = float(match.group(1)) if match else None
+        return 1.0, memory
+    return 1.0, gpu_memory_gb
+
+
+def environment(job_id: int, spec: JobSpec, placement: Placement, gpu_memory_gb: float | None) -> list[dict[str, str]]:
+    """The job's variables plus gpush's own (GPUSH_* are gpush's; device ids are never set)."""
+    named = [n for n in _DEVICE_VARIABLES if n in spec.env]
+    if named:
+        raise Rejected(
+            f"the job sets {', '.join(named)}: on Kubernetes the device plugin chooses the GPUs; "
+            "remove it (the job sees exactly the GPUs it was given)"
+        )
+    env = {"PATH": DEFAULT_PATH, **{k: v for k, v in spec.env.items() if not k.startswith("GPUSH_")}}
+    fraction, budget = memory_budget(placement, spec, gpu_memory_gb)
+    env["GPUSH_JOB_ID"] = str(job_id)
+    env["GPUSH_GPU_MEMORY_FRACTION"] = f"{fraction:.4g}"
+    if budget:
+        env["GPUSH_GPU_MEMORY_GB"] = f"{budget:g}"
+    if spec.tenant:
+        env["GPUSH_TENANT"] = spec.tenant
+    return [{"name": name, "value": value} for name, value in sorted(env.items())]
+
+
+def labels_for(job_id: int, spec: JobSpec, placement: Placement, tag: str) -> dict[str, str]:
+    labels = {
+        LABEL_BROKER: tag,
+        LABEL_JOB_ID: str(job_id),
+        LABEL_KIND: spec.kind.value,
+        LABEL_SHARING: placement.sharing.value.split("/", 1)[1],
+    }
+    if spec.tenant:
+        labels[LABEL_TENANT] = label_value(spec.tenant, "tenant")
+    if spec.user:
+        labels[LABEL_USER] = label_value(spec.user, "user")
+    return labels
+
+
+def annotations_for(spec: JobSpec, placement: Placement) -> dict[str, str]:
+    out = {}
+    if spec.name:
+        out[ANNOTATION_NAME] = spec.name
+    if spec.tenant:
+        out[ANNOTATION_TENANT] = spec.tenant
+    if spec.user:
+        out[ANNOTATION_USER] = spec.user
+    if placement.gpu_memory_gb:
+        out[ANNOTATION_GPU_MEMORY] = f"{placement.gpu_memory_gb:g}"
+    return out
+
+
+def pod_template(
+    job_id: int,
+    spec: JobSpec,
+    placement: Placement,
+    options: RenderOptions,
+    *,
+    restart_policy: str,
+    gpu_memory_gb: float | None,
+    products: Sequence[str],
+) -> dict[str, Any]:
+    image = spec.image or options.image
+    if not image:
+        raise Rejected(
+            "the job names no image and the Kubernetes cluster has no default: give the job an image, "
+            "or set the cluster's image (gpush cluster add ... --config image=REPO/IMAGE:TAG)"
+        )
+    if options.run_as_user < 1:
+        raise Rejected("run_as_user must be a non-root uid (1 or more)")
+    gpus = gpu_requests(placement)
+    requests: dict[str, str] = {"cpu": str(spec.cpus), **gpus}
+    limits: dict[str, str] = dict(gpus)
+    if spec.memory:
+        requests["memory"] = limits["memory"] = quantity_mib(spec.memory)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "env": environment(job_id, spec, placement, gpu_memory_gb),
+        "resources": {"requests": requests, "limits": limits},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    if spec.command:
+        container["command"] = list(spec.command)
+    pod: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": options.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": bool(options.service_account),
+        "containers": [container],
+    }
+    if options.service_account:
+        pod["serviceAccountName"] = options.service_account
+    if options.priority_class:
+        pod["priorityClassName"] = options.priority_class
+    if options.node_selector:
+        pod["nodeSelector"] = dict(options.node_selector)
+    affinity = node_affinity(placement, products)
+    if affinity:
+        pod["affinity"] = affinity
+    labels = {**_check_user_labels(spec.labels), **labels_for(job_id, spec, placement, options.tag)}
+    return {"metadata": {"labels": labels, "annotations": annotations_for(spec, placement)}, "spec": pod}
+
+
+def render(
+    job_id: int,
+    spec: JobSpec,
+    placement: Placement,
+    options: RenderOptions,
+    *,
+    gpu_memory_gb: float | None = None,
+    products: Sequence[str] | None = None,
+) -> Manifest:
+    """The Job or Deployment for a placed gpush job (see the module docstring).
+
+    ``gpu_memory_gb``: memory of one physical GPU of the placement's model (for the
+    time-slicing budget); ``products``: the ``nvidia.com/gpu.product`` values the
+    Pods may land on (None: the spellings :func:`product_names` knows for the
+    placement's model; empty: any).
+    """
+    if products is None:
+        products = product_names(placement.gpu_model, options.gpu_types) if placement.gpu_model else []
+    if placement.replicas < 1:
+        raise Rejected(f"a placement of {placement.replicas} replicas: the broker must ask for at least one")
+    name = object_name(options.tag, job_id)
+    elastic = spec.elastic is not None
+    template = pod_template(
+        job_id,
+        spec,
+        placement,
+        options,
+        restart_policy="Always" if elastic else "Never",
+        gpu_memory_gb=gpu_memory_gb,
+        products=products,
+    )
+    metadata = {
+        "name": name,
+        "namespace": options.namespace,
+        "labels": dict(template["metadata"]["labels"]),
+        "annotations": dict(template["metadata"]["annotations"]),
+    }
+    if elastic:
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata,
+            "spec": {
+                "replicas": placement.replicas,
+                "selector": {"matchLabels": {LABEL_BROKER: options.tag, LABEL_JOB_ID: str(job_id)}},
+                # A rolling update would start new GPU Pods before the old ones leave.
+                "strategy": {"type": "Recreate"},
+                "template": template,
+            },
+        }
+        return Manifest("deployments", body)
+    job_spec: dict[str, Any] = {
+        "backoffLimit": 0,
+        "parallelism": placement.replicas,
+        "completions": placement.replicas,
+        "template": template,
+    }
+    if spec.time_limit:
+        job_spec["activeDeadlineSeconds"] = parse_time_limit(spec.time_limit)
+    body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
+    return Manifest("jobs", body)
