@@ -17,18 +17,18 @@ from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import broker
-from broker import auth, clusters, policystore, queue, tenants
+from broker import auth, clusters, policystore, queue, scaling, tenants
 from broker import policy as policy_engine
 from broker.capacity import CapacityView, Fit
 from broker.clusters import AdapterPool
 from broker.db import check_schema, session_factory
-from broker.errors import GpushError, InvalidRequest, NotAllowed, Unavailable
-from broker.models import ApiToken
+from broker.errors import GpushError, InvalidRequest, NotAllowed, NotFound, Unavailable
+from broker.models import ApiToken, Cluster
 from broker.schemas import (
     ClusterCreate,
     ExplainRequest,
@@ -55,6 +55,10 @@ Clock = Callable[[], datetime]
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class ScaleRequest(BaseModel):
+    replicas: int = Field(ge=1, le=10_000, description="the number of replicas the job should run")
 
 
 class CancelResult(BaseModel):
@@ -268,6 +272,21 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
 
     adapters = AdapterPool(clock)
     app.state.adapters = adapters
+
+    @app.post("/v1/jobs/{job_id}/scale", response_model=JobOut, tags=["jobs"])
+    def scale(job_id: int, body: ScaleRequest, session: Db, who: Who) -> JobOut:
+        """Change a running elastic job's replicas within its range, under its tenant's quota
+        (broker.scaling). Ray's autoscaler and Ray Serve call this."""
+
+        def adapter_for(name: str):
+            row = session.get(Cluster, name)
+            if row is None:
+                raise NotFound(f"the job's cluster {name} is no longer registered")
+            return adapters.get(clusters.ClusterInfo.of(row))
+
+        with session.begin():
+            job = scaling.scale_job(session, job_id, body.replicas, who, now=clock(), adapter_for=adapter_for)
+            return JobOut.model_validate(queue.job_row(job))
 
     @app.post("/v1/clusters", status_code=201, tags=["clusters"])
     def add_cluster(body: ClusterCreate, session: Db, who: Admin) -> dict[str, Any]:

@@ -198,6 +198,21 @@ def cancel(settings: Settings, job_ids: tuple[int, ...], json_mode: bool) -> int
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("job_id", type=int)
+@click.argument("replicas", type=int)
+@json_option
+@click.pass_obj
+def scale(settings: Settings, job_id: int, replicas: int, json_mode: bool) -> int:
+    """Scale running elastic job JOB_ID to REPLICAS (within its elastic range and quota)."""
+    job = settings.client().scale(job_id, replicas)
+    if json_mode:
+        _out(json_mode).json(job)
+    else:
+        click.echo(f"job {job.id}: {replicas} replicas ({job.state.value})")
+    return 0
+
+
+@cli.command(context_settings=CONTEXT)
 @json_option
 @click.pass_obj
 def whoami(settings: Settings, json_mode: bool) -> int:

@@ -173,6 +173,11 @@ class GpushClient:
         result["job"] = JobOut.model_validate(result["job"])
         return result
 
+    def scale(self, job_id: int, replicas: int) -> JobOut:
+        """Scale a running elastic job to ``replicas`` (within its range, under its tenant's quota)."""
+        body = {"replicas": int(replicas)}
+        return JobOut.model_validate(self._request("POST", f"/v1/jobs/{int(job_id)}/scale", json=body))
+
     # -- clusters and tenants -----------------------------------------------------
 
     def add_cluster(self, name: str, kind: str, config: dict[str, Any], *, replace: bool = False) -> dict[str, Any]:

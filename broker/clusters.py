@@ -172,6 +172,11 @@ class AdapterPool:
             config.pop("state_file", None)
         return config
 
+    def override(self, name: str, adapter: ClusterAdapter) -> None:
+        """Use ``adapter`` for cluster ``name`` in this process (tests, embedded tools)."""
+        with self._lock:
+            self._overrides[name] = adapter
+
     def get(self, info: ClusterInfo) -> ClusterAdapter:
         if info.name in self._overrides:
             return self._overrides[info.name]
