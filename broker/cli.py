@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import click
@@ -529,20 +530,32 @@ def cluster() -> None:
 @click.option("--fleet", "fleet", metavar="FILE", help="sim: the fleet file (its text is stored with the cluster).")
 @click.option("--fleet-cluster", help="sim: which cluster of the fleet file (default: NAME).")
 @click.option("--speed", type=float, help="sim: virtual seconds per wall-clock second (default 1).")
+@click.option("--kubeconfig", metavar="FILE", help="k8s: the kubeconfig file (default: in-cluster or ~/.kube/config).")
+@click.option("--context", "kube_context", metavar="NAME", help="k8s: the kubeconfig context to use.")
+@click.option("--namespace", metavar="NAME", help="k8s: the namespace gpush's jobs run in (default gpush).")
 @click.option("--config", "pairs", multiple=True, metavar="KEY=VALUE", help="Adapter setting, repeatable.")
 @click.option("--replace", is_flag=True, help="Change the configuration of a registered cluster.")
 @json_option
 @click.pass_obj
-def cluster_add(settings: Settings, name, kind, fleet, fleet_cluster, speed, pairs, replace, json_mode) -> int:
+def cluster_add(
+    settings: Settings, name, kind, fleet, fleet_cluster, speed, kubeconfig, kube_context, namespace, pairs, replace,
+    json_mode,
+) -> int:  # fmt: skip
     """Register cluster NAME (admins). The cluster must answer.
 
     \b
       gpush cluster add slurm-a --kind sim --fleet examples/fleet.yaml
-      gpush cluster add slurm-prod --kind slurm --config url=http://slurm:6820 --config partition=gpu
+      gpush cluster add slurm-prod --kind slurm --config rest_url=http://slurm:6820 --config token_env=SLURM_JWT
+      gpush cluster add k8s-a --kind k8s --kubeconfig ~/.kube/config --context prod --namespace gpush
     """
     from broker.jobfile import parse_pairs
 
     config: dict[str, Any] = parse_pairs(pairs, option="--config")
+    for key, value in (("kubeconfig", kubeconfig), ("context", kube_context), ("namespace", namespace)):
+        if value:
+            if kind != "k8s":
+                raise click.UsageError(f"--{key} is a Kubernetes setting: use it with --kind k8s")
+            config[key] = str(Path(value).expanduser().resolve()) if key == "kubeconfig" else value
     if fleet:
         config["fleet_yaml"] = commands.read_job_file(fleet, lambda: sys.stdin.read())
     if fleet_cluster:
