@@ -133,7 +133,9 @@ def _details(name: str, group: str, kind: str, **extra: Any) -> dict[str, Any]:
 
 
 def not_found(rt: _Resource, name: str) -> ApiError:
-    return ApiError(404, "NotFound", f'{_qualified_resource(rt)} "{name}" not found', _details(name, rt.group, rt.plural))
+    return ApiError(
+        404, "NotFound", f'{_qualified_resource(rt)} "{name}" not found', _details(name, rt.group, rt.plural)
+    )
 
 
 def namespace_not_found(name: str) -> ApiError:
@@ -153,14 +155,19 @@ def already_exists(rt: _Resource, name: str) -> ApiError:
 def conflict(rt: _Resource, name: str, why: str, subresource: str = "") -> ApiError:
     resource = _qualified_resource(rt) + (f"/{subresource}" if subresource else "")
     return ApiError(
-        409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": {why}', _details(name, rt.group, rt.plural)
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {resource} "{name}": {why}',
+        _details(name, rt.group, rt.plural),
     )
 
 
 STALE_WRITE = "the object has been modified; please apply your changes to the latest version and try again"
 
 
-def invalid(rt: _Resource, name: str, errors: list[FieldError], kind: str | None = None, group: str | None = None) -> ApiError:
+def invalid(
+    rt: _Resource, name: str, errors: list[FieldError], kind: str | None = None, group: str | None = None
+) -> ApiError:
     kind = kind or rt.kind
     group = rt.group if group is None else group
     qualified = f"{kind}.{group}" if group else kind

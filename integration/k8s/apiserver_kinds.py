@@ -83,7 +83,17 @@ def _core(kind: str, plural: str, namespaced: bool = True, **kw: Any) -> Resourc
 
 def _workload(group: str, kind: str, plural: str, short_names: tuple[str, ...], **kw: Any) -> ResourceType:
     return ResourceType(
-        group, ("v1",), kind, plural, kind.lower(), True, short_names, status=True, generation=True, categories=("all",), **kw
+        group,
+        ("v1",),
+        kind,
+        plural,
+        kind.lower(),
+        True,
+        short_names,
+        status=True,
+        generation=True,
+        categories=("all",),
+        **kw,
     )
 
 
@@ -97,8 +107,17 @@ BUILTINS: tuple[ResourceType, ...] = (
         name_rule="label",
         field_labels=frozenset({"status.phase"}),
     ),
-    _core("Pod", "pods", short_names=("po",), status=True, generation=True, field_labels=_POD_FIELDS, categories=("all",)),
-    _core("Node", "nodes", namespaced=False, short_names=("no",), status=True, field_labels=frozenset({"spec.unschedulable"})),
+    _core(
+        "Pod", "pods", short_names=("po",), status=True, generation=True, field_labels=_POD_FIELDS, categories=("all",)
+    ),
+    _core(
+        "Node",
+        "nodes",
+        namespaced=False,
+        short_names=("no",),
+        status=True,
+        field_labels=frozenset({"spec.unschedulable"}),
+    ),
     _core("ConfigMap", "configmaps", short_names=("cm",)),
     _core("Secret", "secrets", field_labels=frozenset({"type"})),
     _core("Service", "services", short_names=("svc",), status=True, name_rule="dns1035", categories=("all",)),
@@ -109,9 +128,7 @@ BUILTINS: tuple[ResourceType, ...] = (
     _workload("apps", "StatefulSet", "statefulsets", ("sts",), scale=True),
     _workload("apps", "DaemonSet", "daemonsets", ("ds",)),
     # batch/v1 keeps the old default: deleting a Job through the API orphans its Pods.
-    _workload(
-        "batch", "Job", "jobs", (), field_labels=frozenset({"status.successful"}), default_propagation="Orphan"
-    ),
+    _workload("batch", "Job", "jobs", (), field_labels=frozenset({"status.successful"}), default_propagation="Orphan"),
     _workload("batch", "CronJob", "cronjobs", ("cj",)),
     ResourceType("coordination.k8s.io", ("v1",), "Lease", "leases", "lease", True),
     ResourceType(

@@ -70,7 +70,9 @@ def _strip_directives(value: Any) -> Any:
         return {
             k: _strip_directives(v)
             for k, v in value.items()
-            if k != "$patch" and k != "$retainKeys" and not k.startswith(("$setElementOrder/", "$deleteFromPrimitiveList/"))
+            if k != "$patch"
+            and k != "$retainKeys"
+            and not k.startswith(("$setElementOrder/", "$deleteFromPrimitiveList/"))
         }
     if isinstance(value, list):
         return [_strip_directives(v) for v in value]
@@ -148,7 +150,9 @@ def _pointer(path: str) -> list[str]:
     if path == "":
         return []
     if not path.startswith("/"):
-        raise _invalid_patch(f"the server rejected our request due to an error in our request: invalid JSON pointer {path!r}")
+        raise _invalid_patch(
+            f"the server rejected our request due to an error in our request: invalid JSON pointer {path!r}"
+        )
     return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
 
 
@@ -156,12 +160,16 @@ def _walk(doc: Any, parts: list[str], path: str) -> Any:
     for part in parts:
         if isinstance(doc, dict):
             if part not in doc:
-                raise _invalid_patch(f"the server rejected our request due to an error in our request: doc is missing path: {path!r}")
+                raise _invalid_patch(
+                    f"the server rejected our request due to an error in our request: doc is missing path: {path!r}"
+                )
             doc = doc[part]
         elif isinstance(doc, list):
             doc = doc[_index(doc, part, path, allow_end=False)]
         else:
-            raise _invalid_patch(f"the server rejected our request due to an error in our request: doc is missing path: {path!r}")
+            raise _invalid_patch(
+                f"the server rejected our request due to an error in our request: doc is missing path: {path!r}"
+            )
     return doc
 
 
@@ -169,10 +177,14 @@ def _index(doc: list[Any], part: str, path: str, allow_end: bool) -> int:
     if part == "-" and allow_end:
         return len(doc)
     if not part.isdigit():
-        raise _invalid_patch(f"the server rejected our request due to an error in our request: invalid index in {path!r}")
+        raise _invalid_patch(
+            f"the server rejected our request due to an error in our request: invalid index in {path!r}"
+        )
     index = int(part)
     if index > len(doc) or (index == len(doc) and not allow_end):
-        raise _invalid_patch(f"the server rejected our request due to an error in our request: index out of range: {path!r}")
+        raise _invalid_patch(
+            f"the server rejected our request due to an error in our request: index out of range: {path!r}"
+        )
     return index
 
 
@@ -187,21 +199,28 @@ def _add(doc: Any, path: str, value: Any) -> Any:
     elif isinstance(parent, list):
         parent.insert(_index(parent, last, path, allow_end=True), value)
     else:
-        raise _invalid_patch(f"the server rejected our request due to an error in our request: doc is missing path: {path!r}")
+        raise _invalid_patch(
+            f"the server rejected our request due to an error in our request: doc is missing path: {path!r}"
+        )
     return doc
 
 
 def _remove(doc: Any, path: str) -> tuple[Any, Any]:
     parts = _pointer(path)
     if not parts:
-        raise _invalid_patch("the server rejected our request due to an error in our request: cannot remove the whole document")
+        raise _invalid_patch(
+            "the server rejected our request due to an error in our request: cannot remove the whole document"
+        )
     parent = _walk(doc, parts[:-1], path)
     last = parts[-1]
     if isinstance(parent, dict) and last in parent:
         return doc, parent.pop(last)
     if isinstance(parent, list):
         return doc, parent.pop(_index(parent, last, path, allow_end=False))
-    raise _invalid_patch(f"the server rejected our request due to an error in our request: unable to remove nonexistent key: {last}: missing value")
+    raise _invalid_patch(
+        f"the server rejected our request due to an error in our request: "
+        f"unable to remove nonexistent key: {last}: missing value"
+    )
 
 
 def json_patch(target: Any, operations: Any) -> Any:
@@ -211,10 +230,14 @@ def json_patch(target: Any, operations: Any) -> Any:
     doc = copy.deepcopy(target)
     for op in operations:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise bad_request(f"the server rejected our request due to an error in our request: malformed operation {op!r}")
+            raise bad_request(
+                f"the server rejected our request due to an error in our request: malformed operation {op!r}"
+            )
         kind, path = op["op"], op["path"]
         if kind in ("add", "replace", "test") and "value" not in op:
-            raise bad_request(f'the server rejected our request due to an error in our request: missing value for "{kind}"')
+            raise bad_request(
+                f'the server rejected our request due to an error in our request: missing value for "{kind}"'
+            )
         if kind == "add":
             doc = _add(doc, path, copy.deepcopy(op["value"]))
         elif kind == "remove":
@@ -234,9 +257,13 @@ def json_patch(target: Any, operations: Any) -> Any:
             doc = _add(doc, path, value)
         elif kind == "test":
             if _walk(doc, _pointer(path), path) != op["value"]:
-                raise _invalid_patch(f"the server rejected our request due to an error in our request: testing value {path} failed")
+                raise _invalid_patch(
+                    f"the server rejected our request due to an error in our request: testing value {path} failed"
+                )
         else:
-            raise bad_request(f"the server rejected our request due to an error in our request: unknown operation {kind!r}")
+            raise bad_request(
+                f"the server rejected our request due to an error in our request: unknown operation {kind!r}"
+            )
     return doc
 
 

@@ -15,7 +15,9 @@ from typing import Any
 
 from integration.k8s.apiserver_errors import ApiError, bad_request
 
-_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
+)
 _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _SET_TERM = re.compile(r"^\s*(\S+)\s+(in|notin)\s*\(([^)]*)\)\s*$")
 _EQUALITY_TERM = re.compile(r"^\s*([^\s!=]+)\s*(==|=|!=)\s*(\S*)\s*$")
@@ -95,7 +97,9 @@ def parse_label_selector(text: str | None) -> LabelSelector:
             for v in values:
                 _check_value(v, term)
             if not values:
-                raise bad_request(f"unable to parse requirement: for 'in', 'notin' operators, values set can't be empty: {term!r}")
+                raise bad_request(
+                    f"unable to parse requirement: for 'in', 'notin' operators, values set can't be empty: {term!r}"
+                )
             requirements.append(Requirement(key, op, frozenset(values)))
         elif m := _EQUALITY_TERM.match(term):
             key, op, value = m.group(1), m.group(2), m.group(3)
@@ -204,6 +208,6 @@ def parse_field_selector(text: str | None, allowed: Callable[[str], bool]) -> Fi
             raise bad_request(f"invalid selector: '{text}'; can't understand '{term}'")
         field = field.strip()
         if not allowed(field):
-            raise ApiError(400, "BadRequest", f'field label not supported: {field}')
+            raise ApiError(400, "BadRequest", f"field label not supported: {field}")
         terms.append((field, equal, value.strip()))
     return FieldSelector(tuple(terms))

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -303,7 +303,7 @@ class Store:
 
     def _collection(self, rt: ResourceType) -> Collection:
         coll = self._collections.get(rt.key)
-        if coll is None or coll.rt is not rt and self._types.get(rt.key) is not rt:
+        if coll is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
         return coll
 
@@ -397,8 +397,10 @@ class Store:
     def _check_type(self, rt: ResourceType, obj: dict[str, Any], version: str | None) -> None:
         expected = rt.api_version(version)
         api_version = obj.get("apiVersion")
-        if api_version and api_version != expected and not (
-            not rt.builtin and api_version in {rt.api_version(v) for v in rt.versions}
+        if (
+            api_version
+            and api_version != expected
+            and not (not rt.builtin and api_version in {rt.api_version(v) for v in rt.versions})
         ):
             raise bad_request(
                 f"the API version in the data ({api_version}) does not match the expected API version ({expected})"
@@ -411,7 +413,9 @@ class Store:
         if rt.namespaced:
             given = metadata.get("namespace")
             if given and given != namespace:
-                raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             metadata["namespace"] = namespace
         else:
             metadata.pop("namespace", None)
@@ -588,9 +592,10 @@ class Store:
                         raise not_found(rt, name)
                     body = _private_copy(patch)
                     _metadata(body).setdefault("name", name)
-                    if body["metadata"]["name"] != name:
+                    given = body["metadata"]["name"]
+                    if given != name:
                         raise bad_request(
-                            f"the name of the object ({body['metadata']['name']}) does not match the name on the URL ({name})"
+                            f"the name of the object ({given}) does not match the name on the URL ({name})"
                         )
                     return self.create(rt, namespace, body, version=version, dry_run=dry_run), True
                 # Server-side apply without field ownership: the applied fields merge into the object.
@@ -615,7 +620,9 @@ class Store:
             "kind": "Scale",
             "apiVersion": "autoscaling/v1",
             "metadata": {
-                k: metadata[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in metadata
+                k: metadata[k]
+                for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if k in metadata
             },
             "spec": {"replicas": spec.get("replicas", 0)},
             "status": {"replicas": status.get("replicas", 0), "selector": selector_to_string(spec.get("selector"))},
@@ -651,7 +658,7 @@ class Store:
             raise conflict(rt, current.name, STALE_WRITE)
         replicas = (scale.get("spec") or {}).get("replicas", 0)
         if not isinstance(replicas, int) or isinstance(replicas, bool):
-            raise bad_request("Scale in version \"v1\" cannot be handled as a Scale: spec.replicas must be an integer")
+            raise bad_request('Scale in version "v1" cannot be handled as a Scale: spec.replicas must be an integer')
         if replicas < 0:
             raise invalid(
                 rt,
@@ -702,26 +709,28 @@ class Store:
         dry_run: bool = False,
     ) -> Entry:
         if propagation is not None and propagation not in PROPAGATION_POLICIES:
-            raise bad_request(f'propagationPolicy: Unsupported value: "{propagation}": supported values: "Orphan", "Background", "Foreground"')
+            raise bad_request(
+                f'propagationPolicy: Unsupported value: "{propagation}": '
+                'supported values: "Orphan", "Background", "Foreground"'
+            )
         with self.lock:
             coll = self._collection(rt)
             current = coll.get(namespace, name)
             if current is None:
                 raise not_found(rt, name)
             preconditions = preconditions or {}
-            uid = preconditions.get("uid")
-            if uid and uid != current.obj["metadata"]["uid"]:
+            uid, actual_uid = preconditions.get("uid"), current.obj["metadata"]["uid"]
+            if uid and uid != actual_uid:
                 raise conflict(
-                    rt,
-                    name,
-                    f"Precondition failed: UID in precondition: {uid}, UID in object meta: {current.obj['metadata']['uid']}",
+                    rt, name, f"Precondition failed: UID in precondition: {uid}, UID in object meta: {actual_uid}"
                 )
             rv = preconditions.get("resourceVersion")
             if rv and rv != str(current.rv):
                 raise conflict(
                     rt,
                     name,
-                    f"Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in meta: {current.rv}",
+                    f"Precondition failed: ResourceVersion in precondition: {rv}, "
+                    f"ResourceVersion in meta: {current.rv}",
                 )
             if dry_run:
                 return current
@@ -881,9 +890,8 @@ class Store:
                 if selective and not (labels.matches_object(entry.obj) and fields.matches_object(entry.obj)):
                     continue
                 if limit and len(selected) == limit:
-                    rest = entries[i:]
                     if not selective:
-                        remaining = len(rest)
+                        remaining = len(entries) - i
                     token = encode_continue(list_rv, selected[-1].key)
                     break
                 selected.append(entry)
@@ -994,7 +1002,3 @@ class Store:
     def counts(self) -> dict[str, int]:
         with self.lock:
             return {key: coll.count() for key, coll in self._collections.items() if coll.objects}
-
-    def entries(self, resource: str) -> Iterable[Entry]:
-        with self.lock:
-            return self._collections[self.resource_type(resource).key].sorted_entries(None)

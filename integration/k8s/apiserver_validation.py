@@ -211,12 +211,18 @@ def _resource_errors(resources: dict[str, Any], path: str) -> list[FieldError]:
             elif parse_quantity(limits[resource]) != request:
                 errors.append(
                     invalid_value(
-                        f"{path}.requests[{resource}]", quantity, f"must be equal to {resource} limit of {limits[resource]}"
+                        f"{path}.requests[{resource}]",
+                        quantity,
+                        f"must be equal to {resource} limit of {limits[resource]}",
                     )
                 )
         elif resource in limits and request is not None and request > parse_quantity(limits[resource]):
             errors.append(
-                invalid_value(f"{path}.requests", quantity, f"must be less than or equal to {resource} limit of {limits[resource]}")
+                invalid_value(
+                    f"{path}.requests",
+                    quantity,
+                    f"must be less than or equal to {resource} limit of {limits[resource]}",
+                )
             )
     return errors
 
@@ -363,7 +369,9 @@ def _default_workload(obj: dict[str, Any], kind: str) -> None:
         spec.setdefault("podManagementPolicy", "OrderedReady")
         spec.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
     elif kind == "DaemonSet":
-        spec.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}})
+        spec.setdefault(
+            "updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+        )
     elif kind == "Job":
         if "completions" not in spec and "parallelism" not in spec:
             spec["completions"] = 1
@@ -409,7 +417,9 @@ def _workload_errors(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] 
         elif not parsed:
             errors.append(invalid_value("spec.selector", selector, f"empty selector is invalid for {rt.singular}"))
         elif not parsed.matches(labels):
-            errors.append(invalid_value("spec.template.metadata.labels", labels, "`selector` does not match template `labels`"))
+            errors.append(
+                invalid_value("spec.template.metadata.labels", labels, "`selector` does not match template `labels`")
+            )
     for field in ("replicas", "parallelism", "completions", "backoffLimit"):
         value = spec.get(field)
         if isinstance(value, int) and value < 0:
@@ -487,7 +497,9 @@ def _crd_errors(obj: dict[str, Any], old: dict[str, Any] | None) -> list[FieldEr
     if not versions:
         errors.append(required("spec.versions", "must have exactly one version marked as storage version"))
     elif sum(1 for v in versions if v.get("storage")) != 1:
-        errors.append(invalid_value("spec.versions", versions, "must have exactly one version marked as storage version"))
+        errors.append(
+            invalid_value("spec.versions", versions, "must have exactly one version marked as storage version")
+        )
     for i, version in enumerate(versions):
         if not version.get("name"):
             errors.append(required(f"spec.versions[{i}].name"))
@@ -557,6 +569,58 @@ def apply_defaults(rt: ResourceType, obj: dict[str, Any]) -> None:
         _default_crd(obj)
 
 
+_NODE_INFO_FIELDS = (
+    "machineID",
+    "systemUUID",
+    "bootID",
+    "kernelVersion",
+    "osImage",
+    "containerRuntimeVersion",
+    "kubeletVersion",
+    "kubeProxyVersion",
+    "operatingSystem",
+    "architecture",
+)
+_ZERO_STATUS_COUNTS = {
+    "replicasets.apps": ("replicas",),
+    "statefulsets.apps": ("replicas", "availableReplicas"),
+    "daemonsets.apps": ("currentNumberScheduled", "numberMisscheduled", "desiredNumberScheduled", "numberReady"),
+}
+
+
+def _default_container_status(status: Any) -> None:
+    if not isinstance(status, dict):
+        return
+    for key, zero in (("name", ""), ("ready", False), ("restartCount", 0), ("image", ""), ("imageID", "")):
+        status.setdefault(key, zero)
+    for state_key in ("state", "lastState"):
+        state = status.get(state_key)
+        if isinstance(state, dict) and isinstance(state.get("terminated"), dict):
+            state["terminated"].setdefault("exitCode", 0)
+
+
+def default_status(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """Status fields Go always prints (no omitempty): the real server's JSON has them even when no
+    writer set them, and the official client's models require several of them."""
+    status = obj.get("status")
+    if not isinstance(status, dict):
+        return
+    key = rt.key
+    if key == "nodes":
+        info = status.get("nodeInfo")
+        status["nodeInfo"] = {**dict.fromkeys(_NODE_INFO_FIELDS, ""), **(info if isinstance(info, dict) else {})}
+        endpoint = (status.get("daemonEndpoints") or {}).get("kubeletEndpoint")
+        if isinstance(endpoint, dict):
+            endpoint.setdefault("Port", 0)
+    elif key == "pods":
+        for group in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+            for container_status in status.get(group) or ():
+                _default_container_status(container_status)
+    elif key in _ZERO_STATUS_COUNTS:
+        for field in _ZERO_STATUS_COUNTS[key]:
+            status.setdefault(field, 0)
+
+
 def prepare_create(rt: ResourceType, obj: dict[str, Any], now: str) -> list[FieldError]:
     """What create sets that update keeps: the initial status, generated selectors."""
     key = rt.key
@@ -581,6 +645,7 @@ def prepare_create(rt: ResourceType, obj: dict[str, Any], now: str) -> list[Fiel
             obj["status"] = {}
         else:
             obj.pop("status", None)
+    default_status(rt, obj)
     return errors
 
 
@@ -604,7 +669,8 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
 
 
 def validate_status(rt: ResourceType, obj: dict[str, Any]) -> list[FieldError]:
-    """Checks on a write to the status subresource."""
+    """Checks on a write to the status subresource, after its defaults."""
+    default_status(rt, obj)
     if rt.key == "nodes":
         status = obj.get("status") or {}
         _check_quantities(rt, status.get("capacity"))
