@@ -612,41 +612,37 @@ class _Pool:
             memory, equivalent = float(model.memory_gb), 1 / self.per_gpu
         else:
             memory, equivalent = float(model.memory_gb), 1.0
+        common = {
+            "cluster": cluster,
+            "node": self.node,
+            "sharing": sharing,
+            "gpu_model": model.name,
+            "unit_memory_gb": memory,
+            "gpu_equivalent": equivalent,
+            "gpu_memory_gb": float(model.memory_gb),
+            "labels": self.labels,
+        }
         if self.gpu_room is not None:
             # A share or a replica lives on one GPU: one record per physical GPU.
             self._units = [
                 CapacityUnit(
-                    cluster=cluster,
-                    node=self.node,
-                    sharing=sharing,
-                    gpu_model=model.name,
-                    unit_memory_gb=memory,
+                    **common,
                     capacity=self.per_gpu,
                     allocated=self.per_gpu - self.gpu_room[pos],
-                    gpu_equivalent=equivalent,
                     gpus=(gpu,),
-                    gpu_memory_gb=float(model.memory_gb),
                     memory_allocated_gb=None if self.gpu_memory is None else self.gpu_memory[pos],
-                    labels=self.labels,
                 )
                 for pos, gpu in enumerate(self.gpus)
             ]
         else:
             self._units = [
                 CapacityUnit(
-                    cluster=cluster,
-                    node=self.node,
-                    sharing=sharing,
-                    gpu_model=model.name,
-                    unit_memory_gb=memory,
+                    **common,
                     capacity=self.capacity,
                     allocated=self.capacity - self.free,
-                    gpu_equivalent=equivalent,
                     mig_profile=self.profile,
                     gpus=self.gpus,
-                    gpu_memory_gb=float(model.memory_gb),
                     in_mig_mode=sharing in _MIG,
-                    labels=self.labels,
                 )
             ]
         return self._units
