@@ -142,6 +142,9 @@ def test_mig_asks_for_the_profile_resource():
     assert limits == {"nvidia.com/mig-3g.20gb": "1"}
     env = env_of(manifest)
     assert env["GPUSH_GPU_MEMORY_FRACTION"] == "1" and env["GPUSH_GPU_MEMORY_GB"] == "20"
+    whole = env_of(render(6, spec(), placement(Sharing.K8S_EXCLUSIVE, gpu_model="H100-SXM5-80GB"), OPTIONS))
+    # the nominal 80 GB is more than the device has: a whole GPU without a budget gets only the fraction
+    assert whole["GPUSH_GPU_MEMORY_FRACTION"] == "1" and "GPUSH_GPU_MEMORY_GB" not in whole
     assert "affinity" not in pod_spec(manifest)  # the profile names the model; no node preferred
     with pytest.raises(Rejected, match="MIG profile"):
         render(6, job, placement(Sharing.K8S_MIG), OPTIONS)

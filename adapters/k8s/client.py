@@ -165,6 +165,7 @@ class KubeClient:
         self.pool_size = pool_size
         self._api: Any = None
         self._lock = threading.Lock()
+        self.where: str | None = None  # where the configuration came from, once loaded
 
     # -- configuration -----------------------------------------------------------------
 
@@ -240,13 +241,15 @@ class KubeClient:
             raise Unreachable(f"the Kubernetes API at {api.configuration.host} does not answer: {exc}") from None
         except OSError as exc:
             raise Unreachable(f"the Kubernetes API at {api.configuration.host} does not answer: {exc}") from None
-        except Exception as exc:  # the client's own ApiException for transport problems
-            if type(exc).__name__ == "ApiException":
-                status = getattr(exc, "status", 0) or 0
-                if status:
-                    raise _status_error(status, getattr(exc, "body", None), what) from None
-                raise Unreachable(f"the Kubernetes API call failed: {exc}") from None
-            raise
+        except Exception as exc:
+            from kubernetes.client.exceptions import ApiException
+
+            if not isinstance(exc, ApiException):
+                raise
+            # The client's rest layer raises it itself for TLS and request-building failures.
+            if exc.status:
+                raise _status_error(exc.status, exc.body, what) from None
+            raise Unreachable(f"the Kubernetes API call failed: {exc}") from None
         if not 200 <= response.status <= 299:
             try:
                 data = response.read()

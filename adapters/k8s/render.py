@@ -24,10 +24,11 @@ What callers may assume:
   time-slicing and whole GPUs (a MIG profile names its model already).
 - **The GPU memory budget in the environment.** ``GPUSH_GPU_MEMORY_FRACTION`` is the
   share of each visible device's memory the job may use (its ``gpu_memory_gb`` over
-  the GPU's memory under time-slicing, 1 on a MIG slice or a whole GPU) and
-  ``GPUSH_GPU_MEMORY_GB`` the same in GB (time-slicing has no memory isolation: the
-  program must hold itself to it). Device ids are never set: the device plugin chooses them, and a job that
-  sets ``CUDA_VISIBLE_DEVICES`` or ``NVIDIA_VISIBLE_DEVICES`` itself is refused.
+  the GPU's memory under time-slicing, which has no memory isolation, so the program
+  must hold itself to it; 1 on a MIG slice or a whole GPU) and ``GPUSH_GPU_MEMORY_GB``
+  the job's ``gpu_memory_gb`` when it gave one. Device ids are never set: the device
+  plugin chooses them, and a job that sets ``CUDA_VISIBLE_DEVICES`` or
+  ``NVIDIA_VISIBLE_DEVICES`` itself is refused.
 - **No shell, no root.** ``command`` is the container's argv (a string command was
   already made ``/bin/sh -c ...`` by the job spec, visibly); Pods run as a non-root
   uid without privilege escalation, and mount no service account token unless the
@@ -291,23 +292,18 @@ def node_affinity(placement: Placement, products: Sequence[str]) -> dict[str, An
 
 
 def memory_budget(placement: Placement, spec: JobSpec, gpu_memory_gb: float | None) -> tuple[float, float | None]:
-    """(fraction of each visible device's memory, GB) the job may use."""
-    if placement.sharing == Sharing.K8S_TIMESLICE:
-        budget = placement.gpu_memory_gb or spec.gpu_memory_gb
-        if budget and gpu_memory_gb:
-            return min(budget / gpu_memory_gb, 1.0), budget
-        return 1.0, budget or gpu_memory_gb
-    if placement.sharing == Sharing.K8S_MIG and placement.mig_profile:
-        try:
-            model = gpu_model(placement.gpu_model) if placement.gpu_model else None
-            memory = model.profile(placement.mig_profile).memory_gb if model else None
-        except ValueError:
-            memory = None
-        if memory is None:
-            match = re.match(r"^\d+g\.(\d+)gb$", placement.mig_profile)
-            memory = float(match.group(1)) if match else None
-        return 1.0, memory
-    return 1.0, gpu_memory_gb
+    """(fraction of each visible device's memory, GB) the job may use.
+
+    The GB is the job's own ``gpu_memory_gb`` (None when it asked for none): a device's
+    usable memory is a little under its nominal size (an "80 GB" H100 has 79.6 GiB),
+    so a nominal figure would invite the job to take more than is there. The fraction
+    is what a time-sliced job may take of the GPU it shares; 1 on a MIG slice or a
+    whole GPU, which are the job's alone.
+    """
+    budget = placement.gpu_memory_gb or spec.gpu_memory_gb
+    if placement.sharing == Sharing.K8S_TIMESLICE and budget and gpu_memory_gb:
+        return min(budget / gpu_memory_gb, 1.0), budget
+    return 1.0, budget
 
 
 def environment(job_id: int, spec: JobSpec, placement: Placement, gpu_memory_gb: float | None) -> list[dict[str, str]]:
