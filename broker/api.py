@@ -57,6 +57,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class TimesliceRequest(BaseModel):
+    replicas: int = Field(ge=1, le=64, description="time-slices per physical GPU")
+    node_label: str | None = Field(None, description="KEY=VALUE: only the nodes with this label")
+
+
 class ScaleRequest(BaseModel):
     replicas: int = Field(ge=1, le=10_000, description="the number of replicas the job should run")
 
@@ -317,6 +322,21 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         with session.begin():
             infos = clusters.list_clusters(session)
         return [clusters.summarize(info, adapters.get(info)) for info in infos]
+
+    @app.post("/v1/clusters/{name}/timeslice", tags=["clusters"])
+    def apply_timeslice(name: str, body: TimesliceRequest, session: Db, _who: Admin) -> dict[str, Any]:
+        """Render and apply a Kubernetes cluster's time-slicing config (the GPU Operator's
+        device-plugin ConfigMap and ClusterPolicy patch); returns what changed."""
+        with session.begin():
+            row = session.get(Cluster, name)
+            if row is None:
+                raise NotFound(f"no cluster {name}: `gpush cluster list` shows them")
+            info = clusters.ClusterInfo.of(row)
+        adapter = adapters.get(info)
+        if not hasattr(adapter, "apply_timeslice"):
+            raise InvalidRequest(f"cluster {name} is a {info.kind} cluster: time-slicing is configured on Kubernetes")
+        plan = adapter.timeslice(body.replicas, node_label=body.node_label)
+        return {"cluster": name, "changes": adapter.apply_timeslice(plan), "rendered": plan.to_yaml()}
 
     @app.delete("/v1/clusters/{name}", status_code=204, tags=["clusters"])
     def remove_cluster(name: str, session: Db, _who: Admin) -> Response:

@@ -586,6 +586,59 @@ def cluster_remove(settings: Settings, name: str) -> int:
 
 
 @cli.group(context_settings=CONTEXT)
+def k8s() -> None:
+    """Kubernetes clusters: the GPU Operator's time-slicing configuration."""
+
+
+@k8s.group("timeslice", context_settings=CONTEXT)
+def timeslice() -> None:
+    """Time-slicing: render the device-plugin ConfigMap and ClusterPolicy patch, or apply them."""
+
+
+_REPLICAS = click.option("--replicas", type=click.IntRange(1, 64), required=True, help="Time-slices per GPU.")
+_NODE_LABEL = click.option("--node-label", metavar="KEY=VALUE", help="Only the nodes with this label (default: all).")
+
+
+@timeslice.command("render", context_settings=CONTEXT)
+@_REPLICAS
+@_NODE_LABEL
+@click.option(
+    "--config-map",
+    default="gpu-operator/time-slicing-config",
+    show_default=True,
+    metavar="NAMESPACE/NAME",
+    help="Where the device plugin reads its config.",
+)
+def timeslice_render(replicas: int, node_label: str | None, config_map: str) -> int:
+    """Print the ConfigMap, the ClusterPolicy patch and the node labels (kubectl can apply them)."""
+    from adapters.k8s.timeslice import render_timeslice
+
+    try:
+        plan = render_timeslice(replicas, node_label=node_label, config_map=config_map)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(plan.to_yaml(), nl=False)
+    return 0
+
+
+@timeslice.command("apply", context_settings=CONTEXT)
+@click.argument("cluster")
+@_REPLICAS
+@_NODE_LABEL
+@json_option
+@click.pass_obj
+def timeslice_apply(settings: Settings, cluster: str, replicas: int, node_label: str | None, json_mode) -> int:
+    """Apply time-slicing to Kubernetes cluster CLUSTER through its API (admins)."""
+    result = settings.client().apply_timeslice(cluster, replicas, node_label)
+    if json_mode:
+        _out(json_mode).json(result)
+    else:
+        for change in result["changes"] or ["nothing to change: the cluster already has this configuration"]:
+            click.echo(change)
+    return 0
+
+
+@cli.group(context_settings=CONTEXT)
 def tenant() -> None:
     """Tenants: fair-share weights and GPU quotas."""
 

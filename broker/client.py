@@ -187,6 +187,11 @@ class GpushClient:
     def list_clusters(self) -> list[dict[str, Any]]:
         return self._request("GET", "/v1/clusters")
 
+    def apply_timeslice(self, cluster: str, replicas: int, node_label: str | None = None) -> dict[str, Any]:
+        """Apply time-slicing to a Kubernetes cluster (admins); returns the changes made."""
+        body = {"replicas": replicas, "node_label": node_label}
+        return self._request("POST", f"/v1/clusters/{cluster}/timeslice", json=body, safe_to_retry=False)
+
     def remove_cluster(self, name: str) -> None:
         self._request("DELETE", f"/v1/clusters/{name}", expect_body=False)
 

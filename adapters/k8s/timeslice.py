@@ -88,6 +88,16 @@ def _node_label(node_label: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the config inside the ConfigMap) as ``|`` blocks, as people write them."""
+
+
+_BlockDumper.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
+)
+
+
 @dataclass(frozen=True)
 class TimeslicePlan:
     """What ``gpush k8s timeslice render`` prints and ``apply`` applies."""
@@ -104,7 +114,7 @@ class TimeslicePlan:
         """The ConfigMap, the ClusterPolicy patch, and the node labels, as YAML with comments."""
         parts = [
             "# The device plugin config: kubectl apply -f -",
-            yaml.safe_dump(self.config_map, sort_keys=False).rstrip(),
+            yaml.dump(self.config_map, Dumper=_BlockDumper, sort_keys=False).rstrip(),
             "---",
             '# The ClusterPolicy: kubectl patch clusterpolicies.nvidia.com/cluster-policy --type merge -p "$(...)"',
             yaml.safe_dump(self.cluster_policy_patch, sort_keys=False).rstrip(),
