@@ -59,5 +59,3 @@ def describe_details(details: list[dict[str, Any]]) -> str:
         shown = "" if d["value"] is None else f" = {d['value']!r}"
         parts.append(f"{d['field']}{shown}: {d['message']}")
     return "; ".join(parts)
-
-

@@ -34,13 +34,15 @@ What the real components do, and where the simulator follows them:
   label ``nvidia.com/device-plugin.config`` picks the key, else ``spec.devicePlugin.config.default``.
 
 Approximated: GPU memory and compute capability come from a small product table (unknown products
-need ``gpu_memory_mib``); MIG device memory is the profile's GB x 1024 MiB and the multiprocessor
-and engine counts follow the A100/H100 pattern, not a per-product table; driver and CUDA versions
+need ``gpu_memory_mib``); MIG device memory is exact for the A100-40GB profiles of the GPU
+Operator's MIG example output and the profile's GB x 1024 MiB otherwise; multiprocessor and engine
+counts follow the A100/H100 pattern, not a per-product table; driver and CUDA versions
 are fixed strings; ``flags.migStrategy`` in a config file is ignored (the pool's strategy rules).
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 import zlib
 from collections.abc import Iterable, Mapping
@@ -75,6 +77,10 @@ PRODUCTS: dict[str, tuple[int, tuple[int, int]]] = {
 }
 MIG_CAPABLE = ("A100", "A30", "H100", "H200", "GH200", "B200")
 
+# MIG device memory in MiB as GFD labels it on an A100-40GB (GPU Operator MIG docs' example output);
+# other profiles get their name's GB x 1024.
+MIG_MEMORY_MIB = {"1g.5gb": 4864, "2g.10gb": 9984, "3g.20gb": 20096, "4g.20gb": 20096, "7g.40gb": 40192}
+
 _MIG_PROFILE = re.compile(r"^(?P<g>[1-7])g\.(?P<gb>\d+)gb(?P<me>\+me)?$")
 
 
@@ -105,7 +111,7 @@ class MigProfile:
 
     @property
     def memory_mib(self) -> int:
-        return self.memory_gb * 1024
+        return MIG_MEMORY_MIB.get(self.name.removesuffix("+me"), self.memory_gb * 1024)
 
     def attributes(self, major: int) -> dict[str, int]:
         """The MIG attribute labels GFD writes (multiprocessors, slices, engines)."""
@@ -317,6 +323,8 @@ class Device:
     """One schedulable device behind an extended resource: a whole GPU or a MIG device.
 
     ``replicas`` pods may share it (time-slicing or MPS); ``gpu`` is the index of the physical GPU.
+    ``memory_gb`` is what jobs may use on it, in gpush's GB (MiB / 1024); a MIG device holds at
+    least its profile's named GB (a ``3g.20gb`` job asking 20 GB fits, though GFD says 20096 MiB).
     """
 
     resource: str
@@ -324,6 +332,11 @@ class Device:
     memory_mib: int
     replicas: int
     sharing: str
+    memory_gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.memory_gb:
+            object.__setattr__(self, "memory_gb", self.memory_mib / 1024)
 
 
 @dataclass(frozen=True)
@@ -387,7 +400,10 @@ def node_devices(pool: GpuPool, sharing: SharingConfig | None = None) -> NodeDev
             labels[f"nvidia.com/gpu.{key}"] = str(value)
         name = sharing.advertised_name(GPU)
         resources[name] = n * replicas
-        devices += [Device(name, i, profile.memory_mib, replicas, sharing.strategy) for i in migged for _ in layouts[i]]
+        size = max(profile.memory_gb, profile.memory_mib / 1024)
+        devices += [
+            Device(name, i, profile.memory_mib, replicas, sharing.strategy, size) for i in migged for _ in layouts[i]
+        ]
         return NodeDevices(resources, labels, tuple(devices), sharing)
 
     if migged:
@@ -413,13 +429,15 @@ def node_devices(pool: GpuPool, sharing: SharingConfig | None = None) -> NodeDev
         for i in migged:
             for p in layouts[i]:
                 resource = f"{MIG_PREFIX}{p}"
+                profile = MigProfile.parse(p)
                 devices.append(
                     Device(
                         sharing.advertised_name(resource),
                         i,
-                        MigProfile.parse(p).memory_mib,
+                        profile.memory_mib,
                         sharing.replicas_for(resource),
                         sharing.strategy,
+                        max(profile.memory_gb, profile.memory_mib / 1024),
                     )
                 )
     if whole or not migged:
@@ -437,8 +455,6 @@ def node_devices(pool: GpuPool, sharing: SharingConfig | None = None) -> NodeDev
 
 
 def _now() -> str:
-    import datetime
-
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -26,10 +26,12 @@ processed twice at once and every controller can be re-driven from its cache):
   ``sim.gpush.io/duration`` (seconds) with ``sim.gpush.io/exit-code``; ``sim.gpush.io/oom: "true"``
   ends in ``OOMKilled``, exit code 137, as the kubelet reports a cgroup OOM kill. GPU memory: each
   pod holds its GPU memory on the devices it was given (replicas spread over the physical GPUs);
-  the memory is ``sim.gpush.io/gpu-memory-gb`` if annotated, else the container env
-  ``GPUSH_GPU_MEMORY_GB`` (GB per GPU), else ``GPUSH_GPU_MEMORY_FRACTION`` x the device's memory.
-  The pod that pushes a time-sliced GPU (or a whole GPU or MIG device) past its memory, or an MPS
-  client past memory/replicas, is OOMKilled after ``Timings.oom_after``. ``restartPolicy: Always``
+  the memory it uses is ``sim.gpush.io/gpu-memory-gb`` if annotated (a test's way to make a job
+  use more than it declared), else the container env ``GPUSH_GPU_MEMORY_GB`` (per device, summed
+  over containers), else ``GPUSH_GPU_MEMORY_FRACTION`` x the device's memory. GB are gpush's (GFD
+  MiB / 1024); a MIG device holds at least its profile's named GB. The pod that pushes a
+  time-sliced GPU (or a whole GPU or MIG device) past its memory, or an MPS client past
+  memory/replicas, is OOMKilled after ``Timings.oom_after``. ``restartPolicy: Always``
   (and ``OnFailure`` on a non-zero exit) restarts the container after a CrashLoopBackOff delay.
   Pods marked for deletion are deleted with grace period 0 (the kubelet's confirmation).
 - ``JobController`` (batch/v1): ``min(parallelism, completions - succeeded)`` pods from the
@@ -80,7 +82,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from kubernetes import client
@@ -169,6 +171,17 @@ def _child_name(base: str) -> str:
 
 def _gone(exc: ApiException) -> bool:
     return exc.status in (404, 409)
+
+
+def _exists(read: Callable[..., bytes], *args) -> bool:
+    """Whether a live GET finds the object: a 404 from a subresource alone does not say which is missing."""
+    try:
+        read(*args)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 @lru_cache(maxsize=8192)
@@ -372,7 +385,11 @@ class Informer:
             kwargs = {"limit": self._page, "_preload_content": False, "_request_timeout": 60}
             if cont:
                 kwargs["_continue"] = cont
-            data = json.loads(self._list(**kwargs).data)
+            resp = self._list(**kwargs)
+            try:
+                data = json.loads(resp.data)
+            finally:
+                resp.release_conn()
             items += data.get("items") or []
             cont = (data.get("metadata") or {}).get("continue")
             if not cont:
@@ -573,14 +590,46 @@ class _Expectations:
 # ---------------------------------------------------------------- shared context
 
 
+class _Writer:
+    """An API object whose calls return the raw response body and hand the connection back at once.
+
+    Skipping the client's model deserialization saves most of a request's CPU; reading the body and
+    releasing the connection keeps it in the pool for the next request.
+    """
+
+    def __init__(self, api):
+        self._api = api
+
+    def __getattr__(self, name: str) -> Callable[..., bytes]:
+        method = getattr(self._api, name)
+
+        def call(*args, **kwargs) -> bytes:
+            resp = method(*args, _preload_content=False, **kwargs)
+            try:
+                return resp.data
+            finally:
+                resp.release_conn()
+
+        call.__name__ = name
+        return call
+
+
 class _Cluster:
     """What every component shares: the clients, the caches, the write pool, events and gaps."""
 
     def __init__(self, api_client, *, timings: Timings, speed: float, record_events: bool, workers: int):
-        self.core = client.CoreV1Api(api_client)
-        self.batch = client.BatchV1Api(api_client)
-        self.apps = client.AppsV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+        # Our own client, its pool sized for every watch and worker at once: a pool smaller than the
+        # concurrency makes urllib3 open (and drop) a connection per request.
+        configuration = copy.deepcopy(api_client.configuration)
+        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 2 * workers + 32)
+        self.api_client = client.ApiClient(configuration)
+        self.read_core = client.CoreV1Api(self.api_client)
+        self.read_batch = client.BatchV1Api(self.api_client)
+        self.read_apps = client.AppsV1Api(self.api_client)
+        self.read_custom = client.CustomObjectsApi(self.api_client)
+        self.core = _Writer(self.read_core)
+        self.batch = _Writer(self.read_batch)
+        self.apps = _Writer(self.read_apps)
         self.timings = timings
         self.speed = speed
         self.record_events = record_events
@@ -596,9 +645,11 @@ class _Cluster:
         self.configmaps: Informer
         self.policies: Informer
         self.counters: dict[str, int] = defaultdict(int)
+        self._count_lock = threading.Lock()
 
     def count(self, name: str, n: int = 1) -> None:
-        self.counters[name] += n
+        with self._count_lock:
+            self.counters[name] += n
 
     def submit(self, fn: Callable, *args, **kwargs) -> None:
         if self.stop.is_set():
@@ -656,15 +707,19 @@ class _Cluster:
             "lastTimestamp": now,
             "count": 1,
         }
-        self.submit(self.core.create_namespaced_event, ns, body, _preload_content=False)
+        self.submit(self.core.create_namespaced_event, ns, body)
 
-    def delete_pod(self, pod: Mapping, *, grace: int | None = None) -> None:
+    def delete_pod(self, pod: Mapping, *, grace: int | None = None, unchanged: bool = False) -> None:
+        """Deletes this pod (its uid), or with ``unchanged`` only the very version given (409 otherwise, ignored)."""
         md = _meta(pod)
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": md.get("uid")}}
+        preconditions = {"uid": md.get("uid")}
+        if unchanged:
+            preconditions["resourceVersion"] = md.get("resourceVersion")
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
         if grace is not None:
             body["gracePeriodSeconds"] = grace
         try:
-            self.core.delete_namespaced_pod(md["name"], md["namespace"], body=body, _preload_content=False)
+            self.core.delete_namespaced_pod(md["name"], md["namespace"], body=body)
         except ApiException as exc:
             if not _gone(exc):
                 raise
@@ -681,18 +736,15 @@ class _Cluster:
         }[kind]
         if gap not in self.gaps:
             try:
-                status_fn(name, namespace, body, _content_type=MERGE, _preload_content=False)
+                status_fn(name, namespace, body, _content_type=MERGE)
                 return
             except ApiException as exc:
-                if exc.status not in (404, 405) or self.jobs_or_deploy_missing(kind, namespace, name):
+                read = self.batch.read_namespaced_job if kind == "Job" else self.apps.read_namespaced_deployment
+                if exc.status not in (404, 405) or not _exists(read, name, namespace):
                     raise
                 self.gaps.add(gap)
                 log.warning("the server has no %s subresource; patching the object instead", gap)
-        plain_fn(name, namespace, body, _content_type=MERGE, _preload_content=False)
-
-    def jobs_or_deploy_missing(self, kind: str, namespace: str, name: str) -> bool:
-        cache = self.jobs if kind == "Job" else self.deployments
-        return cache.get(f"{namespace}/{name}") is None
+        plain_fn(name, namespace, body, _content_type=MERGE)
 
 
 # ---------------------------------------------------------------- scheduler
@@ -736,6 +788,8 @@ class Scheduler:
        frees resources, or ``Timings.unschedulable_retry`` passes.
     """
 
+    MOVE_INTERVAL = 0.05  # seconds between two moves of the parked pods back to the active queue
+
     def __init__(self, cluster: _Cluster, *, name: str = SCHEDULER, sample: int = 8):
         self.c = cluster
         self.name = name
@@ -752,6 +806,11 @@ class Scheduler:
         self._queued: set[str] = set()
         self._parked: dict[str, str] = {}  # pod key -> uid
         self._reported: dict[str, str] = {}  # uid -> last Unschedulable message written
+        # Placing a pod only makes fit harder, so a failure stays true until something is freed
+        # (a pod ends, a node is added or changes): failures are cached per scheduling signature
+        # and generation of freed capacity, which keeps thousands of waiting pods cheap to retry.
+        self._freed = 0
+        self._failures: dict[str, tuple[int, str]] = {}
         self._move_all = False
         self._cv = threading.Condition(self._lock)
         self._rr = 0
@@ -771,6 +830,7 @@ class Scheduler:
                 if before is not None and before.same(info):
                     return
             self._index_dirty = True
+            self._freed += 1
             self._request_move()
 
     def _charge(self, node: str, req: Mapping[str, int], sign: int) -> None:
@@ -797,7 +857,8 @@ class Scheduler:
                 self._reported.pop(uid, None)
                 return
             freed = False
-            for table in (self._bound, self._assumed) if kind == "DELETED" or node else (self._bound,):
+            # a bound pod that ended or went away frees its node; an assumed one only when deleted
+            for table in (self._bound, self._assumed) if kind == "DELETED" else (self._bound,):
                 held = table.pop(uid, None)
                 if held:
                     self._charge(held[0], held[1], -1)
@@ -808,6 +869,7 @@ class Scheduler:
             elif self._wants(pod) and (kind == "ADDED" or key not in self._parked):
                 self._enqueue(key)
             if freed:
+                self._freed += 1
                 self._request_move()
 
     def _wants(self, pod: Mapping) -> bool:
@@ -850,14 +912,15 @@ class Scheduler:
         while not self.c.stop.is_set():
             with self._lock:
                 now = time.monotonic()
-                if self._parked and (self._move_all or now - last_flush >= self.c.timings.unschedulable_retry):
+                moving = self._move_all and now - last_flush >= self.MOVE_INTERVAL
+                if self._parked and (moving or now - last_flush >= self.c.timings.unschedulable_retry):
                     for key in list(self._parked):
                         self._enqueue(key)
                     self._parked.clear()
                     self._move_all = False
                     last_flush = now
                 if not self._active:
-                    self._cv.wait(0.2)
+                    self._cv.wait(self.MOVE_INTERVAL if self._move_all else 0.2)
                     continue
                 key = self._active.popleft()
                 self._queued.discard(key)
@@ -873,15 +936,31 @@ class Scheduler:
         uid = _meta(pod).get("uid")
         spec = pod.get("spec") or {}
         req = pod_requests(spec)
+        signature = json.dumps(
+            [
+                sorted(req.items()),
+                spec.get("nodeSelector"),
+                (spec.get("affinity") or {}).get("nodeAffinity"),
+                spec.get("tolerations"),
+            ],
+            sort_keys=True,
+        )
         with self._lock:
             if uid in self._assumed or uid in self._bound:
                 return
-            node = self._select(spec, req)
+            cached = self._failures.get(signature)
+            node = None if cached and cached[0] == self._freed else self._select(spec, req)
             if node is not None:
                 self._assumed[uid] = (node, req)
                 self._charge(node, req, +1)
             else:
-                message = self._fit_error(spec, req)
+                if cached and cached[0] == self._freed:
+                    message = cached[1]
+                else:
+                    message = self._fit_error(spec, req)
+                    self._failures[signature] = (self._freed, message)
+                    if len(self._failures) > 10_000:
+                        self._failures.clear()
                 self._parked[key] = uid
                 if self._reported.get(uid) == message:
                     return
@@ -958,7 +1037,7 @@ class Scheduler:
             if best_score is None or score < best_score:
                 best, best_score = info.name, score
             found += 1
-            if found >= self.sample:
+            if found >= self.sample or i >= 64:
                 break
         return best
 
@@ -993,7 +1072,9 @@ class Scheduler:
                 self._charge(held[0], held[1], -1)
                 self._request_move()
         if requeue_after is not None:
-            threading.Timer(requeue_after, self._requeue, args=(key,)).start()
+            timer = threading.Timer(requeue_after, self._requeue, args=(key,))
+            timer.daemon = True
+            timer.start()
 
     def _requeue(self, key: str) -> None:
         with self._lock:
@@ -1015,9 +1096,9 @@ class Scheduler:
                     "target": {"apiVersion": "v1", "kind": "Node", "name": node},
                 }
                 try:
-                    self.c.core.create_namespaced_pod_binding(name, ns, body, _preload_content=False)
+                    self.c.core.create_namespaced_pod_binding(name, ns, body)
                 except ApiException as exc:
-                    if exc.status not in (404, 405) or self.c.pods.get(f"{ns}/{name}") is None:
+                    if exc.status not in (404, 405) or not _exists(self.c.core.read_namespaced_pod, name, ns):
                         raise
                     self._bind_by_patch(name, ns, node)
                     self.c.gaps.add("pods/binding subresource")
@@ -1033,9 +1114,7 @@ class Scheduler:
         self.c.event("Pod", "v1", pod, "Scheduled", f"Successfully assigned {ns}/{name} to {node}")
 
     def _bind_by_patch(self, name: str, ns: str, node: str) -> None:
-        self.c.core.patch_namespaced_pod(
-            name, ns, {"spec": {"nodeName": node}}, _content_type=MERGE, _preload_content=False
-        )
+        self.c.core.patch_namespaced_pod(name, ns, {"spec": {"nodeName": node}}, _content_type=MERGE)
 
     def _mark_unschedulable(self, pod: Mapping, message: str) -> None:
         md = _meta(pod)
@@ -1055,7 +1134,6 @@ class Scheduler:
             md["namespace"],
             {"status": {"conditions": conditions}},
             _content_type=MERGE,
-            _preload_content=False,
         )
         self.c.event("Pod", "v1", pod, "FailedScheduling", message, warning=True)
 
@@ -1092,6 +1170,7 @@ class _Run:
     claims: list[tuple[int, float]] = field(default_factory=list)  # (device index, GB held)
     pod_ip: str = ""
     container_ids: dict[str, str] = field(default_factory=dict)
+    timer: float = math.inf  # the due time a queue timer is already set for
 
 
 class Kubelet:
@@ -1105,11 +1184,32 @@ class Kubelet:
         self._lock = threading.Lock()
         self._usage: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0, 0.0])  # replicas, GB
         self._ips = itertools.count(1)
+        self._by_node: dict[str, set[str]] = defaultdict(set)
+        self._index_lock = threading.Lock()
 
     def on_pod(self, kind: str, pod: dict, old: dict | None) -> None:
+        key = _key(pod)
         node = (pod.get("spec") or {}).get("nodeName")
-        if (node and node in self.c.managed) or _key(pod) in self._runs:
-            self.queue.add(_key(pod))
+        with self._index_lock:
+            if kind == "DELETED" or _phase(pod) in TERMINAL:
+                if node:
+                    self._by_node[node].discard(key)
+            elif node:
+                self._by_node[node].add(key)
+        if (node and node in self.c.managed) or key in self._runs:
+            self.queue.add(key)
+
+    def node_added(self, node: str) -> None:
+        """Pods seen before their simulated node was: run them now."""
+        with self._index_lock:
+            keys = list(self._by_node.get(node, ()))
+        for key in keys:
+            self.queue.add(key)
+
+    def _schedule(self, key: str, run: _Run) -> None:
+        if run.due != math.inf and run.due != run.timer:
+            run.timer = run.due
+            self.queue.add_after(key, max(run.due - time.monotonic(), 0))
 
     def claims(self, key: str) -> list[tuple[str, int]]:
         """(resource, physical GPU index) of every device the pod holds."""
@@ -1119,7 +1219,9 @@ class Kubelet:
         devices = self.plugin.devices(run.node)
         if devices is None:
             return []
-        return [(devices.devices[i].resource, devices.devices[i].gpu) for i, _ in run.claims if i < len(devices.devices)]
+        return [
+            (devices.devices[i].resource, devices.devices[i].gpu) for i, _ in run.claims if i < len(devices.devices)
+        ]
 
     def reconcile(self, key: str) -> None:
         pod = self.c.pods.get(key)
@@ -1148,16 +1250,12 @@ class Kubelet:
             self._runs[key] = run
         if run.stage == "done":
             return
-        if now < run.due:
-            if run.due != math.inf:
-                self.queue.add_after(key, run.due - now)
-            return
-        if run.stage in ("starting", "backoff"):
-            self._start(pod, run, now)
-        elif run.stage == "running":
-            self._finish(pod, run, now)
-        if run.due != math.inf:
-            self.queue.add_after(key, max(run.due - time.monotonic(), 0))
+        if now >= run.due:
+            if run.stage in ("starting", "backoff"):
+                self._start(pod, run, now)
+            elif run.stage == "running":
+                self._finish(pod, run, now)
+        self._schedule(key, run)
 
     def _adopt(self, pod: Mapping, node: str, now: float) -> _Run:
         uid = _meta(pod).get("uid")
@@ -1238,12 +1336,15 @@ class Kubelet:
                     for _ in range(units):
                         if not candidates:
                             break
-                        i = min(candidates, key=lambda j: (j in chosen, self._usage[(run.node, j)][0] / devices.devices[j].replicas))
+                        i = min(
+                            candidates,
+                            key=lambda j: (j in chosen, self._usage[(run.node, j)][0] / devices.devices[j].replicas),
+                        )
                         chosen.append(i)
                         self._usage[(run.node, i)][0] += 1
                     for i in chosen:
                         device = devices.devices[i]
-                        size = device.memory_mib / 1024
+                        size = device.memory_gb
                         demand = gb if gb is not None else (fraction * size if fraction is not None else 0.0)
                         usage = self._usage[(run.node, i)]
                         if device.sharing == "mps" and device.replicas > 1:
@@ -1286,8 +1387,7 @@ class Kubelet:
         for c in containers:
             run.container_ids[c["name"]] = f"containerd://{random.getrandbits(256):064x}"
         statuses = [
-            self._container_status(c, run, {"running": {"startedAt": run.started_at}}, ready=True)
-            for c in containers
+            self._container_status(c, run, {"running": {"startedAt": run.started_at}}, ready=True) for c in containers
         ]
         self._write(pod, run, "Running", statuses, ready=True)
         self.c.count("pods_started")
@@ -1393,9 +1493,7 @@ class Kubelet:
             "startTime": run.start_time,
             "qosClass": (pod.get("status") or {}).get("qosClass") or _qos_class(pod.get("spec") or {}),
         }
-        self.c.core.patch_namespaced_pod_status(
-            md["name"], md["namespace"], {"status": status}, _content_type=MERGE, _preload_content=False
-        )
+        self.c.core.patch_namespaced_pod_status(md["name"], md["namespace"], {"status": status}, _content_type=MERGE)
 
 
 def _qos_class(spec: Mapping) -> str:
@@ -1450,11 +1548,13 @@ class JobController:
         self.queue = WorkQueue("jobs", cluster.stop)
         self.expect = _Expectations()
         self._failures_seen: dict[str, tuple[int, float]] = {}
+        self._finished: set[str] = set()  # Job uids whose terminal condition this process wrote
 
     def on_job(self, kind: str, job: dict, old: dict | None) -> None:
         if kind == "DELETED":
             self.expect.drop(_key(job))
             self._failures_seen.pop(_meta(job).get("uid"), None)
+            self._finished.discard(_meta(job).get("uid"))
             return
         self.queue.add(_key(job))
 
@@ -1475,14 +1575,19 @@ class JobController:
             return
         md, spec, status = _meta(job), job.get("spec") or {}, job.get("status") or {}
         uid, ns, name = md.get("uid"), md["namespace"], md["name"]
-        pods = [p for k in self.owners.pods(uid) if (p := self.c.pods.get(k)) and (_controller_ref(p) or {}).get("uid") == uid]
+        pods = [
+            p
+            for k in self.owners.pods(uid)
+            if (p := self.c.pods.get(k)) and (_controller_ref(p) or {}).get("uid") == uid
+        ]
         active = [p for p in pods if _phase(p) not in TERMINAL and not _meta(p).get("deletionTimestamp")]
         succeeded = max(sum(_phase(p) == "Succeeded" for p in pods), status.get("succeeded") or 0)
         failed = max(sum(_phase(p) == "Failed" for p in pods), status.get("failed") or 0)
         finished = any(
-            c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in status.get("conditions") or []
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            for c in status.get("conditions") or []
         )
-        if finished or md.get("deletionTimestamp"):
+        if finished or uid in self._finished or md.get("deletionTimestamp"):
             for p in active:
                 self.c.submit(self.c.delete_pod, p)
             return
@@ -1493,7 +1598,9 @@ class JobController:
         restarts = 0
         if ((spec.get("template") or {}).get("spec") or {}).get("restartPolicy") == "OnFailure":
             restarts = sum(
-                int(s.get("restartCount") or 0) for p in active for s in (p.get("status") or {}).get("containerStatuses") or []
+                int(s.get("restartCount") or 0)
+                for p in active
+                for s in (p.get("status") or {}).get("containerStatuses") or []
             )
         now = _now()
         start_time = status.get("startTime") or now
@@ -1536,9 +1643,15 @@ class JobController:
                 self.c.submit(self.c.delete_pod, p)
             active = []
             event = ("Completed", "Job completed", False)
-        elif not spec.get("suspend"):
-            want = min(parallelism, completions - succeeded) if completions is not None else (
-                parallelism if succeeded == 0 else 0
+        elif spec.get("suspend"):
+            for p in active:
+                self.c.submit(self.c.delete_pod, p)
+            active = []
+        else:
+            want = (
+                min(parallelism, completions - succeeded)
+                if completions is not None
+                else (parallelism if succeeded == 0 else 0)
             )
             missing = want - len(active) - len(pending)
             wait = self._backoff_wait(uid, failed + restarts)
@@ -1550,7 +1663,7 @@ class JobController:
                 for pod_name in names:
                     self.c.submit(self._create_pod, job, pod_name, key)
             elif missing < 0:
-                for p in sorted(active, key=lambda p: _phase(p) == "Running")[: -missing]:
+                for p in sorted(active, key=lambda p: _phase(p) == "Running")[:-missing]:
                     self.c.submit(self.c.delete_pod, p)
             if deadline is not None:
                 self.queue.add_after(key, max(started + deadline / self.c.speed - time.time(), 0) + 0.01)
@@ -1560,7 +1673,6 @@ class JobController:
             "failed": failed or None,
             "ready": sum(_is_ready(p) for p in active),
             "startTime": start_time,
-            "uncountedTerminatedPods": {},
         }
         conditions = list(status.get("conditions") or [])
         if new_conditions:
@@ -1568,9 +1680,10 @@ class JobController:
             desired["conditions"] = conditions
             if new_conditions[-1]["type"] == "Complete":
                 desired["completionTime"] = now
-        current = {k: status.get(k) for k in desired}
-        if current != desired:
+        if _differs(status, desired):
             self.c.patch_status("Job", name, ns, {"status": desired})
+        if new_conditions:
+            self._finished.add(uid)
         if event:
             self.c.event("Job", "batch/v1", job, event[0], event[1], warning=event[2], component="job-controller")
 
@@ -1604,13 +1717,22 @@ class JobController:
         }
         body = _pod_from_template((job.get("spec") or {}).get("template") or {}, pod_name, md["namespace"], labels, ref)
         try:
-            self.c.core.create_namespaced_pod(md["namespace"], body, _preload_content=False)
+            self.c.core.create_namespaced_pod(md["namespace"], body)
         except Exception:
             self.expect.forget_add(owner_key, pod_name)
             self.queue.add_after(owner_key, 0.2)
             raise
         self.c.count("job_pods_created")
         self.c.event("Job", "batch/v1", job, "SuccessfulCreate", f"Created pod: {pod_name}", component="job-controller")
+
+
+def _differs(current: Mapping, desired: Mapping) -> bool:
+    """Whether writing ``desired`` would change ``current``; 0, null and empty count as the same."""
+
+    def norm(v):
+        return None if v in (0, None, {}, []) and v is not False else v
+
+    return any(norm(current.get(k)) != norm(v) for k, v in desired.items())
 
 
 def _pod_from_template(template: Mapping, name: str, namespace: str, labels: Mapping, owner: Mapping) -> dict:
@@ -1667,10 +1789,18 @@ class DeploymentController:
         template = spec.get("template") or {}
         hash_ = pod_template_hash(template)
         replicas = spec.get("replicas", 1) if spec.get("replicas") is not None else 1
-        pods = [p for k in self.owners.pods(uid) if (p := self.c.pods.get(k)) and (_controller_ref(p) or {}).get("uid") == uid]
+        pods = [
+            p
+            for k in self.owners.pods(uid)
+            if (p := self.c.pods.get(k)) and (_controller_ref(p) or {}).get("uid") == uid
+        ]
         deleting = self.expect.pending_dels(key)
         live = [p for p in pods if not _meta(p).get("deletionTimestamp") and _meta(p).get("uid") not in deleting]
-        current = [p for p in live if (_meta(p).get("labels") or {}).get(POD_TEMPLATE_HASH) == hash_ and _phase(p) not in TERMINAL]
+        current = [
+            p
+            for p in live
+            if (_meta(p).get("labels") or {}).get(POD_TEMPLATE_HASH) == hash_ and _phase(p) not in TERMINAL
+        ]
         stale = [p for p in live if p not in current]
         pending = self.expect.pending_adds(key)
         if not md.get("deletionTimestamp") and not spec.get("paused"):
@@ -1682,7 +1812,7 @@ class DeploymentController:
                 for pod_name in names:
                     self.c.submit(self._create_pod, deployment, hash_, pod_name, key)
             elif missing < 0:
-                doomed += sorted(current, key=_scale_down_rank)[: -missing]
+                doomed += sorted(current, key=_scale_down_rank)[:-missing]
             if doomed:
                 self.expect.expect(key, dels=[_meta(p).get("uid") for p in doomed])
                 for p in doomed:
@@ -1739,7 +1869,7 @@ class DeploymentController:
                 ),
             ],
         }
-        if {k: status.get(k) for k in desired} != desired:
+        if _differs(status, desired):
             self.c.patch_status("Deployment", name, ns, {"status": desired})
 
     def _create_pod(self, deployment: Mapping, hash_: str, pod_name: str, owner_key: str) -> None:
@@ -1755,7 +1885,7 @@ class DeploymentController:
         template = (deployment.get("spec") or {}).get("template") or {}
         body = _pod_from_template(template, pod_name, md["namespace"], {POD_TEMPLATE_HASH: hash_}, ref)
         try:
-            self.c.core.create_namespaced_pod(md["namespace"], body, _preload_content=False)
+            self.c.core.create_namespaced_pod(md["namespace"], body)
         except Exception:
             self.expect.forget_add(owner_key, pod_name)
             self.queue.add_after(owner_key, 0.2)
@@ -1821,9 +1951,19 @@ class GarbageCollector:
             self._deleted_nodes.discard(name)
 
     def _owner(self, ref: Mapping, namespace: str) -> dict | None:
-        cache = self.c.jobs if ref.get("kind") == "Job" else self.c.deployments
-        obj = cache.get(f"{namespace}/{ref.get('name')}")
-        return obj if obj is not None and _meta(obj).get("uid") == ref.get("uid") else None
+        """The live owner, or None if gone; a cache miss is confirmed by a GET, as the real GC does."""
+        job = ref.get("kind") == "Job"
+        name = ref.get("name")
+        obj = (self.c.jobs if job else self.c.deployments).get(f"{namespace}/{name}")
+        if obj is None:
+            read = self.c.batch.read_namespaced_job if job else self.c.apps.read_namespaced_deployment
+            try:
+                obj = json.loads(read(name, namespace))
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+        return obj if _meta(obj).get("uid") == ref.get("uid") else None
 
     def reconcile(self, key: str) -> None:
         if not (self.c.jobs.synced.is_set() and self.c.deployments.synced.is_set()):
@@ -1845,30 +1985,58 @@ class GarbageCollector:
             self.c.delete_pod(pod, grace=0)
             self.c.count("gc_deleted")
             return
-        refs = md.get("ownerReferences") or []
-        if not refs or any((r.get("apiVersion"), r.get("kind")) not in self.KINDS for r in refs):
-            return  # an owner of a kind this simulator does not track is assumed alive
-        owners = [self._owner(r, md["namespace"]) for r in refs]
+        refs = self._tracked_refs(pod)
+        if not refs:
+            return
+        owners = [self._cached_owner(r, md["namespace"]) for r in refs]
         if all(o is None for o in owners):
-            self.c.delete_pod(pod)
-            self.c.count("gc_deleted")
+            self._delete_orphan(md["namespace"], md["name"])
             return
         for ref, owner in zip(refs, owners):
-            if owner is not None and "foregroundDeletion" in (_meta(owner).get("finalizers") or []):
-                if _meta(owner).get("deletionTimestamp"):
-                    self.c.delete_pod(pod)
-                    self.c.count("gc_deleted")
-                    return
-            if owner is not None and "orphan" in (_meta(owner).get("finalizers") or []):
-                if _meta(owner).get("deletionTimestamp"):
-                    kept = [r for r in refs if r.get("uid") != ref.get("uid")]
-                    self.c.core.patch_namespaced_pod(
-                        md["name"],
-                        md["namespace"],
-                        {"metadata": {"ownerReferences": kept or None}},
-                        _content_type=MERGE,
-                        _preload_content=False,
-                    )
+            if owner is None or not _meta(owner).get("deletionTimestamp"):
+                continue
+            finalizers = _meta(owner).get("finalizers") or []
+            if "foregroundDeletion" in finalizers:
+                self.c.delete_pod(pod)
+                self.c.count("gc_deleted")
+                return
+            if "orphan" in finalizers:
+                kept = [r for r in md.get("ownerReferences") or [] if r.get("uid") != ref.get("uid")]
+                self.c.core.patch_namespaced_pod(
+                    md["name"],
+                    md["namespace"],
+                    {"metadata": {"ownerReferences": kept or None}},
+                    _content_type=MERGE,
+                )
+
+    def _delete_orphan(self, namespace: str, name: str) -> None:
+        """Deletes a pod whose owners the cache says are gone, deciding again on live reads.
+
+        The cache may be older than an owner's deletion (an Orphan deletion strips the references
+        once the owner is gone), so the pod is read again, its owners are looked up live, and only
+        the version read is deleted.
+        """
+        try:
+            pod = json.loads(self.c.core.read_namespaced_pod(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        refs = self._tracked_refs(pod)
+        if refs and all(self._owner(r, namespace) is None for r in refs):
+            self.c.delete_pod(pod, unchanged=True)
+            self.c.count("gc_deleted")
+
+    def _tracked_refs(self, pod: Mapping) -> list[dict]:
+        """The pod's owner references, or none if any owner is of a kind this simulator does not track."""
+        refs = _meta(pod).get("ownerReferences") or []
+        if any((r.get("apiVersion"), r.get("kind")) not in self.KINDS for r in refs):
+            return []  # such an owner is assumed alive
+        return refs
+
+    def _cached_owner(self, ref: Mapping, namespace: str) -> dict | None:
+        obj = (self.c.jobs if ref.get("kind") == "Job" else self.c.deployments).get(f"{namespace}/{ref.get('name')}")
+        return obj if obj is not None and _meta(obj).get("uid") == ref.get("uid") else None
 
     def _owner_finalizers(self, kind: str, key: str) -> None:
         cache = self.c.jobs if kind == "Job" else self.c.deployments if kind == "Deployment" else None
@@ -1889,7 +2057,7 @@ class GarbageCollector:
         patch = {"metadata": {"finalizers": [f for f in finalizers if f not in ours] or None}}
         ns, name = _split(key)
         fn = self.c.batch.patch_namespaced_job if kind == "Job" else self.c.apps.patch_namespaced_deployment
-        fn(name, ns, patch, _content_type=MERGE, _preload_content=False)
+        fn(name, ns, patch, _content_type=MERGE)
 
 
 # ---------------------------------------------------------------- device plugin
@@ -1913,7 +2081,7 @@ class DevicePlugin:
             obj = self.c.nodes.get(node)
             pool = self.c.pools.get(((_meta(obj).get("labels") or {}) if obj else {}).get(POOL_LABEL, ""))
             if pool is not None:
-                found = node_devices(pool, self.sharing_for(_meta(obj).get("labels") or {}, pool))
+                found = node_devices(pool, self.sharing_for(_meta(obj).get("labels") or {}, pool, node))
         return found
 
     def config_ref(self) -> tuple[str | None, str | None]:
@@ -1924,7 +2092,7 @@ class DevicePlugin:
                 return config["name"], config.get("default")
         return self._fallback
 
-    def sharing_for(self, labels: Mapping[str, str], pool: GpuPool) -> SharingConfig:
+    def sharing_for(self, labels: Mapping[str, str], pool: GpuPool, node: str = "") -> SharingConfig:
         name, default = self.config_ref()
         if not name:
             return pool.default_sharing()
@@ -1940,7 +2108,7 @@ class DevicePlugin:
         except ValueError as exc:
             log.warning("ConfigMap %s/%s key %s: %s; keeping the node's config", self.namespace, name, key, exc)
             with self._lock:
-                current = self._devices.get(labels.get("kubernetes.io/hostname", ""))
+                current = self._devices.get(node)
             return current.sharing if current else pool.default_sharing()
 
     def on_node(self, kind: str, node: dict, old: dict | None) -> None:
@@ -1969,7 +2137,7 @@ class DevicePlugin:
         pool = self.c.pools.get(labels.get(POOL_LABEL, ""))
         if pool is None:
             return
-        desired = node_devices(pool, self.sharing_for(labels, pool))
+        desired = node_devices(pool, self.sharing_for(labels, pool, name))
         with self._lock:
             self._devices[name] = desired
         label_patch = {k: v for k, v in desired.labels.items() if labels.get(k) != v}
@@ -1985,9 +2153,9 @@ class DevicePlugin:
             if diff:
                 resource_patch[section] = diff
         if label_patch:
-            self.c.core.patch_node(name, {"metadata": {"labels": label_patch}}, _content_type=MERGE, _preload_content=False)
+            self.c.core.patch_node(name, {"metadata": {"labels": label_patch}}, _content_type=MERGE)
         if resource_patch:
-            self.c.core.patch_node_status(name, {"status": resource_patch}, _content_type=MERGE, _preload_content=False)
+            self.c.core.patch_node_status(name, {"status": resource_patch}, _content_type=MERGE)
         if label_patch or resource_patch:
             self.c.count("device_plugin_updates")
 
@@ -2004,8 +2172,18 @@ class Simulator:
 
     ``Simulator(api_client, spec, speed=1.0).start()`` watches pods, nodes, Jobs, Deployments, the
     operator namespace's ConfigMaps and ClusterPolicies; ``create_nodes()`` registers the pools'
-    nodes; ``stop()`` ends every thread. Set ``schedule=False`` on a cluster that has its own
-    kube-scheduler (KWOK's arrangement); ``record_events=False`` skips Normal events (for benchmarks).
+    nodes; ``stop()`` ends every thread (also as a context manager). ``spec`` is a list of
+    ``GpuPool`` or plain mappings of its fields. The simulator talks through its own copy of
+    ``api_client``'s configuration, with a connection pool sized for its threads.
+
+    Options: ``speed`` divides every delay and duration; ``timings`` overrides the delays.
+    Against a real cluster, KWOK's arrangement: ``schedule=False`` leaves binding to its
+    kube-scheduler and ``controllers=False`` leaves Jobs, Deployments and garbage collection to its
+    kube-controller-manager; ``scheduler_name`` picks the pods this scheduler takes.
+    ``operator_namespace`` is where the device plugin's ConfigMap lives, and
+    ``device_plugin_config``/``device_plugin_default`` name the ConfigMap and default key when no
+    ClusterPolicy does. ``record_events=False`` skips Normal events (Warnings are always written);
+    ``workers`` sizes the write pool.
     """
 
     def __init__(
@@ -2016,6 +2194,7 @@ class Simulator:
         speed: float = 1.0,
         timings: Timings | None = None,
         schedule: bool = True,
+        controllers: bool = True,
         scheduler_name: str = SCHEDULER,
         operator_namespace: str = "gpu-operator",
         device_plugin_config: str | None = None,
@@ -2037,14 +2216,16 @@ class Simulator:
         )
         c.pools = {p.name: p for p in self.pools}
         stop = c.stop
-        c.pods = Informer("pods", c.core.list_pod_for_all_namespaces, stop)
-        c.nodes = Informer("nodes", c.core.list_node, stop)
-        c.jobs = Informer("jobs", c.batch.list_job_for_all_namespaces, stop)
-        c.deployments = Informer("deployments", c.apps.list_deployment_for_all_namespaces, stop)
+        c.pods = Informer("pods", c.read_core.list_pod_for_all_namespaces, stop)
+        c.nodes = Informer("nodes", c.read_core.list_node, stop)
+        c.jobs = Informer("jobs", c.read_batch.list_job_for_all_namespaces, stop)
+        c.deployments = Informer("deployments", c.read_apps.list_deployment_for_all_namespaces, stop)
         c.configmaps = Informer(
-            "configmaps", lambda **kw: c.core.list_namespaced_config_map(operator_namespace, **kw), stop
+            "configmaps", lambda **kw: c.read_core.list_namespaced_config_map(operator_namespace, **kw), stop
         )
-        c.policies = Informer("clusterpolicies", lambda **kw: c.custom.list_cluster_custom_object(*CLUSTER_POLICY, **kw), stop)
+        c.policies = Informer(
+            "clusterpolicies", lambda **kw: c.read_custom.list_cluster_custom_object(*CLUSTER_POLICY, **kw), stop
+        )
         self.informers = [c.configmaps, c.policies, c.nodes, c.jobs, c.deployments, c.pods]
 
         self.owners = _OwnerIndex()
@@ -2055,23 +2236,26 @@ class Simulator:
         self.deployments = DeploymentController(c, self.owners)
         self.gc = GarbageCollector(c, self.owners)
 
-        c.nodes.handlers += [self._track_node, self.plugin.on_node, self.gc.on_node]
-        c.pods.handlers += [self.owners.on_pod, self.kubelet.on_pod, self.jobs.on_pod, self.deployments.on_pod, self.gc.on_pod]
+        c.nodes.handlers += [self._track_node, self.plugin.on_node]
+        c.pods.handlers += [self.owners.on_pod, self.kubelet.on_pod]
+        c.configmaps.handlers.append(self.plugin.on_config)
+        c.policies.handlers.append(self.plugin.on_config)
+        self._worker_counts = {
+            self.kubelet.queue: (self.kubelet.reconcile, max(workers // 2, 2)),
+            self.plugin.queue: (self.plugin.reconcile, 2),
+        }
         if self.scheduler:
             c.nodes.handlers.append(self.scheduler.on_node)
             c.pods.handlers.insert(0, self.scheduler.on_pod)
-        c.jobs.handlers += [self.jobs.on_job, self.gc.on_owner("Job")]
-        c.deployments.handlers += [self.deployments.on_deployment, self.gc.on_owner("Deployment")]
-        c.configmaps.handlers.append(self.plugin.on_config)
-        c.policies.handlers.append(self.plugin.on_config)
+        if controllers:
+            c.nodes.handlers.append(self.gc.on_node)
+            c.pods.handlers += [self.jobs.on_pod, self.deployments.on_pod, self.gc.on_pod]
+            c.jobs.handlers += [self.jobs.on_job, self.gc.on_owner("Job")]
+            c.deployments.handlers += [self.deployments.on_deployment, self.gc.on_owner("Deployment")]
+            self._worker_counts[self.jobs.queue] = (self.jobs.reconcile, 2)
+            self._worker_counts[self.deployments.queue] = (self.deployments.reconcile, 2)
+            self._worker_counts[self.gc.queue] = (self.gc.reconcile, 1)
         self._workers: list[threading.Thread] = []
-        self._worker_counts = {
-            self.kubelet.queue: (self.kubelet.reconcile, max(workers // 2, 2)),
-            self.jobs.queue: (self.jobs.reconcile, 2),
-            self.deployments.queue: (self.deployments.reconcile, 2),
-            self.gc.queue: (self.gc.reconcile, 1),
-            self.plugin.queue: (self.plugin.reconcile, 2),
-        }
         self._started = False
 
     # lifecycle
@@ -2111,6 +2295,8 @@ class Simulator:
             informer.join(max(deadline - time.monotonic(), 0.01))
         if self.scheduler:
             self.scheduler.join(max(deadline - time.monotonic(), 0.01))
+        c.writes.shutdown(wait=True)
+        c.api_client.close()
 
     def __enter__(self) -> Simulator:
         return self.start()
@@ -2130,8 +2316,9 @@ class Simulator:
         md = _meta(node)
         if kind == "DELETED":
             self.c.managed.discard(md["name"])
-        elif (md.get("labels") or {}).get(POOL_LABEL) in self.c.pools:
+        elif (md.get("labels") or {}).get(POOL_LABEL) in self.c.pools and md["name"] not in self.c.managed:
             self.c.managed.add(md["name"])
+            self.kubelet.node_added(md["name"])
 
     def node_manifests(self) -> list[dict]:
         """The Node objects ``create_nodes`` registers, with the device-plugin config in force now."""
@@ -2144,23 +2331,28 @@ class Simulator:
                 manifests.append(node_manifest(pool, i, node_devices(pool, sharing)))
         return manifests
 
-    def create_nodes(self, *, workers: int = 16) -> list[str]:
-        """Registers every pool's nodes (in parallel); an existing node is brought to the spec. Returns names."""
+    def create_nodes(self, *, workers: int = 16, wait: float | None = 30.0) -> list[str]:
+        """Registers every pool's nodes (in parallel); an existing node is brought to the spec.
+
+        With ``wait`` (seconds), returns once the simulator's own caches hold every node, so pods
+        bound to them right after are run. Returns the node names.
+        """
         manifests = self.node_manifests()
 
         def register(body: dict) -> str:
             name = body["metadata"]["name"]
             try:
-                resp = self.c.core.create_node(body, _preload_content=False)
-                created = json.loads(resp.data)
+                resp = self.c.core.create_node(body)
+                created = json.loads(resp)
                 if (created.get("status") or {}).get("allocatable") != body["status"]["allocatable"]:
                     self._push_status(name, body)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
                 self.c.core.patch_node(
-                    name, {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]},
-                    _content_type=MERGE, _preload_content=False,
+                    name,
+                    {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]},
+                    _content_type=MERGE,
                 )
                 self._push_status(name, body)
             return name
@@ -2168,12 +2360,22 @@ class Simulator:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sim-nodes") as pool:
             names = list(pool.map(register, manifests))
         self.c.count("nodes_created", len(names))
+        if wait and self._started:
+            deadline = time.monotonic() + wait
+            while not set(names) <= self.c.managed:
+                if time.monotonic() > deadline:
+                    missing = sorted(set(names) - self.c.managed)
+                    raise TimeoutError(f"{len(missing)} nodes (first {missing[0]}) did not reach the watch in {wait}s")
+                time.sleep(0.02)
         return names
 
+    @property
+    def nodes(self) -> list[str]:
+        """The simulated nodes of this simulator's pools that its node cache holds."""
+        return sorted(self.c.managed)
+
     def _push_status(self, name: str, body: dict) -> None:
-        self.c.core.patch_node_status(
-            name, {"status": body["status"]}, _content_type=MERGE, _preload_content=False
-        )
+        self.c.core.patch_node_status(name, {"status": body["status"]}, _content_type=MERGE)
 
     def delete_nodes(self, *, workers: int = 16) -> None:
         """Deletes the simulated nodes of this simulator's pools (their pods are then deleted by the GC)."""
@@ -2181,7 +2383,7 @@ class Simulator:
 
         def remove(name: str) -> None:
             with contextlib.suppress(ApiException):
-                self.c.core.delete_node(name, _preload_content=False)
+                self.c.core.delete_node(name)
 
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sim-nodes") as pool:
             list(pool.map(remove, names))
@@ -2231,5 +2433,4 @@ __all__ = [
     "matches_node",
     "pod_requests",
     "pod_template_hash",
-    "replace",
 ]

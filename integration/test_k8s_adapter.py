@@ -1,0 +1,424 @@
+"""The Kubernetes adapter against the project's Kubernetes API test server and GPU node simulator.
+
+Each test gets its own API server (integration/k8s/apiserver.py) and simulator
+(integration/k8s/simulator.py) with three node pools: time-sliced T4s (2 GPUs x 4
+replicas a node), an A100 split into two 3g.20gb MIG slices (mixed strategy), and
+whole H100s. The adapter reaches them only through a kubeconfig, as it would a real
+cluster. How long a simulated job runs is a Pod annotation the simulator reads
+(``sim.gpush.io/duration``, ``exit-code``); the tests set it from the job's labels
+``sim-duration`` / ``sim-exit`` (as gpush's own simulated fleet reads them) through a
+wrapper of the adapter's renderer, so the production renderer stays free of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kubernetes")
+apiserver = pytest.importorskip("integration.k8s.apiserver")
+simulator = pytest.importorskip("integration.k8s.simulator")
+
+from kubernetes import client, config  # noqa: E402
+
+import adapters.k8s.adapter as k8s_adapter  # noqa: E402
+from adapters.k8s import KubernetesAdapter  # noqa: E402
+from adapters.k8s.states import OOM_REASON  # noqa: E402
+from broker.adapter import BackendJob, BackendState, Placement, Rejected, Sharing  # noqa: E402
+from broker.schemas import JobSpec  # noqa: E402
+from integration.k8s.gpu_nodes import GpuPool  # noqa: E402
+
+T4 = GpuPool("t4", count=1, product="Tesla-T4", gpus_per_node=2, replicas=4, cpu="32", memory="128Gi")
+A100 = GpuPool(
+    "a100",
+    count=1,
+    product="NVIDIA-A100-SXM4-40GB",
+    gpus_per_node=1,
+    mig_strategy="mixed",
+    mig_layout=("3g.20gb", "3g.20gb"),
+)
+H100 = GpuPool("h100", count=1, product="NVIDIA-H100-80GB-HBM3", gpus_per_node=2)
+NAMESPACE = "gpush-it"
+TAG = "gtest"
+FINAL = (BackendState.SUCCEEDED, BackendState.FAILED, BackendState.CANCELLED, BackendState.LOST)
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
+
+
+@pytest.fixture(autouse=True)
+def simulated_durations(monkeypatch):
+    """Job labels sim-duration / sim-exit become the simulator's Pod annotations."""
+    real = k8s_adapter.render
+
+    def render(job_id, spec, placement, options, **kw):
+        manifest = real(job_id, spec, placement, options, **kw)
+        annotations = manifest.body["spec"]["template"]["metadata"]["annotations"]
+        if "sim-duration" in spec.labels:
+            annotations[simulator.ANN_DURATION] = spec.labels["sim-duration"]
+        if "sim-exit" in spec.labels:
+            annotations[simulator.ANN_EXIT_CODE] = spec.labels["sim-exit"]
+        return manifest
+
+    monkeypatch.setattr(k8s_adapter, "render", render)
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    srv = apiserver.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def kubeconfig(server, tmp_path) -> str:
+    return str(server.write_kubeconfig(tmp_path / "kubeconfig"))
+
+
+@pytest.fixture
+def api(kubeconfig) -> Iterator[Any]:
+    api_client = config.new_client_from_config(config_file=kubeconfig)
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture
+def cluster(api) -> Iterator[Any]:
+    sim = simulator.Simulator(api, [T4, A100, H100]).start()
+    sim.create_nodes()
+    names = [n for p in (T4, A100, H100) for n in p.node_names()]
+    wait_for(lambda: set(names) <= sim.c.managed, what="simulated nodes")
+    yield sim
+    sim.stop()
+
+
+def make_adapter(kubeconfig: str, **config: Any) -> KubernetesAdapter:
+    settings = {
+        "kubeconfig": kubeconfig,
+        "namespace": NAMESPACE,
+        "create_namespace": True,
+        "tag": TAG,
+        "image": "python:3.11-slim",
+        "watch_seconds": 0.5,
+        **config,
+    }
+    return KubernetesAdapter("k8s-test", settings)
+
+
+@pytest.fixture
+def adapter(kubeconfig, cluster) -> KubernetesAdapter:
+    return make_adapter(kubeconfig)
+
+
+def job_spec(**fields: Any) -> JobSpec:
+    base: dict[str, Any] = {"kind": "training", "command": ["python", "-c", "print('hi')"], "labels": {}}
+    labels = {**base.pop("labels"), **fields.pop("labels", {})}
+    return JobSpec.model_validate({**base, **fields, "labels": labels})
+
+
+def placed(sharing: Sharing, **fields: Any) -> Placement:
+    base: dict[str, Any] = {"cluster": "k8s-test", "sharing": sharing, "units": 1, "gpu_equivalents": 1.0}
+    return Placement(**{**base, **fields})
+
+
+class Follower:
+    """Reads statuses as the scheduler does, keeping the cursor and each job's last state."""
+
+    def __init__(self, adapter: KubernetesAdapter):
+        self.adapter = adapter
+        self.cursor: str | None = None
+        self.last: dict[int, BackendJob] = {}
+        self.seen: dict[int, list[BackendState]] = {}
+
+    def read(self) -> list[BackendJob]:
+        page = self.adapter.statuses(self.cursor)
+        self.cursor = page.cursor
+        for job in page.jobs:
+            self.last[job.job_id] = job
+            self.seen.setdefault(job.job_id, []).append(job.state)
+        return page.jobs
+
+    def until(self, job_id: int, *states: BackendState, timeout: float = 15.0) -> BackendJob:
+        def reached() -> BackendJob | None:
+            self.read()
+            job = self.last.get(job_id)
+            return job if job is not None and job.state in states else None
+
+        return wait_for(reached, timeout, f"job {job_id} in {[s.value for s in states]}")
+
+
+# -- the cluster ---------------------------------------------------------------------------
+
+
+def test_health_and_an_inventory_of_physical_gpus(adapter):
+    health = adapter.health()
+    assert health.ok and health.version.startswith("v1.")
+    units = adapter.inventory()
+    by_node: dict[str, list] = {}
+    for unit in units:
+        by_node.setdefault(unit.node, []).append(unit)
+    t4 = by_node["t4-0"]
+    # 8 nvidia.com/gpu on 2 GPUs: 2 physical GPUs of 4 replicas, 2 GPU-equivalents
+    assert [(u.sharing, u.gpus, u.capacity, u.gpu_equivalent) for u in t4] == [
+        (Sharing.K8S_TIMESLICE, (0,), 4, 0.25),
+        (Sharing.K8S_TIMESLICE, (1,), 4, 0.25),
+    ]
+    assert all(u.gpu_model == "T4" and "drift" not in u.labels for u in t4)
+    (mig,) = by_node["a100-0"]
+    assert (mig.sharing, mig.mig_profile, mig.capacity, mig.gpu_model) == (
+        Sharing.K8S_MIG,
+        "3g.20gb",
+        2,
+        "A100-SXM4-40GB",
+    )
+    assert mig.gpu_equivalent == pytest.approx(3 / 7)
+    (whole,) = by_node["h100-0"]
+    assert (whole.sharing, whole.capacity, whole.gpu_model) == (Sharing.K8S_EXCLUSIVE, 2, "H100-SXM5-80GB")
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sharing", "fields", "node"),
+    [
+        (Sharing.K8S_TIMESLICE, {"gpu_model": "T4", "gpu_memory_gb": 4}, "t4-0"),
+        (Sharing.K8S_MIG, {"mig_profile": "3g.20gb", "gpu_model": "A100-SXM4-40GB"}, "a100-0"),
+        (Sharing.K8S_EXCLUSIVE, {"gpu_model": "H100-SXM5-80GB", "units": 2}, "h100-0"),
+    ],
+)
+def test_each_sharing_mode_runs_a_job_to_completion(adapter, sharing, fields, node):
+    isolation = {"k8s/timeslice": "none", "k8s/mig": "hardware", "k8s/exclusive": "exclusive"}[sharing.value]
+    memory = {"gpu_memory_gb": 4} if isolation == "none" else {"gpu_memory_gb": 20} if isolation == "hardware" else {}
+    spec = job_spec(isolation=isolation, labels={"sim-duration": "1"}, **memory)
+    backend_id = adapter.submit(1, spec, placed(sharing, **fields))
+    assert backend_id == f"job/{TAG}-1"
+    follow = Follower(adapter)
+    running = follow.until(1, BackendState.RUNNING, BackendState.SUCCEEDED)
+    done = follow.until(1, BackendState.SUCCEEDED)
+    assert (done.exit_code, done.node) == (0, node)
+    assert running.node == node
+
+
+def test_a_failing_job_says_its_exit_code(adapter):
+    adapter.submit(2, job_spec(labels={"sim-duration": "0.3", "sim-exit": "3"}), placed(Sharing.K8S_EXCLUSIVE))
+    failed = Follower(adapter).until(2, BackendState.FAILED)
+    assert (failed.exit_code, failed.reason) == (3, "exited with code 3")
+
+
+def test_a_time_sliced_pod_over_the_gpu_memory_ends_oomkilled_and_gpush_says_why(adapter):
+    # Each T4 has 15 GB here; the broker would never put 9 + 9 GB on one, so this bypasses it.
+    spec = job_spec(kind="inference", isolation="none", gpu_memory_gb=9, labels={"sim-duration": "30"})
+    where = placed(Sharing.K8S_TIMESLICE, gpu_model="T4", gpu_memory_gb=9, node="t4-0")
+    narrow = make_adapter(adapter.settings.kubeconfig, node_selector="sim.gpush.io/pool=t4")
+    follow = Follower(narrow)
+    narrow.submit(3, spec, where)
+    follow.until(3, BackendState.RUNNING)
+    # The device plugin spreads replicas over the two GPUs: of two more 9 GB jobs, one
+    # shares a GPU with the first and pushes it past its memory.
+    narrow.submit(4, spec, where)
+    narrow.submit(5, spec, where)
+
+    def oom_killed() -> list[BackendJob]:
+        follow.read()
+        return [j for j in follow.last.values() if j.state == BackendState.FAILED]
+
+    (oom,) = wait_for(oom_killed, what="an OOM kill")
+    assert oom.job_id in (4, 5) and (oom.reason, oom.exit_code) == (OOM_REASON, 137)
+    assert follow.last[3].state == BackendState.RUNNING
+
+
+def test_a_job_too_big_for_any_node_waits_with_the_schedulers_reason(adapter):
+    adapter.submit(6, job_spec(labels={"sim-duration": "1"}), placed(Sharing.K8S_EXCLUSIVE, units=4))
+    follow = Follower(adapter)
+
+    def unschedulable() -> BackendJob | None:
+        follow.read()
+        job = follow.last.get(6)
+        return job if job and job.reason and job.reason.startswith("Unschedulable") else None
+
+    job = wait_for(unschedulable, what="the scheduler's reason")
+    assert (job.state, job.reason) == (BackendState.PENDING, "Unschedulable: Insufficient nvidia.com/gpu")
+    mig = job_spec(isolation="hardware", gpu_memory_gb=20)
+    adapter.submit(7, mig, placed(Sharing.K8S_MIG, mig_profile="3g.20gb", units=3))
+    job = follow.until(7, BackendState.PENDING)
+    wait_for(lambda: (follow.read(), follow.last[7].reason or "")[1].startswith("Unschedulable"), what="reason")
+    assert follow.last[7].reason == "Unschedulable: Insufficient nvidia.com/mig-3g.20gb"
+
+
+def test_a_deployment_scales_up_and_down(adapter, api):
+    spec = job_spec(
+        kind="inference",
+        isolation="none",
+        gpu_memory_gb=2,
+        elastic={"min_replicas": 1, "max_replicas": 4},
+        command=["python", "-m", "http.server"],
+    )
+    assert adapter.submit(8, spec, placed(Sharing.K8S_TIMESLICE, gpu_model="T4", replicas=1)) == f"deployment/{TAG}-8"
+    follow = Follower(adapter)
+    follow.until(8, BackendState.RUNNING)
+    core = client.CoreV1Api(api)
+
+    def pods(n: int) -> Callable[[], bool]:
+        def check() -> bool:
+            items = core.list_namespaced_pod(NAMESPACE, label_selector="gpush.io/job-id=8").items
+            running = [p for p in items if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+            return len(items) == n and len(running) == n
+
+        return check
+
+    wait_for(pods(1), what="1 replica")
+    assert adapter.scale(8, 3) == 3
+    wait_for(pods(3), what="3 replicas")
+    assert adapter.scale(8, 1) == 1
+    wait_for(pods(1), what="back to 1 replica")
+    adapter.submit(9, job_spec(labels={"sim-duration": "5"}), placed(Sharing.K8S_EXCLUSIVE))
+    with pytest.raises(Rejected, match="does not scale"):
+        adapter.scale(9, 2)
+    with pytest.raises(Rejected, match="no Deployment"):
+        adapter.scale(404, 2)
+
+
+def test_cancel_deletes_the_objects(adapter, api):
+    adapter.submit(10, job_spec(labels={"sim-duration": "60"}), placed(Sharing.K8S_EXCLUSIVE))
+    follow = Follower(adapter)
+    follow.until(10, BackendState.RUNNING)
+    adapter.cancel(10)
+    cancelled = follow.until(10, BackendState.CANCELLED)
+    assert cancelled.reason == "cancelled by gpush"
+    batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+    assert batch.list_namespaced_job(NAMESPACE, label_selector="gpush.io/job-id=10").items == []
+    wait_for(
+        lambda: core.list_namespaced_pod(NAMESPACE, label_selector="gpush.io/job-id=10").items == [],
+        what="the job's Pods deleted",
+    )
+    assert adapter.find(10) is None
+    adapter.cancel(10)  # nothing there: no error
+
+
+def test_a_broker_killed_between_create_and_its_write_finds_the_job_by_label(adapter, kubeconfig, api):
+    spec = job_spec(labels={"sim-duration": "30"}, tenant="vision", user="alice@example.com")
+    backend_id = adapter.submit(11, spec, placed(Sharing.K8S_EXCLUSIVE))
+    restarted = make_adapter(kubeconfig)  # a new process: nothing in memory
+    found = wait_for(lambda: restarted.find(11), what="find by label")
+    assert found.backend_id == backend_id and found.state in (BackendState.PENDING, BackendState.RUNNING)
+    assert restarted.submit(11, spec, placed(Sharing.K8S_EXCLUSIVE)) == backend_id  # not created twice
+    jobs = client.BatchV1Api(api).list_namespaced_job(NAMESPACE, label_selector="gpush.io/job-id=11").items
+    assert len(jobs) == 1
+    assert jobs[0].metadata.labels["gpush.io/user"] == "alice_example.com"
+    assert jobs[0].metadata.annotations["gpush.io/user"] == "alice@example.com"
+    # An object of that name that is not this job's is never taken for it.
+    client.BatchV1Api(api).create_namespaced_job(
+        NAMESPACE,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"{TAG}-12"},
+            "spec": {
+                "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "x", "image": "busybox"}]}}
+            },
+        },
+    )
+    with pytest.raises(Rejected, match="is not gpush job 12"):
+        restarted.submit(12, spec, placed(Sharing.K8S_EXCLUSIVE))
+    assert restarted.find(12) is None
+
+
+def test_a_job_deleted_by_someone_else_before_it_started_is_lost(adapter, api):
+    adapter.submit(13, job_spec(), placed(Sharing.K8S_EXCLUSIVE, units=4))  # too big: stays pending
+    follow = Follower(adapter)
+    follow.until(13, BackendState.PENDING)
+    client.BatchV1Api(api).delete_namespaced_job(f"{TAG}-13", NAMESPACE, propagation_policy="Background")
+    lost = follow.until(13, BackendState.LOST)
+    assert "not by gpush" in lost.reason
+
+
+def test_the_watch_survives_a_restart_of_the_api_server(adapter, server):
+    follow = Follower(adapter)
+    adapter.submit(14, job_spec(labels={"sim-duration": "0.5"}), placed(Sharing.K8S_EXCLUSIVE))
+    follow.until(14, BackendState.RUNNING, BackendState.SUCCEEDED)
+    server.restart()  # the change history is gone: the old resourceVersions answer 410
+    adapter.submit(15, job_spec(labels={"sim-duration": "0.5"}), placed(Sharing.K8S_EXCLUSIVE))
+    assert follow.until(15, BackendState.SUCCEEDED, timeout=20).exit_code == 0
+    assert follow.last[14].state == BackendState.SUCCEEDED
+
+
+def test_submit_many_creates_a_batch(adapter):
+    items = [
+        (100 + i, job_spec(labels={"sim-duration": "0.3"}), placed(Sharing.K8S_TIMESLICE, gpu_model="T4"))
+        for i in range(6)
+    ]
+    items = [(i, s.model_copy(update={"isolation": "none", "gpu_memory_gb": 1}), p) for i, s, p in items]
+    ids = adapter.submit_many(items)
+    assert ids == [f"job/{TAG}-{100 + i}" for i in range(6)]
+    follow = Follower(adapter)
+    for i in range(6):
+        follow.until(100 + i, BackendState.SUCCEEDED)
+
+
+# -- time-slicing configuration --------------------------------------------------------------
+
+
+def _install_gpu_operator_api(api) -> None:
+    client.ApiextensionsV1Api(api).create_custom_resource_definition(
+        {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "clusterpolicies.nvidia.com"},
+            "spec": {
+                "group": "nvidia.com",
+                "scope": "Cluster",
+                "names": {"plural": "clusterpolicies", "singular": "clusterpolicy", "kind": "ClusterPolicy"},
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                    }
+                ],
+            },
+        }
+    )
+    client.CoreV1Api(api).create_namespace(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-operator"}}
+    )
+    client.CustomObjectsApi(api).create_cluster_custom_object(
+        "nvidia.com",
+        "v1",
+        "clusterpolicies",
+        {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"}, "spec": {}},
+    )
+
+
+def test_timeslice_apply_changes_what_the_nodes_advertise(adapter, api):
+    _install_gpu_operator_api(api)
+    plan = adapter.timeslice(8, node_label="sim.gpush.io/pool=t4")
+    done = adapter.apply_timeslice(plan)
+    assert any("ConfigMap gpu-operator/time-slicing-config" in line for line in done)
+    assert any(line.startswith("labelled node t4-0") for line in done)
+
+    def t4_units():
+        units = [u for u in adapter.inventory() if u.node == "t4-0"]
+        return units if units and all(u.capacity == 8 for u in units) else None
+
+    units = wait_for(t4_units, what="t4-0 advertising 8 replicas per GPU")
+    assert [u.gpus for u in units] == [(0,), (1,)]  # still 2 physical GPUs
+    assert all(u.gpu_equivalent == 1 / 8 and "drift" not in u.labels for u in units)
+    # The H100s keep whole GPUs: the plan only labelled the T4 pool.
+    assert {u.sharing for u in adapter.inventory() if u.node == "h100-0"} == {Sharing.K8S_EXCLUSIVE}
+    state = adapter.timeslice_state()
+    assert state is not None and state.replicas_for({"nvidia.com/device-plugin.config": plan.key})[0] == 8
+    again = adapter.apply_timeslice(plan)
+    assert any("already has key" in line for line in again)
