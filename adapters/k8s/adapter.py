@@ -32,7 +32,6 @@ caller may assume beyond the protocol's own guarantees:
 
 from __future__ import annotations
 
-import difflib
 import json
 import threading
 import time
@@ -41,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.k8s.client import AlreadyExists, Gone, KubeClient, NotFound, WatchBatch
 from adapters.k8s.inventory import gpu_requests_by_node, node_units
@@ -64,6 +63,7 @@ from adapters.k8s.timeslice import (
     read_timeslice,
     render_timeslice,
 )
+from adapters.settings import load_settings
 from broker.adapter import (
     AdapterError,
     BackendJob,
@@ -74,7 +74,6 @@ from broker.adapter import (
     Rejected,
     StatusPage,
 )
-from broker.errors import InvalidRequest
 from broker.gpus import gpu_model
 from broker.schemas import JobSpec
 
@@ -138,21 +137,6 @@ class KubernetesSettings(BaseModel):
         return {product: gpu_model(model).name for product, model in value.items()}
 
 
-def settings_problems(exc: ValidationError, model: type[BaseModel] = KubernetesSettings) -> str:
-    """Pydantic's complaints about a cluster config, in an admin's terms (as the Slurm adapter's)."""
-    known = sorted(model.model_fields)
-    problems = []
-    for error in exc.errors():
-        key = ".".join(map(str, error["loc"])) or "config"
-        if error["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, known, n=1) or [k for k in known if key in k][:1]
-            hint = f"did you mean {close[0]}? " if close else ""
-            problems.append(f"unknown setting {key!r}: {hint}settings are {', '.join(known)}")
-        else:
-            problems.append(f"{key}: {error['msg']}")
-    return "; ".join(problems)
-
-
 def parse_cursor(cursor: str | None) -> dict[str, str] | None:
     """The resourceVersions a cursor holds, or None (no cursor, or not one of this adapter's)."""
     if not cursor:
@@ -182,10 +166,7 @@ class KubernetesAdapter:
         clock: Callable[[], datetime] | None = None,
         client: KubeClient | None = None,
     ):
-        try:
-            self.settings = KubernetesSettings.model_validate(config)
-        except ValidationError as exc:
-            raise InvalidRequest(f"Kubernetes cluster {name}: {settings_problems(exc)}") from None
+        self.settings = load_settings(KubernetesSettings, config, cluster=f"Kubernetes cluster {name}")
         self.name = name
         self.clock = clock or (lambda: datetime.now(UTC))
         s = self.settings

@@ -33,7 +33,6 @@ caller may assume beyond the protocol's own guarantees:
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import threading
@@ -44,8 +43,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from adapters.settings import load_settings
 from adapters.slurm.client import SlurmClient, make_client
 from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode
 from adapters.slurm.render import job_id_of, render
@@ -59,7 +59,6 @@ from broker.adapter import (
     Sharing,
     StatusPage,
 )
-from broker.errors import InvalidRequest
 from broker.gpus import MODELS, GpuModel, gpu_model
 from broker.schemas import JobSpec
 
@@ -113,21 +112,6 @@ class SlurmSettings(BaseModel):
         return {gres_type: gpu_model(model).name for gres_type, model in value.items()}
 
 
-def settings_problems(exc: ValidationError) -> str:
-    """Pydantic's complaints about a cluster config, in an admin's terms."""
-    known = sorted(SlurmSettings.model_fields)
-    problems = []
-    for error in exc.errors():
-        key = ".".join(map(str, error["loc"])) or "config"
-        if error["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, known, n=1) or [k for k in known if key in k][:1]
-            hint = f"did you mean {close[0]}? " if close else ""
-            problems.append(f"unknown setting {key!r}: {hint}settings are {', '.join(known)}")
-        else:
-            problems.append(f"{key}: {error['msg']}")
-    return "; ".join(problems)
-
-
 class SlurmAdapter:
     """gpush's adapter for one Slurm cluster (see the module docstring)."""
 
@@ -139,10 +123,7 @@ class SlurmAdapter:
         clock: Callable[[], datetime] | None = None,
         client: SlurmClient | None = None,
     ):
-        try:
-            self.settings = SlurmSettings.model_validate(config)
-        except ValidationError as exc:
-            raise InvalidRequest(f"Slurm cluster {name}: {settings_problems(exc)}") from None
+        self.settings = load_settings(SlurmSettings, config, cluster=f"Slurm cluster {name}")
         self.name = name
         self.clock = clock or (lambda: datetime.now(UTC))
         self.client = client or make_client(self.settings.model_dump())
