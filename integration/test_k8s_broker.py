@@ -1,0 +1,147 @@
+"""gpush end to end on Kubernetes: submit, route, place, run, scale and cancel through the broker.
+
+The broker runs in-process on PostgreSQL with the shipped all-Kubernetes policy
+(policies/all-kubernetes.yaml) and one cluster, ``k8s-a``, registered with the
+Kubernetes adapter against the project's API test server and GPU node simulator
+(time-sliced T4s, an A100 in two 3g.20gb MIG slices, whole H100s), reached only
+through a kubeconfig, as a real cluster would be.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from broker import policy as policy_engine
+from broker import policystore, queue
+from broker.auth import Principal
+from broker.clusters import AdapterPool, add_cluster, list_clusters
+from broker.models import Job
+from broker.scaling import scale_job
+from broker.scheduler import Scheduler
+from broker.schemas import JobSpec, Role
+from integration.k8s import apiserver, simulator
+from integration.k8s.gpu_nodes import GpuPool
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICY = (ROOT / "policies" / "all-kubernetes.yaml").read_text()
+ADMIN = Principal(user="root", tenant="ops", role=Role.ADMIN)
+POOLS = [
+    GpuPool("t4", count=2, product="Tesla-T4", gpus_per_node=2, replicas=4, cpu="32", memory="128Gi"),
+    GpuPool(
+        "a100", count=1, product="NVIDIA-A100-SXM4-40GB", gpus_per_node=1, mig_strategy="mixed",
+        mig_layout=("3g.20gb", "3g.20gb"),
+    ),
+    GpuPool("h100", count=1, product="NVIDIA-H100-80GB-HBM3", gpus_per_node=2),
+]  # fmt: skip
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@pytest.fixture
+def broker(engine, sessions, tmp_path):
+    server = apiserver.start()
+    kubeconfig = str(server.write_kubeconfig(tmp_path / "kubeconfig"))
+    api = config.new_client_from_config(config_file=kubeconfig)
+    sim = simulator.Simulator(api, POOLS).start()
+    sim.create_nodes()
+    pool = AdapterPool(now)
+    with sessions() as session, session.begin():
+        add_cluster(
+            session,
+            name="k8s-a",
+            kind="k8s",
+            config={"kubeconfig": kubeconfig, "namespace": "gpush", "create_namespace": True, "image": "python:3.11"},
+            actor="root",
+            now=now(),
+        )
+    with sessions() as session, session.begin():
+        views = {
+            c.name: policy_engine.cluster_view(c.name, c.kind, pool.get(c).inventory()) for c in list_clusters(session)
+        }
+        policystore.apply(session, POLICY, comment="k8s test", author="root", now=now(), views=views, base_version=None)
+    b = Broker(engine, sessions, pool, api)
+    yield b
+    sim.stop()
+    api.close()
+    server.stop()
+
+
+class Broker:
+    def __init__(self, engine, sessions, pool, api):
+        self.sessions, self.pool, self.api = sessions, pool, api
+        self.scheduler = Scheduler(engine, pool, clock=now)
+
+    def submit(self, **fields) -> int:
+        spec = JobSpec.model_validate({"tenant": "ml", "user": "alice", "command": ["serve"], **fields})
+        with self.sessions() as session, session.begin():
+            (result,) = queue.submit_jobs(session, [spec], ADMIN, now=now())
+        return result.job["id"]
+
+    def job(self, job_id: int) -> Job:
+        with self.sessions() as session:
+            return session.get(Job, job_id)
+
+    def cycle_until(self, done, timeout: float = 20.0):
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"not done after {timeout:g} s; last cycle {self.scheduler.run_cycle()}"
+            self.scheduler.run_cycle()
+            time.sleep(0.2)
+
+    def pods(self, job_id: int) -> list[dict]:
+        pods = client.CoreV1Api(self.api).list_namespaced_pod("gpush", label_selector=f"gpush.io/job-id={job_id}")
+        return [self.api.sanitize_for_serialization(p) for p in pods.items]
+
+
+def test_elastic_inference_lands_on_time_sliced_gpus_with_a_memory_guard_and_scales(broker: Broker):
+    job_id = broker.submit(
+        kind="inference", isolation="none", gpu_memory_gb=3, elastic={"min_replicas": 2, "max_replicas": 6}
+    )
+    broker.cycle_until(lambda: broker.job(job_id).state == "running")
+    job = broker.job(job_id)
+    assert job.placement["sharing"] == "k8s/timeslice" and job.placement["replicas"] == 2
+    assert job.gpu_equivalents == pytest.approx(2 / 4)  # two replicas of a T4 split four ways
+    (pod, *_) = broker.pods(job_id)
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    assert env["GPUSH_GPU_MEMORY_FRACTION"] == f"{3 / 16:.4g}" or float(
+        env["GPUSH_GPU_MEMORY_FRACTION"]
+    ) == pytest.approx(3 / 16, rel=0.05)
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+
+    with broker.sessions() as session, session.begin():
+        scale_job(session, job_id, 5, ADMIN, now=now(), adapter_for=lambda name: broker.pool.get(_info(session, name)))
+    broker.cycle_until(lambda: len([p for p in broker.pods(job_id) if p["status"].get("phase") == "Running"]) == 5)
+    assert broker.job(job_id).gpu_equivalents == pytest.approx(5 / 4)
+
+    with broker.sessions() as session, session.begin():
+        queue.cancel_job(session, job_id, ADMIN, now=now())
+    broker.cycle_until(lambda: broker.job(job_id).state == "cancelled")
+    broker.cycle_until(lambda: broker.pods(job_id) == [])
+
+
+def test_training_that_needs_isolation_gets_a_mig_slice_and_a_too_big_job_is_held(broker: Broker):
+    mig = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=16, labels={"tier": "critical"})
+    huge = broker.submit(kind="training", gpus=4)  # whole GPUs: the largest node has 2
+    broker.cycle_until(lambda: broker.job(mig).state in ("submitted", "running"))
+    assert broker.job(mig).placement["mig_profile"] == "3g.20gb"
+    (pod,) = broker.pods(mig)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.20gb": "1"} or (
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-3g.20gb"] == "1"
+    )
+    held = broker.job(huge)
+    assert held.state == "held" and "4 whole GPUs" in held.state_reason
+
+
+def _info(session, name):
+    (info,) = [c for c in list_clusters(session) if c.name == name]
+    return info
