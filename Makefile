@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make demo     first look: embedded broker (SQLite), example jobs, list"
 	@echo "make test     everything CI runs: fast tests (SQLite) + integration (PostgreSQL)"
-	@echo "make bench    submissions, scheduling cycle at scale, placement quality, jobs into a real Slurm"
+	@echo "make bench    submissions, scheduling cycle at scale, placement quality, jobs into Slurm and Kubernetes"
 
 venv: $(STAMP)
 
@@ -44,6 +44,13 @@ test-integration: venv postgres slurm
 
 test: test-fast test-integration
 
+# The Kubernetes contract suite alone (it also runs in test-integration): against the test API
+# server, or with GPUSH_K8S_CONTRACT=1 against the cluster KUBECONFIG names, so an admin can
+# compare the two: GPUSH_K8S_CONTRACT=1 KUBECONFIG=~/.kube/config make k8s-contract
+.PHONY: k8s-contract
+k8s-contract: venv
+	$(call run_pytest,integration/k8s_contract -q)
+
 demo: venv
 	@integration/scripts/demo.sh $(BIN)/gpush
 
@@ -52,6 +59,7 @@ bench: venv postgres slurm
 	$(BIN)/python integration/bench/schedule.py --million --json bench-schedule.json
 	$(BIN)/python integration/bench/placement.py --json bench-placement.json
 	$(BIN)/python integration/bench/slurm.py --jobs 1000 --json bench-slurm.json
+	$(BIN)/python integration/bench/k8s.py --json bench-k8s.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results.json
