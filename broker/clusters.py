@@ -57,8 +57,8 @@ def make_adapter(name: str, kind: str, config: dict[str, Any], clock: Clock) -> 
         cls = adapter_class(kind)
     except (ImportError, AttributeError) as exc:
         raise InvalidRequest(
-            f"the {kind} adapter is not available in this installation ({exc}); "
-            "this release places jobs on simulated clusters (--kind sim)"
+            f"the {kind} adapter is not available in this installation ({exc}): "
+            "reinstall gpush with its dependencies (pip install gpush)"
         ) from None
     if kind == "sim":
         # The pool applies a simulated cluster's speed to its clock (AdapterPool._clock_for).
