@@ -78,8 +78,8 @@ def slurm_config(cluster: SlurmTestCluster, backend: str, workdir: Path) -> dict
 class Broker:
     """One broker process: its adapter pool and scheduler (a restart makes new ones)."""
 
-    def __init__(self, engine, sessions, clock):
-        self.engine, self.sessions, self.clock = engine, sessions, clock
+    def __init__(self, engine, sessions, clock, slurm: SlurmTestCluster | None = None):
+        self.engine, self.sessions, self.clock, self.slurm = engine, sessions, clock, slurm
         self.restart()
 
     def restart(self) -> None:
@@ -112,9 +112,19 @@ class Broker:
             return [e.to_state for e in rows]
 
     def summary(self) -> list[tuple]:
+        """gpush's view of every job, and Slurm's of those it has (for failure messages)."""
         with self.sessions() as session:
             rows = session.execute(select(Job.id, Job.state, Job.state_reason, Job.backend_id).order_by(Job.id)).all()
-        return [tuple(r) for r in rows]
+        out = [tuple(r) for r in rows]
+        if self.slurm is not None:
+            ids = {r[3] for r in rows if r[3]}
+            out += [
+                ("slurm", j["job_id"], j["name"], j["job_state"], j.get("state_reason"), j.get("nodes"))
+                for j in self.slurm.jobs()
+                if str(j["job_id"]) in ids
+            ]
+            out.append(("nodes", {n: (v.get("state"), v.get("gres_used")) for n, v in self.slurm.nodes().items()}))
+        return out
 
     def cycle_until(self, done, timeout: float = 30.0, pause: float = 0.3):
         """Run scheduling cycles until ``done()`` is true; fails with the states after ``timeout``."""
@@ -147,7 +157,7 @@ def broker(engine, sessions, slurm: SlurmTestCluster, tmp_path, request) -> Brok
             actor="root",
             now=clock(),
         )
-    b = Broker(engine, sessions, clock)
+    b = Broker(engine, sessions, clock, slurm)
     with sessions() as session, session.begin():
         views = {
             c.name: policy_engine.cluster_view(c.name, c.kind, b.pool.get(c).inventory())
@@ -264,7 +274,7 @@ def test_mps_jobs_share_one_gpu_at_once(broker: Broker, slurm):
         broker.submit(kind="inference", isolation="process", gpu_memory_gb=10, command=["sleep", "30"])
         for _ in range(5)
     ]
-    broker.cycle_until(lambda: Counter(broker.states(ids).values())["running"] == 4, timeout=20)
+    broker.cycle_until(lambda: Counter(broker.states(ids).values())["running"] == 4, timeout=40)
     tag = broker.adapter().settings.tag
     names = {f"{tag}-{i}" for i in ids}
     running = [j for j in slurm.jobs() if j["name"] in names and "RUNNING" in str(j["job_state"])]
