@@ -58,7 +58,7 @@ bench: venv postgres slurm
 	$(BIN)/python integration/bench/submit.py --json bench-results.json
 	$(BIN)/python integration/bench/schedule.py --million --json bench-schedule.json
 	$(BIN)/python integration/bench/placement.py --json bench-placement.json
-	$(BIN)/python integration/bench/slurm.py --jobs 1000 --json bench-slurm.json
+	$(BIN)/python integration/bench/slurm.py --jobs 1000 --backlog 300 --json bench-slurm.json
 	$(BIN)/python integration/bench/k8s.py --json bench-k8s.json
 
 clean:

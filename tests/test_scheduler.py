@@ -263,3 +263,24 @@ def test_only_one_scheduler_leads_on_sqlite(engine):
     first.release()
     assert second.try_acquire() is True
     second.release()
+
+
+def test_a_cluster_backlog_lets_that_many_unstarted_jobs_wait_in_its_own_queue():
+    from datetime import UTC, datetime
+
+    from broker.adapter import Placement
+    from broker.clusters import ClusterInfo
+    from broker.scheduler import _beyond_backlog
+
+    def info(name, **config):
+        return ClusterInfo(name, "slurm", config, True, "root", datetime(2026, 1, 1, tzinfo=UTC))
+
+    def placed(cluster):
+        return Placement(cluster=cluster, sharing=Sharing.SLURM_MPS, units=1, gpu_equivalents=0.01)
+
+    pending = [placed("slurm-a")] * 5 + [placed("slurm-b")] * 3
+    clusters = {"slurm-a": info("slurm-a", backlog_jobs=2), "slurm-b": info("slurm-b")}
+    counted = _beyond_backlog(pending, clusters)
+    # slurm-a: the first 2 may wait in Slurm's queue, 3 still count; slurm-b keeps no backlog.
+    assert [p.cluster for p in counted] == ["slurm-a"] * 3 + ["slurm-b"] * 3
+    assert _beyond_backlog(pending, {"slurm-a": info("slurm-a"), "slurm-b": info("slurm-b")}) == pending

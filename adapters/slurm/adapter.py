@@ -92,6 +92,12 @@ class SlurmSettings(BaseModel):
     gpu_types: dict[str, str] = Field(default_factory=dict, description="GRES type -> GPU model")
     mps_per_gpu: int = Field(100, ge=1, description="gres/mps Count of one GPU in gres.conf")
     submit_threads: int = Field(8, ge=1, le=64)
+    backlog_jobs: int = Field(
+        0,
+        ge=0,
+        description="jobs the broker may leave pending in Slurm's queue beyond what fits now "
+        "(Slurm starts jobs faster with a queue to choose from; they are committed to this cluster)",
+    )
     cache_seconds: float = Field(1.0, ge=0)
     timeout: float = Field(30.0, gt=0)
 

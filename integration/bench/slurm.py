@@ -111,11 +111,11 @@ def bench_sbatch(cluster: SlurmTestCluster, jobs: int, workdir: Path) -> dict:
 
 
 class Broker:
-    def __init__(self, url: str, cluster: SlurmTestCluster, backend: str, workdir: Path):
+    def __init__(self, url: str, cluster: SlurmTestCluster, backend: str, workdir: Path, backlog: int = 0):
         self.engine = make_engine(url)
         self.sessions = session_factory(self.engine)
         self.pool = AdapterPool(now)
-        config = {"jobcomp_file": str(cluster.jobcomp), "workdir": str(workdir)}
+        config = {"jobcomp_file": str(cluster.jobcomp), "workdir": str(workdir), "backlog_jobs": backlog}
         if backend == "rest":
             os.environ["GPUSH_BENCH_SLURM_JWT"] = cluster.token()
             config |= {"rest_url": cluster.rest_url, "token_env": "GPUSH_BENCH_SLURM_JWT", "user": "root"}
@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-jobs", type=int, default=20)
     parser.add_argument("--interval", type=float, default=1.0, help="scheduler loop interval (gpush server: 1 s)")
     parser.add_argument("--backend", choices=["cli", "rest"], default="rest")
+    parser.add_argument(
+        "--backlog", type=int, default=0, help="the cluster's backlog_jobs: jobs left pending in Slurm's queue (0)"
+    )
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = start(state, fresh=True, env={**os.environ, **env})
     workdir = Path(tempfile.mkdtemp(prefix="gpush-slurm-bench-out-"))
     os.chmod(workdir, 0o777)
-    results: dict = {"backend": args.backend, "slurm": cluster.version}
+    results: dict = {"backend": args.backend, "slurm": cluster.version, "backlog_jobs": args.backlog}
     try:
         results["sbatch"] = bench_sbatch(cluster, args.jobs, workdir)
         print(
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({results['sbatch']['jobs_per_s']:.0f} jobs/s; submissions took {results['sbatch']['submit_s']:.1f} s)"
         )
         with scratch_database(args.pg_url, BENCH_DATABASE, migrate=True) as (url, _):
-            broker = Broker(url, cluster, args.backend, workdir)
+            broker = Broker(url, cluster, args.backend, workdir, args.backlog)
             results["gpush"] = bench_gpush(broker, args.jobs, args.interval)
             ratio = results["sbatch"]["total_s"] / results["gpush"]["total_s"]
             results["ratio"] = ratio
