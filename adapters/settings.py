@@ -34,6 +34,17 @@ def settings_problems(exc: ValidationError, model: type[BaseModel]) -> str:
     return "; ".join(problems)
 
 
+def key_value_pairs(value: Any, what: str, example: str, form: str = "KEY=VALUE") -> Any:
+    """A mapping setting as the command line gives it, ``"k=v,k2=v2"``, as a dict (a dict
+    passes through); ``form`` and ``example`` make the error say what is expected."""
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(f"{what} is {form}[,{form}...], e.g. {example}")
+        return {k.strip(): v.strip() for k, v in pairs}
+    return value
+
+
 def load_settings(model: type[Settings], config: Mapping[str, Any], *, cluster: str) -> Settings:
     """``config`` as ``model``, or :class:`InvalidRequest` naming the cluster and each problem."""
     try:

@@ -28,7 +28,8 @@ What callers may assume of every adapter:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -222,6 +223,26 @@ class ClusterAdapter(Protocol):
 
     def health(self) -> Health:
         """Whether the cluster answers, and its version."""
+
+
+def submit_each(
+    adapter: ClusterAdapter, items: Sequence[tuple[int, JobSpec, Placement]], *, threads: int = 1
+) -> list[str | AdapterError]:
+    """``adapter.submit`` for each ``(job_id, spec, placement)`` on up to ``threads`` threads:
+    per item the backend id or the :class:`AdapterError` it raised, in order. What the
+    scheduler does for an adapter without ``submit_many``, and what adapters that have
+    one run after their own preparation."""
+
+    def one(item: tuple[int, JobSpec, Placement]) -> str | AdapterError:
+        try:
+            return adapter.submit(*item)
+        except AdapterError as exc:
+            return exc
+
+    if min(threads, len(items)) <= 1:
+        return [one(item) for item in items]
+    with ThreadPoolExecutor(min(threads, len(items))) as pool:
+        return list(pool.map(one, items))
 
 
 # The one place the broker names adapter modules: kind -> "module:Class".

@@ -40,6 +40,7 @@ from broker.adapter import (
     Placement,
     Rejected,
     Sharing,
+    submit_each,
 )
 from broker.capacity import CapacityView, Fit, NoFit
 from broker.clusters import AdapterPool, ClusterInfo, list_clusters
@@ -680,7 +681,7 @@ class Scheduler:
                 if many is not None:
                     results = many([(job.job_id, job.spec, placement) for job, placement in items])
                 else:
-                    results = [_submit_one(adapter, job.job_id, job.spec, placement) for job, placement in items]
+                    results = submit_each(adapter, [(job.job_id, job.spec, placement) for job, placement in items])
                 for (job, placement), result in zip(items, results):
                     if isinstance(result, Rejected):
                         answers.refused.append((job.job_id, placement, str(result)))
@@ -1027,13 +1028,6 @@ def _beyond_backlog(pending: list[Placement], clusters: dict[str, ClusterInfo]) 
             continue
         out.append(placement)
     return out
-
-
-def _submit_one(adapter: ClusterAdapter, job_id: int, spec: JobSpec, placement: Placement) -> str | AdapterError:
-    try:
-        return adapter.submit(job_id, spec, placement)
-    except AdapterError as exc:
-        return exc
 
 
 def _status_reason(target: JobState, cluster: str, row, backend) -> str:

@@ -64,7 +64,7 @@ from adapters.k8s.timeslice import (
     read_timeslice,
     render_timeslice,
 )
-from adapters.settings import load_settings
+from adapters.settings import key_value_pairs, load_settings
 from broker.adapter import (
     AdapterError,
     BackendJob,
@@ -74,6 +74,7 @@ from broker.adapter import (
     Placement,
     Rejected,
     StatusPage,
+    submit_each,
 )
 from broker.gpus import gpu_model
 from broker.schemas import JobSpec
@@ -81,16 +82,6 @@ from broker.schemas import JobSpec
 WATCHED = ("pods", "jobs", "deployments")
 _CURSOR_VERSION = 1
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-
-
-def _pairs(value: Any, what: str, example: str) -> Any:
-    # From the command line: "key=value,key2=value2".
-    if isinstance(value, str):
-        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
-        if any(len(p) != 2 for p in pairs):
-            raise ValueError(f"{what} is KEY=VALUE[,KEY=VALUE...], e.g. {example}")
-        return {k.strip(): v.strip() for k, v in pairs}
-    return value
 
 
 class KubernetesSettings(BaseModel):
@@ -125,12 +116,12 @@ class KubernetesSettings(BaseModel):
     @field_validator("node_selector", mode="before")
     @classmethod
     def _selector_pairs(cls, value: Any) -> Any:
-        return _pairs(value, "node_selector", "pool=gpu,zone=a")
+        return key_value_pairs(value, "node_selector", "pool=gpu,zone=a")
 
     @field_validator("gpu_types", mode="before")
     @classmethod
     def _type_pairs(cls, value: Any) -> Any:
-        return _pairs(value, "gpu_types", "NVIDIA-A100-SXM4-80GB=A100-SXM4-80GB")
+        return key_value_pairs(value, "gpu_types", "NVIDIA-A100-SXM4-80GB=A100-SXM4-80GB")
 
     @field_validator("gpu_types")
     @classmethod
@@ -255,20 +246,9 @@ class KubernetesAdapter:
 
     def submit_many(self, items: Sequence[tuple[int, JobSpec, Placement]]) -> list[str | AdapterError]:
         """Create a batch on several threads; per item the backend id or the AdapterError."""
-
-        def one(item: tuple[int, JobSpec, Placement]) -> str | AdapterError:
-            try:
-                return self.submit(*item)
-            except AdapterError as exc:
-                return exc
-
-        if not items:
-            return []
-        if len(items) == 1:
-            return [one(items[0])]
-        self._ensure_namespace()
-        with ThreadPoolExecutor(min(self.settings.submit_threads, len(items))) as pool:
-            return list(pool.map(one, items))
+        if len(items) > 1:
+            self._ensure_namespace()  # once, not raced by the threads
+        return submit_each(self, items, threads=self.settings.submit_threads)
 
     def cancel(self, job_id: int) -> None:
         with self._lock:

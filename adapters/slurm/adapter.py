@@ -39,13 +39,12 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adapters.settings import load_settings
+from adapters.settings import key_value_pairs, load_settings
 from adapters.slurm.client import SlurmClient, make_client
 from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode
 from adapters.slurm.render import job_id_of, render
@@ -58,6 +57,7 @@ from broker.adapter import (
     Placement,
     Sharing,
     StatusPage,
+    submit_each,
 )
 from broker.gpus import MODELS, GpuModel, gpu_model
 from broker.schemas import JobSpec
@@ -104,13 +104,7 @@ class SlurmSettings(BaseModel):
     @field_validator("gpu_types", mode="before")
     @classmethod
     def _pairs(cls, value: Any) -> Any:
-        # From the command line: "a100=A100-SXM4-80GB,1g.10gb=H100-SXM5-80GB".
-        if isinstance(value, str):
-            pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
-            if any(len(p) != 2 for p in pairs):
-                raise ValueError("gpu_types is TYPE=MODEL[,TYPE=MODEL...], e.g. a100=A100-SXM4-80GB")
-            return {k.strip(): v.strip() for k, v in pairs}
-        return value
+        return key_value_pairs(value, "gpu_types", "a100=A100-SXM4-80GB", form="TYPE=MODEL")
 
     @field_validator("gpu_types")
     @classmethod
@@ -219,20 +213,12 @@ class SlurmAdapter:
 
     def submit_many(self, items: Sequence[tuple[int, JobSpec, Placement]]) -> list[str | AdapterError]:
         """Submit a batch on several threads; per item the backend id or the AdapterError."""
-
-        def one(item: tuple[int, JobSpec, Placement]) -> str | AdapterError:
-            try:
-                return self.submit(*item)
-            except AdapterError as exc:
-                return exc
-
         if not items:
             return []
         with self._lock:
             if not self._primed:
                 self._prime()
-        with ThreadPoolExecutor(min(self.settings.submit_threads, len(items))) as pool:
-            return list(pool.map(one, items))
+        return submit_each(self, items, threads=self.settings.submit_threads)
 
     def _prime(self) -> None:
         """Learn which gpush jobs Slurm already has (after a broker restart)."""
