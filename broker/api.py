@@ -369,14 +369,7 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
     # -- routing policy ---------------------------------------------------------------
 
     def cluster_views(session: Session) -> dict[str, Any]:
-        views = {}
-        for info in clusters.list_clusters(session):
-            try:
-                units = adapters.get(info).inventory()
-            except Exception:  # unreachable: its inventory is unknown, not empty (checks become warnings)
-                units = None
-            views[info.name] = policy_engine.cluster_view(info.name, info.kind, units)
-        return views
+        return clusters.cluster_views(session, adapters)
 
     @app.get("/v1/policy/schema", tags=["policy"])
     def policy_schema() -> dict[str, Any]:

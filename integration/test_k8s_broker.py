@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from broker import policy as policy_engine
 from broker import policystore, queue
 from broker.auth import Principal
-from broker.clusters import AdapterPool, add_cluster, list_clusters
+from broker.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
 from broker.models import Job
 from broker.scaling import scale_job
 from broker.scheduler import Scheduler
@@ -62,9 +61,7 @@ def broker(engine, sessions, tmp_path):
             now=now(),
         )
     with sessions() as session, session.begin():
-        views = {
-            c.name: policy_engine.cluster_view(c.name, c.kind, pool.get(c).inventory()) for c in list_clusters(session)
-        }
+        views = cluster_views(session, pool)
         policystore.apply(session, POLICY, comment="k8s test", author="root", now=now(), views=views, base_version=None)
     b = Broker(engine, sessions, pool, api)
     yield b

@@ -24,7 +24,7 @@ from broker import policy as policy_engine
 from broker import policystore, queue
 from broker.adapter import Placement, Sharing
 from broker.auth import Principal
-from broker.clusters import AdapterPool, add_cluster, list_clusters
+from broker.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
 from broker.models import Job, JobEvent
 from broker.scheduler import Scheduler
 from broker.schemas import JobSpec, Role
@@ -159,10 +159,7 @@ def broker(engine, sessions, slurm: SlurmTestCluster, tmp_path, request) -> Brok
         )
     b = Broker(engine, sessions, clock, slurm)
     with sessions() as session, session.begin():
-        views = {
-            c.name: policy_engine.cluster_view(c.name, c.kind, b.pool.get(c).inventory())
-            for c in list_clusters(session)
-        }
+        views = cluster_views(session, b.pool)
         policystore.apply(
             session, POLICY, comment="slurm test", author="root", now=clock(), views=views, base_version=None
         )
@@ -297,10 +294,7 @@ def test_a_policy_naming_a_gpu_the_cluster_lacks_is_refused(broker: Broker):
         "{cluster: slurm-a, sharing: slurm/exclusive}", "{cluster: slurm-a, sharing: slurm/exclusive, gpu_model: H100}"
     )
     with broker.sessions() as session:
-        views = {
-            c.name: policy_engine.cluster_view(c.name, c.kind, broker.pool.get(c).inventory())
-            for c in list_clusters(session)
-        }
+        views = cluster_views(session, broker.pool)
         report = policy_engine.validate(policy_engine.load_policy(bad), views)
     assert any("has no H100" in str(problem) for problem in report.errors), report
 

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import policy as policy_engine
 from broker import policystore, tenants
-from broker.clusters import AdapterPool, add_cluster, list_clusters
+from broker.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
 from broker.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,9 +46,7 @@ def running(app, engine, sessions, clock, sdk):
     with sessions() as session, session.begin():
         for name in ("slurm-a", "k8s-a"):
             add_cluster(session, name=name, kind="sim", config={"fleet_yaml": FLEET}, actor="root", now=clock())
-        views = {
-            c.name: policy_engine.cluster_view(c.name, c.kind, pool.get(c).inventory()) for c in list_clusters(session)
-        }
+        views = cluster_views(session, pool)
         policystore.apply(session, POLICY, comment="t", author="root", now=clock(), views=views, base_version=None)
     client = sdk(user="alice", tenant="ml")
     job = client.submit(ELASTIC)

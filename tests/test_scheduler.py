@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker import policy as policy_engine
 from broker import policystore, queue, tenants
 from broker.adapter import Sharing
 from broker.auth import Principal
-from broker.clusters import AdapterPool, add_cluster, list_clusters
+from broker.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
 from broker.leader import Leadership
 from broker.models import Job
 from broker.scheduler import Scheduler
@@ -36,9 +35,7 @@ def fleet(sessions, clock):
 
 def apply_policy(sessions, pool, clock, text, base=None):
     with sessions() as session, session.begin():
-        views = {
-            c.name: policy_engine.cluster_view(c.name, c.kind, pool.get(c).inventory()) for c in list_clusters(session)
-        }
+        views = cluster_views(session, pool)
         return policystore.apply(
             session, text, comment="test", author="root", now=clock(), views=views, base_version=base
         )

@@ -321,9 +321,8 @@ class Broker:
     """An embedded broker: database, the k8s cluster registered, a policy, the scheduler."""
 
     def __init__(self, url: str, kubeconfig: Path, threads: int):
-        from broker import policy as policy_engine
         from broker import policystore
-        from broker.clusters import AdapterPool, add_cluster, list_clusters
+        from broker.clusters import AdapterPool, add_cluster, cluster_views
         from broker.db import session_factory
         from broker.local import open_database
         from broker.scheduler import Scheduler
@@ -343,10 +342,7 @@ class Broker:
         with self.sessions() as session, session.begin():
             add_cluster(session, name="k8s-bench", kind="k8s", config=config, actor="root", now=now())
         with self.sessions() as session, session.begin():
-            views = {
-                c.name: policy_engine.cluster_view(c.name, c.kind, self.pool.get(c).inventory())
-                for c in list_clusters(session)
-            }
+            views = cluster_views(session, self.pool)
             policystore.apply(
                 session, POLICY, comment="bench", author="root", now=now(), views=views, base_version=None
             )

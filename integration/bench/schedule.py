@@ -287,9 +287,8 @@ class FrozenClock:
 def setup_broker(url: str, fleet_file: Path):
     """Register the two simulated clusters (no state file: nothing persisted between
     calls), apply the shipped policy, set the tenants; returns (engine, AdapterPool)."""
-    from broker import policy as policy_engine
     from broker import policystore, tenants
-    from broker.clusters import AdapterPool, add_cluster, list_clusters
+    from broker.clusters import AdapterPool, add_cluster, cluster_views
     from broker.db import make_engine, session_factory
 
     clock = FrozenClock()
@@ -303,9 +302,7 @@ def setup_broker(url: str, fleet_file: Path):
         for name, weight, quota, _share in TENANTS:
             tenants.set_tenant(session, name, weight=weight, gpu_quota=quota, clear_quota=False, now=clock())
     with sessions() as session, session.begin():
-        views = {
-            c.name: policy_engine.cluster_view(c.name, c.kind, pool.get(c).inventory()) for c in list_clusters(session)
-        }
+        views = cluster_views(session, pool)
         policystore.apply(
             session, POLICY.read_text(), comment="bench", author="bench", now=clock(), views=views, base_version=None
         )

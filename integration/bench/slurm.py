@@ -46,10 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 from scratch import scratch_database  # noqa: E402
 
-from broker import policy as policy_engine  # noqa: E402
 from broker import policystore, queue  # noqa: E402
 from broker.auth import Principal  # noqa: E402
-from broker.clusters import AdapterPool, add_cluster, list_clusters  # noqa: E402
+from broker.clusters import AdapterPool, add_cluster, cluster_views  # noqa: E402
 from broker.db import make_engine, session_factory  # noqa: E402
 from broker.models import Job  # noqa: E402
 from broker.scheduler import Scheduler  # noqa: E402
@@ -124,10 +123,7 @@ class Broker:
         with self.sessions() as session, session.begin():
             add_cluster(session, name="slurm-a", kind="slurm", config=config, actor="root", now=now())
         with self.sessions() as session, session.begin():
-            views = {
-                c.name: policy_engine.cluster_view(c.name, c.kind, self.pool.get(c).inventory())
-                for c in list_clusters(session)
-            }
+            views = cluster_views(session, self.pool)
             policystore.apply(
                 session, POLICY, comment="bench", author="root", now=now(), views=views, base_version=None
             )
