@@ -1539,14 +1539,39 @@ class _OwnerIndex:
             return list(self._by_owner.get(owner_uid, ()))
 
 
-class JobController:
-    """Runs batch/v1 Jobs: pods from the template, retries within backoffLimit, status and conditions."""
+class _PodOwnerController:
+    """What the Job and Deployment controllers share: a work queue of their objects, the pods
+    they expect to see created or deleted, and a pod event that wakes the pod's owner."""
+
+    OWNER_KIND = ""
+    QUEUE = ""
 
     def __init__(self, cluster: _Cluster, owners: _OwnerIndex):
         self.c = cluster
         self.owners = owners
-        self.queue = WorkQueue("jobs", cluster.stop)
+        self.queue = WorkQueue(self.QUEUE, cluster.stop)
         self.expect = _Expectations()
+
+    def on_pod(self, kind: str, pod: dict, old: dict | None) -> None:
+        ref = _controller_ref(pod)
+        if not ref or ref.get("kind") != self.OWNER_KIND:
+            return
+        owner = f"{_meta(pod)['namespace']}/{ref['name']}"
+        if kind == "ADDED":
+            self.expect.observed(owner, name=_meta(pod)["name"])
+        elif kind == "DELETED":
+            self.expect.observed(owner, uid=_meta(pod).get("uid"))
+        self.queue.add(owner)
+
+
+class JobController(_PodOwnerController):
+    """Runs batch/v1 Jobs: pods from the template, retries within backoffLimit, status and conditions."""
+
+    OWNER_KIND = "Job"
+    QUEUE = "jobs"
+
+    def __init__(self, cluster: _Cluster, owners: _OwnerIndex):
+        super().__init__(cluster, owners)
         self._failures_seen: dict[str, tuple[int, float]] = {}
         self._finished: set[str] = set()  # Job uids whose terminal condition this process wrote
 
@@ -1557,17 +1582,6 @@ class JobController:
             self._finished.discard(_meta(job).get("uid"))
             return
         self.queue.add(_key(job))
-
-    def on_pod(self, kind: str, pod: dict, old: dict | None) -> None:
-        ref = _controller_ref(pod)
-        if not ref or ref.get("kind") != "Job":
-            return
-        owner = f"{_meta(pod)['namespace']}/{ref['name']}"
-        if kind == "ADDED":
-            self.expect.observed(owner, name=_meta(pod)["name"])
-        elif kind == "DELETED":
-            self.expect.observed(owner, uid=_meta(pod).get("uid"))
-        self.queue.add(owner)
 
     def reconcile(self, key: str) -> None:
         job = self.c.jobs.get(key)
@@ -1754,31 +1768,17 @@ def pod_template_hash(template: Mapping) -> str:
     return "".join(_NAME_CHARS[b % len(_NAME_CHARS)] for b in digest[:10])
 
 
-class DeploymentController:
+class DeploymentController(_PodOwnerController):
     """Keeps spec.replicas pods of a Deployment's current template and reports its status."""
 
-    def __init__(self, cluster: _Cluster, owners: _OwnerIndex):
-        self.c = cluster
-        self.owners = owners
-        self.queue = WorkQueue("deployments", cluster.stop)
-        self.expect = _Expectations()
+    OWNER_KIND = "Deployment"
+    QUEUE = "deployments"
 
     def on_deployment(self, kind: str, deployment: dict, old: dict | None) -> None:
         if kind == "DELETED":
             self.expect.drop(_key(deployment))
             return
         self.queue.add(_key(deployment))
-
-    def on_pod(self, kind: str, pod: dict, old: dict | None) -> None:
-        ref = _controller_ref(pod)
-        if not ref or ref.get("kind") != "Deployment":
-            return
-        owner = f"{_meta(pod)['namespace']}/{ref['name']}"
-        if kind == "ADDED":
-            self.expect.observed(owner, name=_meta(pod)["name"])
-        elif kind == "DELETED":
-            self.expect.observed(owner, uid=_meta(pod).get("uid"))
-        self.queue.add(owner)
 
     def reconcile(self, key: str) -> None:
         deployment = self.c.deployments.get(key)
