@@ -29,7 +29,7 @@ from adapters.k8s import KubernetesAdapter  # noqa: E402
 from adapters.k8s.states import OOM_REASON  # noqa: E402
 from broker.adapter import BackendJob, BackendState, Placement, Rejected, Sharing  # noqa: E402
 from broker.schemas import JobSpec  # noqa: E402
-from integration.k8s.gpu_nodes import GpuPool  # noqa: E402
+from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool  # noqa: E402
 
 T4 = GpuPool("t4", count=1, product="Tesla-T4", gpus_per_node=2, replicas=4, cpu="32", memory="128Gi")
 A100 = GpuPool(
@@ -371,26 +371,7 @@ def test_submit_many_creates_a_batch(adapter):
 
 
 def _install_gpu_operator_api(api) -> None:
-    client.ApiextensionsV1Api(api).create_custom_resource_definition(
-        {
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": "clusterpolicies.nvidia.com"},
-            "spec": {
-                "group": "nvidia.com",
-                "scope": "Cluster",
-                "names": {"plural": "clusterpolicies", "singular": "clusterpolicy", "kind": "ClusterPolicy"},
-                "versions": [
-                    {
-                        "name": "v1",
-                        "served": True,
-                        "storage": True,
-                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                    }
-                ],
-            },
-        }
-    )
+    client.ApiextensionsV1Api(api).create_custom_resource_definition(CLUSTER_POLICY_CRD)
     client.CoreV1Api(api).create_namespace(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-operator"}}
     )

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client, config
 
 from integration.k8s import apiserver
-from integration.k8s.gpu_nodes import GpuPool, SharingConfig, node_devices
+from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool, SharingConfig, node_devices
 from integration.k8s.simulator import ANN_DURATION, ANN_EXIT_CODE, ANN_OOM, Simulator, Timings, pod_requests
 
 T4 = GpuPool("t4", count=2, product="Tesla-T4", gpus_per_node=4, replicas=4, cpu="32", memory="128Gi")
@@ -144,26 +144,7 @@ def test_time_sliced_t4_and_mixed_mig_a100_nodes_advertise_what_the_gpu_operator
 
 def test_a_configmap_change_from_4_to_8_replicas_changes_allocatable_and_labels(api, core, simulate):
     ext = client.ApiextensionsV1Api(api)
-    ext.create_custom_resource_definition(
-        {
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": "clusterpolicies.nvidia.com"},
-            "spec": {
-                "group": "nvidia.com",
-                "scope": "Cluster",
-                "names": {"plural": "clusterpolicies", "singular": "clusterpolicy", "kind": "ClusterPolicy"},
-                "versions": [
-                    {
-                        "name": "v1",
-                        "served": True,
-                        "storage": True,
-                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                    }
-                ],
-            },
-        }
-    )
+    ext.create_custom_resource_definition(CLUSTER_POLICY_CRD)
     core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-operator"}})
     core.create_namespaced_config_map(
         "gpu-operator",

@@ -540,3 +540,25 @@ def pools_from(spec: Iterable[GpuPool | Mapping]) -> list[GpuPool]:
     if len(set(names)) != len(names):
         raise ValueError(f"pool names must be unique: {names}")
     return pools
+
+
+# The GPU Operator's ClusterPolicy resource, as its CRD installs it (schema left open): what a
+# test creates before it writes a ClusterPolicy to a cluster that has no operator.
+CLUSTER_POLICY_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "clusterpolicies.nvidia.com"},
+    "spec": {
+        "group": "nvidia.com",
+        "scope": "Cluster",
+        "names": {"plural": "clusterpolicies", "singular": "clusterpolicy", "kind": "ClusterPolicy"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
