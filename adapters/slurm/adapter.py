@@ -33,12 +33,14 @@ caller may assume beyond the protocol's own guarantees:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -252,6 +254,7 @@ class SlurmAdapter:
         since = _cursor_time(cursor)
         jobs = self._jobs(fresh=True)
         tagged = self._tagged(jobs)
+        usage = functools.cache(lambda: self._usage(jobs))  # read once, if a job is pending
         with self._lock:
             reported = dict(self._reported)
         now_reported: dict[int, tuple[BackendState, str | None]] = {}
@@ -267,7 +270,7 @@ class SlurmAdapter:
                 latest = changed
             if job.state not in _FINAL:
                 current.add(job_id)
-            backend = self._backend(job_id, job)
+            backend = self._backend(job_id, job, usage)
             seen = reported.get(job_id)
             if seen is not None:
                 # Seen by this process: report it when its state or reason moved.
@@ -450,8 +453,8 @@ class SlurmAdapter:
 
     # -- states and reasons --------------------------------------------------------------
 
-    def _backend(self, job_id: int, job: SlurmJob) -> BackendJob:
-        state, reason = self._state(job)
+    def _backend(self, job_id: int, job: SlurmJob, usage: Callable[[], _Usage | None] | None = None) -> BackendJob:
+        state, reason = self._state(job, usage)
         at = job.end_time if state in (BackendState.SUCCEEDED, BackendState.FAILED, BackendState.CANCELLED) else None
         at = at or (job.start_time if state == BackendState.RUNNING else None)
         exit_code = job.exit_code if state in (BackendState.SUCCEEDED, BackendState.FAILED) else None
@@ -469,18 +472,21 @@ class SlurmAdapter:
             at=record.end_time,
         )
 
-    def _state(self, job: SlurmJob) -> tuple[BackendState, str | None]:
+    def _state(
+        self, job: SlurmJob, usage: Callable[[], _Usage | None] | None = None
+    ) -> tuple[BackendState, str | None]:
         state = job.state
         if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"):
-            return BackendState.PENDING, self.pending_reason(job)
+            return BackendState.PENDING, self.pending_reason(job, usage)
         if state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING"):
             if state == "SUSPENDED":
                 return BackendState.RUNNING, f"suspended by Slurm on {job.nodes}"
             return BackendState.RUNNING, None
         return _final_state(state, job.exit_code, job.reason)
 
-    def pending_reason(self, job: SlurmJob) -> str:
-        """Why a job waits in Slurm, in the user's terms."""
+    def pending_reason(self, job: SlurmJob, usage: Callable[[], _Usage | None] | None = None) -> str:
+        """Why a job waits in Slurm, in the user's terms. ``usage``: the cluster's GRES use,
+        read once for a whole status page (by default read now)."""
         reason = job.reason
         if reason == "Resources" and "DOWN, DRAINED" in job.description:
             # 22.05 keeps the reason Resources when the job's only nodes are drained
@@ -489,7 +495,7 @@ class SlurmAdapter:
         wanted = next((g for g in job.tres_per_node if g.name in ("gpu", "mps")), None)
         what = _describe(wanted) if wanted else "its resources"
         if reason in ("Resources", "Priority", "None") and wanted is not None:
-            total, busy = self._gres_use(wanted)
+            total, busy = _gres_use(wanted, (usage or self._usage)())
             if reason == "Priority" and total and busy < total:
                 return f"waiting in {self.name}'s queue for {what} ({busy} of {total} busy)"
             if reason == "Priority":
@@ -519,28 +525,38 @@ class SlurmAdapter:
             return f"waiting for a Slurm limit of {self.name} ({reason}: an account or QOS limit is reached)"
         return f"waiting in {self.name}: {reason}"
 
-    def _gres_use(self, wanted: Gres) -> tuple[int, int]:
-        """(total, busy) of a GRES kind across the cluster, for reasons."""
+    def _usage(self, jobs: Sequence[SlurmJob] | None = None) -> _Usage | None:
+        """The nodes and MPS in use now, for reasons; None when Slurm does not answer."""
         try:
             nodes = self._nodes()
+            return _Usage(nodes, self._mps_in_use(self._jobs() if jobs is None else jobs))
         except AdapterError:
-            return 0, 0
-        total = busy = 0
-        if wanted.name == "mps":
-            used = self._mps_in_use(self._jobs())
-            for node in nodes:
-                have = sum(g.count for g in node.gres if g.name == "mps")
-                total += have
-                busy += min(used.get(node.name, 0), have)
-            return total, busy
-        for node in nodes:
-            for gres in node.gres:
-                if gres.name == "gpu" and gres.type == wanted.type:
-                    total += gres.count
-            for gres in node.gres_used:
-                if gres.name == "gpu" and gres.type == wanted.type:
-                    busy += gres.count
+            return None
+
+
+@dataclass(frozen=True)
+class _Usage:
+    """What the cluster's GRES are doing, as pending reasons count it."""
+
+    nodes: Sequence[SlurmNode]
+    mps_used: dict[str, int]  # MPS units held per node by running jobs
+
+
+def _gres_use(wanted: Gres, usage: _Usage | None) -> tuple[int, int]:
+    """(total, busy) of a GRES kind across the cluster, for reasons."""
+    if usage is None:
+        return 0, 0
+    total = busy = 0
+    if wanted.name == "mps":
+        for node in usage.nodes:
+            have = sum(g.count for g in node.gres if g.name == "mps")
+            total += have
+            busy += min(usage.mps_used.get(node.name, 0), have)
         return total, busy
+    for node in usage.nodes:
+        total += sum(g.count for g in node.gres if g.name == "gpu" and g.type == wanted.type)
+        busy += sum(g.count for g in node.gres_used if g.name == "gpu" and g.type == wanted.type)
+    return total, busy
 
 
 def _describe(gres: Gres) -> str:
