@@ -187,6 +187,31 @@ def test_health_and_an_inventory_of_physical_gpus(adapter):
     assert (whole.sharing, whole.capacity, whole.gpu_model) == (Sharing.K8S_EXCLUSIVE, 2, "H100-SXM5-80GB")
 
 
+def test_the_inventory_follows_the_cluster_by_watch_and_survives_a_restart(adapter, server, api):
+    """Nodes and Pods come from watch-fed caches: after the first listing, a new Pod's
+    GPU and a cordoned node show up without another list, also after the API server
+    restarted (its old resourceVersions answer 410 and the cache lists again)."""
+
+    def t4_allocated() -> int:
+        return sum(u.allocated for u in adapter.inventory() if u.node == "t4-0")
+
+    assert t4_allocated() == 0
+    listed: list[str] = []
+    real_list = adapter.client.list
+    adapter.client.list = lambda kind, *a, **kw: listed.append(kind) or real_list(kind, *a, **kw)
+    adapter.submit(20, job_spec(labels={"sim-duration": "30"}), placed(Sharing.K8S_TIMESLICE, gpu_model="T4"))
+    wait_for(lambda: t4_allocated() == 1, what="the new Pod's replica counted")
+    assert "pods" not in listed and "nodes" not in listed  # the watch brought it
+    client.CoreV1Api(api).patch_node("h100-0", {"spec": {"unschedulable": True}})
+    wait_for(
+        lambda: any(u.node == "h100-0" and u.labels.get("unavailable") for u in adapter.inventory()),
+        what="the cordoned node seen",
+    )
+    server.restart()
+    adapter.cancel(20)
+    wait_for(lambda: t4_allocated() == 0, timeout=20, what="the cancelled Pod's replica freed after the restart")
+
+
 # -- jobs ----------------------------------------------------------------------------------
 
 

@@ -25,7 +25,10 @@ caller may assume beyond the protocol's own guarantees:
 - **Inventory** (adapters.k8s.inventory): per node, time-slicing per physical GPU,
   MIG per profile, whole GPUs; Pod requests of the whole cluster count as allocated
   (with permission to list Pods in every namespace; else this namespace's, which the
-  records' labels say). Nodes read within ``cache_seconds`` share one listing.
+  records' labels say). Nodes and Pods come from watch-fed caches
+  (adapters.k8s.informer: one list, then a watch), so a cycle does not list the whole
+  cluster; ``informers=false`` lists every time instead, Nodes read within
+  ``cache_seconds`` sharing one listing.
 - **Scale.** :meth:`KubernetesAdapter.scale` sets an elastic job's replicas through the
   Deployment's scale subresource; the broker decides whether the replicas fit.
 - **Speed.** ``submit_many`` creates a batch on several threads (``submit_threads``).
@@ -44,6 +47,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.k8s.client import AlreadyExists, Gone, KubeClient, NotFound, WatchBatch
+from adapters.k8s.informer import Informer, trim_pod
 from adapters.k8s.inventory import gpu_requests_by_node, node_units
 from adapters.k8s.render import (
     RenderOptions,
@@ -106,6 +110,7 @@ class KubernetesSettings(BaseModel):
     submit_threads: int = Field(8, ge=1, le=64)
     watch_seconds: float = Field(0.25, gt=0, le=30, description="longest a status read waits for events")
     cache_seconds: float = Field(1.0, ge=0)
+    informers: bool = Field(True, description="keep Nodes and Pods by watch instead of listing them each cycle")
     timeout: float = Field(30.0, gt=0)
 
     @field_validator("tag")
@@ -189,6 +194,9 @@ class KubernetesAdapter:
         self._cancelled: set[int] = set()
         self._gone: set[int] = set()  # jobs whose object was deleted: their Pods' events are late news
         self._node_listing: tuple[float, list[dict[str, Any]]] | None = None
+        self._node_cache = Informer(self.client, "nodes", name=f"{name}-nodes")
+        # Cluster-wide; None once the cluster said this broker may not list Pods everywhere.
+        self._pod_cache: Informer | None = Informer(self.client, "pods", trim=trim_pod, name=f"{name}-pods")
         self._products: dict[str, set[str]] = {}  # GPU model -> product labels seen on nodes
 
     # -- the protocol ------------------------------------------------------------------
@@ -555,7 +563,15 @@ class KubernetesAdapter:
 
     # -- inventory -----------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Stop the caches' watches (they are daemon threads; a process may also just exit)."""
+        self._node_cache.stop()
+        if self._pod_cache is not None:
+            self._pod_cache.stop()
+
     def _nodes(self) -> list[dict[str, Any]]:
+        if self.settings.informers:
+            return self._node_cache.snapshot()
         with self._lock:
             now = time.monotonic()
             if self._node_listing is None or now - self._node_listing[0] > self.settings.cache_seconds:
@@ -566,6 +582,17 @@ class KubernetesAdapter:
     def _bound_pods(self) -> tuple[list[dict[str, Any]], str | None]:
         """Pods that hold resources, cluster-wide when allowed; and, when only this
         namespace could be read, a note saying so."""
+        if self.settings.informers and self._pod_cache is not None:
+            try:
+                return self._pod_cache.snapshot(), None
+            except NotFound:
+                pass
+            except Rejected as exc:
+                if "Forbidden" in str(exc) or "403" in str(exc):
+                    self._pod_cache.stop()
+                    self._pod_cache = None
+                else:
+                    raise
         unfinished = "status.phase!=Succeeded,status.phase!=Failed"
         try:
             pods, _ = self.client.list("pods", None, field_selector=unfinished)

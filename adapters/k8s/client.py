@@ -34,7 +34,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -406,6 +406,8 @@ class KubeClient:
         resource_version: str,
         label_selector: str | None = None,
         seconds: float = 1.0,
+        on_event: Callable[[WatchEvent], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> WatchBatch:
         """Changes after ``resource_version``, for at most about ``seconds``.
 
@@ -414,7 +416,9 @@ class KubeClient:
         arrived for that long, whichever is first, so a busy collection cannot hold the
         caller. Bookmarks only move the resourceVersion. ``Gone`` when the server no
         longer has ``resource_version``; a connection lost midway ends the batch early
-        with what arrived (``dropped``).
+        with what arrived (``dropped``). With ``on_event``, each event goes to it as it
+        arrives instead of into the batch (an informer applies them at once); ``stop`` set
+        ends the watch at the next line.
         """
         path = collection_path(kind, namespace) if namespace or not RESOURCES[kind][2] else None
         if path is None:
@@ -453,8 +457,11 @@ class KubeClient:
                 if rv:
                     version = str(rv)
                 if kind_of in ("ADDED", "MODIFIED", "DELETED"):
-                    events.append(WatchEvent(kind_of, obj))
-                if time.monotonic() >= deadline:
+                    if on_event is None:
+                        events.append(WatchEvent(kind_of, obj))
+                    else:
+                        on_event(WatchEvent(kind_of, obj))
+                if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                     break
         except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
             pass  # nothing more arrived in time: the batch is complete

@@ -320,7 +320,7 @@ def bench_direct_jobs(api: Any, jobs: int, threads: int, timeout: float) -> dict
 class Broker:
     """An embedded broker: database, the k8s cluster registered, a policy, the scheduler."""
 
-    def __init__(self, url: str, kubeconfig: Path, threads: int):
+    def __init__(self, url: str, kubeconfig: Path, threads: int, informers: bool = True):
         from broker import policystore
         from broker.clusters import AdapterPool, add_cluster, cluster_views
         from broker.db import session_factory
@@ -338,6 +338,7 @@ class Broker:
             "tag": TAG,
             "image": IMAGE,
             "submit_threads": threads,
+            "informers": informers,
         }
         with self.sessions() as session, session.begin():
             add_cluster(session, name="k8s-bench", kind="k8s", config=config, actor="root", now=now())
@@ -461,7 +462,14 @@ def bench_inventory(api: Any, kubeconfig: Path, nodes_now: int, nodes_wanted: in
         print(f"inventory: {extra} more nodes created in {time.perf_counter() - begin:.1f} s")
     adapter = KubernetesAdapter(
         "k8s-bench",
-        {"kubeconfig": str(kubeconfig), "context": CONTEXT, "namespace": "bench-gpush", "tag": TAG, "cache_seconds": 0},
+        {
+            "kubeconfig": str(kubeconfig),
+            "context": CONTEXT,
+            "namespace": "bench-gpush",
+            "tag": TAG,
+            "cache_seconds": 0,
+            "informers": False,  # a full refresh each call: what a cold start or a relist costs
+        },
     )
     units = adapter.inventory()  # untimed: loads the kubeconfig, opens connections
     times = []
@@ -502,6 +510,11 @@ def main(argv: list[str] | None = None) -> int:
         "--pg-url", default=DEFAULT_PG_URL, help="server for the scratch database ($GPUSH_BENCH_PG_URL)"
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on a phase after this many seconds")
+    parser.add_argument(
+        "--no-informers",
+        action="store_true",
+        help="gpush lists Nodes and Pods each cycle (the adapter's informers=false)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the figures here as JSON")
     parser.add_argument("--serve-cluster", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
@@ -544,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             url, _ = stack.enter_context(scratch_database(args.pg_url, BENCH_DATABASE))
         else:
             url = f"sqlite:///{workdir / 'gpush.db'}"
-        broker = Broker(url, kubeconfig, args.threads)
+        broker = Broker(url, kubeconfig, args.threads, informers=not args.no_informers)
         stack.callback(broker.engine.dispose)
         gpush = results["gpush"] = bench_gpush(api, broker, args.pods, args.interval, args.timeout)
         ratio = results["ratio"] = gpush["pods_per_s"] / direct["pods_per_s"]
