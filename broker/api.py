@@ -22,7 +22,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import broker
-from broker import auth, clusters, policystore, queue, scaling, tenants
+from broker import auth, clusters, metrics, policystore, queue, scaling, tenants
 from broker import policy as policy_engine
 from broker.capacity import CapacityView, Fit
 from broker.clusters import AdapterPool
@@ -160,6 +160,20 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         except Unavailable as exc:
             return _error_response(exc)
         return JSONResponse({"status": "ready"})
+
+    # -- Prometheus metrics (broker.metrics) -------------------------------------------
+
+    exported = metrics.app_registry(engine)
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def prometheus_metrics(
+        authorization: Annotated[str | None, Header()] = None, accept: Annotated[str | None, Header()] = None
+    ) -> Response:
+        """Prometheus metrics: queue depth, GPU-equivalents, cycles, adapter calls, drift.
+        No token needed unless GPUSH_METRICS_TOKEN is set (then ``Bearer`` that value)."""
+        metrics.check_scrape_token(authorization)
+        body, content_type = metrics.exposition(exported, accept)
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/whoami", response_model=Whoami, tags=["auth"])
     def whoami(who: Who) -> Whoami:

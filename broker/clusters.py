@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from broker.adapter import ADAPTERS, AdapterError, ClusterAdapter, adapter_class
 from broker.config import data_dir
 from broker.errors import Conflict, InvalidRequest, NotFound
+from broker.metrics import instrument
 from broker.models import Cluster
 
 Clock = Callable[[], datetime]
@@ -194,13 +195,17 @@ class AdapterPool:
             self._overrides[name] = adapter
 
     def get(self, info: ClusterInfo) -> ClusterAdapter:
+        """The cluster's adapter, its calls measured (broker.metrics), overrides included."""
         if info.name in self._overrides:
-            return self._overrides[info.name]
+            return instrument(self._overrides[info.name], info.name, info.kind)
         fingerprint = hashlib.sha256(json.dumps([info.kind, info.config], sort_keys=True).encode()).hexdigest()
         with self._lock:
             cached = self._adapters.get(info.name)
             if cached is None or cached[0] != fingerprint:
+                if cached is not None and hasattr(cached[1], "close"):
+                    cached[1].close()  # the old configuration's watches and connections
                 config = self._config_for(info, fingerprint)
-                cached = (fingerprint, make_adapter(info.name, info.kind, config, self._clock_for(info)))
+                adapter = make_adapter(info.name, info.kind, config, self._clock_for(info))
+                cached = (fingerprint, instrument(adapter, info.name, info.kind))
                 self._adapters[info.name] = cached
             return cached[1]

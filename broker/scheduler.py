@@ -45,6 +45,7 @@ from broker.adapter import (
 from broker.capacity import CapacityView, Fit, NoFit
 from broker.clusters import AdapterPool, ClusterInfo, list_clusters
 from broker.db import session_factory
+from broker.metrics import observe_cycle
 from broker.models import Cluster, Job, Tenant
 from broker.schemas import JobSpec
 from broker.states import JobState, set_reasons, set_states
@@ -160,6 +161,7 @@ class Scheduler:
 
     # -- the cycle -----------------------------------------------------------------
 
+    @observe_cycle  # its duration, steps and outcomes to /metrics (broker.metrics)
     def run_cycle(self) -> CycleReport:
         report = CycleReport()
         with self.sessions() as session:
