@@ -22,13 +22,16 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import broker
-from broker import auth, clusters, metrics, policystore, queue, scaling, tenants
+from broker import auth, clusters, metrics, migqueue, nodereports, policystore, queue, scaling, tenants
 from broker import policy as policy_engine
 from broker.capacity import CapacityView, Fit
 from broker.clusters import AdapterPool
 from broker.db import check_schema, session_factory
 from broker.errors import GpushError, InvalidRequest, NotAllowed, NotFound, Unavailable
+from broker.inventory import Inventory
+from broker.migconfig import GRES_STYLES, render_gres_conf
 from broker.models import ApiToken, Cluster
+from broker.nodereport import NodeReport
 from broker.schemas import (
     ClusterCreate,
     ExplainRequest,
@@ -41,6 +44,7 @@ from broker.schemas import (
     PolicyApply,
     PolicyRollback,
     PolicyText,
+    Role,
     TenantSet,
     TokenCreate,
     TokenCreated,
@@ -129,7 +133,7 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         with sessions() as session:
             return auth.authenticate(session, token, cache)
 
-    async def principal(authorization: Annotated[str | None, Header()] = None) -> auth.Principal:
+    async def any_principal(authorization: Annotated[str | None, Header()] = None) -> auth.Principal:
         token = None
         if authorization:
             scheme, _, value = authorization.partition(" ")
@@ -137,6 +141,22 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         if token and (hit := cache.get(auth.hash_token(token))) is not None:
             return hit
         return await run_in_threadpool(lookup_token, token)
+
+    async def principal(who: Annotated[auth.Principal, Depends(any_principal)]) -> auth.Principal:
+        if who.role == Role.AGENT:
+            raise NotAllowed(
+                f"{who.user!r} has an agent token, which may only report its node's GPUs (gpush agent); "
+                "use a user or admin token for this"
+            )
+        return who
+
+    async def agent(who: Annotated[auth.Principal, Depends(any_principal)]) -> auth.Principal:
+        if who.role not in (Role.AGENT, Role.ADMIN):
+            raise NotAllowed(
+                f"only a node agent may report GPUs; {who.user!r} has role {who.role.value} "
+                "(create one with: gpush admin token create --role agent --user <node> --tenant agents)"
+            )
+        return who
 
     async def admin(who: Annotated[auth.Principal, Depends(principal)]) -> auth.Principal:
         if not who.is_admin:
@@ -146,6 +166,7 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
     Db = Annotated[Session, Depends(db)]
     Who = Annotated[auth.Principal, Depends(principal)]
     Admin = Annotated[auth.Principal, Depends(admin)]
+    Agent = Annotated[auth.Principal, Depends(agent)]
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -176,7 +197,7 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         return Response(body, media_type=content_type)
 
     @app.get("/v1/whoami", response_model=Whoami, tags=["auth"])
-    def whoami(who: Who) -> Whoami:
+    def whoami(who: Annotated[auth.Principal, Depends(any_principal)]) -> Whoami:
         return Whoami(user=who.user, tenant=who.tenant, role=who.role)
 
     @app.post("/v1/jobs", response_model=JobOut, status_code=201, response_class=JSONBytes, tags=["jobs"])
@@ -336,6 +357,72 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         with session.begin():
             infos = clusters.list_clusters(session)
         return [clusters.summarize(info, adapters.get(info)) for info in infos]
+
+    # -- the reconciled inventory (broker.inventory, broker.nodereports) ----------------
+
+    @app.post("/v1/agent/reports", status_code=202, tags=["inventory"])
+    def agent_report(report: NodeReport, session: Db, who: Agent) -> dict[str, Any]:
+        """A node agent's view of its GPUs (gpush agent); the newest per node is kept."""
+        with session.begin():
+            row = nodereports.save_report(session, report, by=who.user, now=clock())
+            return {"node": row.node, "collected_at": row.collected_at, "received_at": row.received_at}
+
+    def inventory_of(session: Session, cluster: str | None) -> Inventory:
+        with session.begin():
+            if cluster is not None and session.get(Cluster, cluster) is None:
+                raise NotFound(f"no cluster {cluster!r} is registered (gpush cluster list shows them)")
+            infos, reports = nodereports.read_sources(session, cluster)
+        return nodereports.reconciled(infos, reports, adapters, now=clock())
+
+    @app.get("/v1/inventory", tags=["inventory"])
+    def inventory(session: Db, _who: Who, cluster: str | None = None) -> dict[str, Any]:
+        """Clusters, nodes, physical GPUs and their slices from the clusters and the node
+        agents, in physical GPU-equivalents; with the drift findings."""
+        return inventory_of(session, cluster).to_dict()
+
+    @app.get("/v1/inventory/drift", tags=["inventory"])
+    def inventory_drift(session: Db, _who: Who, cluster: str | None = None) -> list[dict[str, Any]]:
+        """Every disagreement between the clusters and the GPUs, worst first, with its fix."""
+        return [f.to_dict() for f in inventory_of(session, cluster).findings]
+
+    @app.get("/v1/nodes/{node}/gres-conf", tags=["inventory"])
+    def gres_conf(node: str, session: Db, _who: Who, style: str = "multiple-files") -> dict[str, Any]:
+        """The gres.conf block and slurm.conf Gres= field matching what the node's agent sees."""
+        if style not in GRES_STYLES:
+            raise InvalidRequest(f"style {style!r} is not one of {', '.join(GRES_STYLES)}")
+        with session.begin():
+            report = nodereports.load_reports(session).get(node)
+        if report is None:
+            raise NotFound(
+                f"no agent reports node {node!r}, so gpush does not know its GPUs: run `gpush agent` on it "
+                "(gpush inventory lists the nodes agents report)"
+            )
+        conf = render_gres_conf(node, report.gpus, style=style)
+        return {"node": node, "text": conf.text, "gres": conf.gres, "lines": list(conf.lines), "style": style}
+
+    @app.get("/v1/mig/plan", tags=["inventory"])
+    def mig_plan(
+        session: Db,
+        _who: Who,
+        cluster: str | None = None,
+        repartition_busy: bool = False,
+        enable_mig: bool = False,
+    ) -> dict[str, Any]:
+        """MIG layouts, per GPU, that place the most waiting MIG work (broker.migqueue)."""
+        with session.begin():
+            info = None
+            if cluster is not None:
+                row = session.get(Cluster, cluster)
+                if row is None:
+                    raise NotFound(f"no cluster {cluster!r} is registered (gpush cluster list shows them)")
+                info = clusters.ClusterInfo.of(row)
+            infos, reports = nodereports.read_sources(session, cluster)
+        inventory = nodereports.reconciled(infos, reports, adapters, now=clock()) if info is not None else None
+        with session.begin():
+            result = migqueue.plan_for(
+                session, reports, inventory, cluster=info, repartition_busy=repartition_busy, enable_mig=enable_mig
+            )
+        return result.to_dict()
 
     @app.post("/v1/clusters/{name}/timeslice", tags=["clusters"])
     def apply_timeslice(name: str, body: TimesliceRequest, session: Db, _who: Admin) -> dict[str, Any]:

@@ -326,7 +326,13 @@ def token() -> None:
 @token.command("create", context_settings=CONTEXT)
 @click.option("--user", required=True, help="Who the token is for.")
 @click.option("--tenant", required=True, help="The tenant whose jobs the token sees.")
-@click.option("--role", type=click.Choice(["user", "admin"]), default="user", show_default=True)
+@click.option(
+    "--role",
+    type=click.Choice(["user", "admin", "agent"]),
+    default="user",
+    show_default=True,
+    help="agent: a node agent's token (gpush agent), which may only report its node's GPUs.",
+)
 @click.option("--description", help="A note, such as what the token is for.")
 @json_option
 @click.pass_obj
@@ -663,6 +669,126 @@ def tenant_set(settings: Settings, name: str, weight, gpu_quota, clear_quota, js
 def tenant_list(settings: Settings, json_mode: bool) -> int:
     """Tenants with weight, quota and GPU-equivalents in use."""
     return commands.tenant_list(settings.client(), _out(json_mode))
+
+
+# -- inventory -------------------------------------------------------------------------
+
+
+@cli.group("inventory", invoke_without_command=True, context_settings=CONTEXT)
+@click.option("--cluster", help="Only this cluster.")
+@click.option("--gpus", is_flag=True, help="A row per physical GPU too.")
+@json_option
+@click.pass_context
+def inventory(ctx: click.Context, cluster: str | None, gpus: bool, json_mode: bool) -> int | None:
+    """The GPU inventory of every cluster, reconciled with the node agents (per cluster, node, GPU)."""
+    if ctx.invoked_subcommand is not None:
+        return None
+    settings: Settings = ctx.obj
+    return commands.inventory(settings.client(), _out(json_mode), cluster=cluster, gpus=gpus)
+
+
+@inventory.command("drift", context_settings=CONTEXT)
+@click.option("--cluster", help="Only this cluster.")
+@click.option(
+    "--severity",
+    type=click.Choice(commands.SEVERITIES),
+    default="info",
+    show_default=True,
+    help="Show findings this bad or worse.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(commands.SEVERITIES[:2]),
+    help="Exit 1 when a finding this bad or worse exists (monitoring, CI).",
+)
+@json_option
+@click.pass_obj
+def inventory_drift(
+    settings: Settings, cluster: str | None, severity: str, fail_on: str | None, json_mode: bool
+) -> int:
+    """Where the clusters and the GPUs disagree, worst first: what is wrong, why it matters, the fix."""
+    return commands.drift(settings.client(), _out(json_mode), cluster=cluster, severity=severity, fail_on=fail_on)
+
+
+@cli.group(context_settings=CONTEXT)
+def slurm() -> None:
+    """Slurm helpers."""
+
+
+@slurm.command("gres-conf", context_settings=CONTEXT)
+@click.argument("node")
+@click.option(
+    "--style",
+    type=click.Choice(["multiple-files", "file", "nvml"]),
+    default="multiple-files",
+    show_default=True,
+    help="MIG device files: MultipleFiles= (Slurm 23.02+), File= (older), or AutoDetect=nvml.",
+)
+@json_option
+@click.pass_obj
+def slurm_gres_conf(settings: Settings, node: str, style: str, json_mode: bool) -> int:
+    """The gres.conf lines and slurm.conf Gres= field that match what NODE's agent sees."""
+    return commands.gres_conf(settings.client(), _out(json_mode), node=node, style=style)
+
+
+@cli.group(context_settings=CONTEXT)
+def mig() -> None:
+    """MIG layouts."""
+
+
+@mig.command("plan", context_settings=CONTEXT)
+@click.option("--cluster", help="Plan this cluster's nodes and the jobs routed to it (default: every reported node).")
+@click.option("--repartition-busy", is_flag=True, help="Also re-cut GPUs with work on some instances (kept in place).")
+@click.option("--enable-mig", is_flag=True, help="Also propose MIG on MIG-capable GPUs that have it off.")
+@click.option(
+    "--show",
+    type=click.Choice(["all", "summary", "mig-parted", "gres"]),
+    default="all",
+    show_default=True,
+    help="What to print.",
+)
+@json_option
+@click.pass_obj
+def mig_plan(
+    settings: Settings, cluster: str | None, repartition_busy: bool, enable_mig: bool, show: str, json_mode: bool
+) -> int:
+    """Per-GPU MIG layouts that place the most waiting MIG work, as mig-parted config and gres.conf."""
+    return commands.mig_plan(
+        settings.client(),
+        _out(json_mode),
+        cluster=cluster,
+        repartition_busy=repartition_busy,
+        enable_mig=enable_mig,
+        show=show,
+    )
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option(
+    "--node",
+    envvar="GPUSH_NODE",
+    show_envvar=True,
+    help="This node's name as the clusters know it (default: the short hostname).",
+)
+@click.option(
+    "--interval",
+    envvar="GPUSH_AGENT_INTERVAL",
+    show_envvar=True,
+    type=click.FloatRange(1),
+    default=30.0,
+    show_default=True,
+    help="Seconds between reports.",
+)
+@click.option("--once", is_flag=True, help="Report once and exit (exit 1 if the broker did not take it).")
+@click.option(
+    "--recording",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Replay a recorded NVML (tests/data/nvml/*.json) instead of reading this machine's GPUs.",
+)
+@click.pass_obj
+def agent(settings: Settings, node: str | None, interval: float, once: bool, recording: str | None) -> int:
+    """Report this node's GPUs (NVML) to the broker every --interval seconds, with an agent token."""
+    return commands.agent(settings, node=node, interval=interval, once=once, recording=recording)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,6 +52,7 @@ class GpushClient:
         transport: httpx.BaseTransport | None = None,
     ):
         self.url = url.rstrip("/")
+        self.token = token
         headers = {"User-Agent": "gpush-client"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -241,6 +242,28 @@ class GpushClient:
 
     # -- identity and admin -------------------------------------------------------
 
+    # -- inventory ----------------------------------------------------------------
+
+    @property
+    def http(self) -> httpx.Client:
+        """The HTTP client (embedded: into this process's API), for ``gpush agent``."""
+        return self._http
+
+    def inventory(self, cluster: str | None = None) -> dict[str, Any]:
+        return self._request("GET", "/v1/inventory", params=_params(cluster=cluster))
+
+    def drift(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/inventory/drift", params=_params(cluster=cluster))
+
+    def gres_conf(self, node: str, style: str = "multiple-files") -> dict[str, Any]:
+        return self._request("GET", f"/v1/nodes/{node}/gres-conf", params={"style": style})
+
+    def mig_plan(
+        self, cluster: str | None = None, *, repartition_busy: bool = False, enable_mig: bool = False
+    ) -> dict[str, Any]:
+        params = _params(cluster=cluster, repartition_busy=repartition_busy or None, enable_mig=enable_mig or None)
+        return self._request("GET", "/v1/mig/plan", params=params)
+
     def whoami(self) -> Whoami:
         return Whoami.model_validate(self._request("GET", "/v1/whoami"))
 
@@ -255,6 +278,11 @@ class GpushClient:
 
     def revoke_token(self, token_id: int) -> TokenOut:
         return TokenOut.model_validate(self._request("POST", f"/v1/admin/tokens/{int(token_id)}/revoke"))
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    """Query parameters that are set (httpx would send None as an empty value)."""
+    return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in values.items() if v is not None}
 
 
 def _auto_key() -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from broker import console
 from broker.client import GpushClient
 from broker.console import Output
-from broker.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, GpushError, InvalidRequest, NotFound
+from broker.errors import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, GpushError, InvalidRequest, NotFound
 from broker.jobfile import build_specs, load_documents
 
 ClientFactory = Callable[[], GpushClient]
@@ -428,3 +428,120 @@ def read_job_file(path: str, stdin_text: Callable[[], str]) -> str:
 
 
 __all__ = ["GpushError"]
+
+
+# -- inventory, drift, gres.conf, MIG plan -------------------------------------------------
+
+SEVERITIES = ("critical", "warning", "info")
+
+
+def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bool) -> int:
+    """The reconciled inventory: per cluster and sharing mode, then per node (and GPU)."""
+    view = client.inventory(cluster)
+    if out.json_mode:
+        out.json(view)
+        return EXIT_OK
+    if not view["clusters"] and not view.get("unscheduled"):
+        out.note("no clusters and no agent reports: add a cluster (gpush cluster add) or run `gpush agent` on a node")
+        return EXIT_OK
+    out.print(console.inventory_clusters_table(view))
+    out.line("")
+    out.print(console.inventory_nodes_table(view, gpus=gpus))
+    counts = view.get("findings_by_severity", {})
+    if any(counts.values()):
+        summary = ", ".join(f"{counts[s]} {s}" for s in SEVERITIES if counts.get(s))
+        out.note(f"drift: {summary}; `gpush inventory drift` says what is wrong and how to fix it")
+    return EXIT_OK
+
+
+def drift(client: GpushClient, out: Output, *, cluster: str | None, severity: str, fail_on: str | None) -> int:
+    """Drift findings at ``severity`` or worse, worst first. With ``fail_on``, exit 1 when
+    a finding of that severity or worse exists (for monitoring scripts)."""
+    keep = SEVERITIES[: SEVERITIES.index(severity) + 1]
+    findings = [f for f in client.drift(cluster) if f["severity"] in keep]
+    if out.json_mode:
+        out.json(findings)
+    elif not findings:
+        out.note("no drift: the clusters and the GPUs agree" + ("" if severity == "info" else f" (at {severity})"))
+    else:
+        for i, finding in enumerate(findings):
+            if i:
+                out.line("")
+            out.print(console.finding_text(finding))
+    if fail_on is not None:
+        worst = SEVERITIES[: SEVERITIES.index(fail_on) + 1]
+        if any(f["severity"] in worst for f in findings):
+            return EXIT_ERROR
+    return EXIT_OK
+
+
+def gres_conf(client: GpushClient, out: Output, *, node: str, style: str) -> int:
+    """The gres.conf block and slurm.conf Gres= field matching what the node's agent sees."""
+    conf = client.gres_conf(node, style)
+    if out.json_mode:
+        out.json(conf)
+        return EXIT_OK
+    out.line(f"# gres.conf for {node}, from what its agent sees (gpush slurm gres-conf {node})")
+    out.line(conf["text"].rstrip("\n"))
+    out.line("")
+    out.line(f"# slurm.conf: on the NodeName={node} line")
+    out.line(f"Gres={conf['gres']}")
+    out.note("then on the head node: scontrol reconfigure (or restart slurmd on the node if its GRES count changed)")
+    return EXIT_OK
+
+
+def mig_plan(
+    client: GpushClient, out: Output, *, cluster: str | None, repartition_busy: bool, enable_mig: bool, show: str
+) -> int:
+    """MIG layouts per GPU for the waiting MIG work: the summary, mig-parted config, gres.conf."""
+    plan = client.mig_plan(cluster, repartition_busy=repartition_busy, enable_mig=enable_mig)
+    if out.json_mode:
+        out.json(plan)
+        return EXIT_OK
+    if not plan["nodes"]:
+        where = f"cluster {cluster}" if cluster else "any node"
+        out.note(f"no agent reports GPUs of {where}: run `gpush agent` on the GPU nodes, then plan again")
+        return EXIT_NOT_FOUND
+    if show in ("all", "summary"):
+        for line in plan["summary"]:
+            out.line(line)
+        if plan["missing_agents"]:
+            out.note(f"not planned (no agent reports them): {', '.join(plan['missing_agents'])}")
+    if show in ("all", "mig-parted"):
+        if show == "all":
+            out.line("")
+        out.line(plan["mig_parted"].rstrip("\n"))
+    if show in ("all", "gres"):
+        changed = {g["node"] for g in plan["gpus"] if g["action"] != "keep"}
+        for node, text in plan["gres_conf"].items():
+            if text and node in changed:
+                out.line("")
+                out.line(f"# gres.conf for {node} after the plan")
+                out.line(text.rstrip("\n"))
+    return EXIT_OK
+
+
+def agent(settings: Any, *, node: str | None, interval: float, once: bool, recording: str | None) -> int:
+    """``gpush agent``: report this node's GPUs to the broker until stopped (or once).
+
+    With ``--url`` it posts to that broker with ``--token`` (an agent token); without, into
+    the embedded broker's database (a one-machine setup, the demo, tests)."""
+    import socket
+
+    from broker.agent import run_agent
+    from broker.client import EMBEDDED_URL
+    from broker.nvml import RecordedLibrary
+
+    node = node or socket.gethostname().split(".")[0]
+    library = RecordedLibrary(Path(recording)) if recording else None
+    if settings.url:
+        if not settings.token:
+            raise InvalidRequest(
+                "gpush agent needs a token to report to the broker: an admin creates one with "
+                "`gpush admin token create --role agent --user <node> --tenant agents`; set it as GPUSH_TOKEN"
+            )
+        delivered = run_agent(settings.url, settings.token, node, interval, library, once)
+    else:
+        client = settings.client()
+        delivered = run_agent(EMBEDDED_URL, client.token, node, interval, library, once, client=client.http)
+    return EXIT_OK if delivered or not once else EXIT_ERROR

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 STATE_STYLE = {
@@ -245,3 +246,98 @@ def policy_history_table(rows: list[dict[str, Any]]) -> Table:
         when = local_time(datetime.fromisoformat(r["created_at"]))
         table.add_row(str(r["version"]), "*" if r["active"] else "", r["author"], when, r["comment"])
     return table
+
+
+# -- inventory ---------------------------------------------------------------------
+
+
+def _eq(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".") if value else "0"
+
+
+def inventory_clusters_table(inventory: dict[str, Any]) -> Table:
+    """One row per cluster and sharing mode: GPU-equivalents free/allocated/total, broken."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("CLUSTER", "KIND", "SHARING", "GPUS (AGENT-VERIFIED)", "FREE", "ALLOCATED", "TOTAL", "BROKEN"):
+        table.add_column(column, no_wrap=True)
+    for c in inventory["clusters"]:
+        if c.get("error"):
+            table.add_row(c["name"], c["kind"], f"[red]does not answer[/]: {c['error']}", "", "", "", "", "")
+            continue
+        rows = [("all", c["totals"])] + sorted(c.get("by_sharing", {}).items())
+        for i, (mode, t) in enumerate(rows):
+            table.add_row(
+                c["name"] if i == 0 else "",
+                c["kind"] if i == 0 else "",
+                mode,
+                str(c.get("physical_gpus", "")) if i == 0 else "",
+                _eq(t["free"]),
+                _eq(t["allocated"]),
+                _eq(t["capacity"]),
+                f"[red]{_eq(t['broken'])}[/]" if t.get("broken") else "-",
+            )
+    return table
+
+
+def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False) -> Table:
+    """One row per node (and per GPU with ``gpus``): agent, GPUs, how shared, use, findings."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    columns = ["CLUSTER", "NODE", "AGENT", "GPU", "MODEL", "MODE", "FREE/TOTAL", "FINDINGS"]
+    for column in columns:
+        table.add_column(column, no_wrap=column != "FINDINGS", overflow="fold")
+    nodes = [n for c in inventory["clusters"] for n in c["nodes"]] + list(inventory.get("unscheduled", []))
+    for n in nodes:
+        agent = {"ok": "[green]ok[/]", "stale": "[yellow]stale[/]", "error": "[red]error[/]"}.get(
+            n["agent"], f"[dim]{n['agent']}[/]"
+        )
+        findings = ", ".join(f"{count} {sev}" for sev, count in n.get("findings", {}).items() if count) or "-"
+        models = sorted({g["model"] or g["product"] or "?" for g in n["gpus"]}) or sorted(
+            {u["gpu_model"] for u in n["units"]}
+        )
+        modes = sorted({g["mode"] for g in n["gpus"] if g["mode"] != "-"}) or sorted({u["sharing"] for u in n["units"]})
+        table.add_row(
+            n["cluster"] or "[yellow](none)[/]",
+            n["name"],
+            agent,
+            str(len(n["gpus"])) if n["gpus"] else "?",
+            ", ".join(models),
+            ", ".join(modes),
+            f"{_eq(n['free_gpu_equivalents'])}/{_eq(n['capacity_gpu_equivalents'])}",
+            findings if n.get("unavailable") is None else f"{findings}; unavailable: {n['unavailable']}",
+        )
+        if not gpus:
+            continue
+        for g in n["gpus"]:
+            slices = ", ".join(
+                f"{s['mig_profile'] or s['sharing']} {s['allocated']}/{s['capacity']}"
+                + (" BROKEN" if s["broken"] else "")
+                for s in g["slices"]
+            )
+            table.add_row(
+                "",
+                "",
+                "",
+                f"{g['index']}" + (f" {g['uuid'][:12]}…" if g.get("uuid") else ""),
+                (g["model"] or g["product"] or "?") + (f" {g['memory_gb']:g} GB" if g.get("memory_gb") else ""),
+                g["mode"],
+                f"{_eq(g['capacity_gpu_equivalents'] - g['allocated_gpu_equivalents'])}/"
+                f"{_eq(g['capacity_gpu_equivalents'])}",
+                (f"[red]{g['error']}[/] " if g.get("error") else "") + (slices or "-"),
+            )
+    return table
+
+
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def finding_text(f: dict[str, Any]) -> str:
+    """A drift finding as a short block: severity and where, what, why, the fix."""
+    where = "/".join(x for x in (f.get("cluster") or "(no cluster)", f.get("node") or "") if x)
+    if f.get("gpu") is not None:
+        where += f" GPU {f['gpu']}"
+    style = _SEVERITY_STYLE.get(f["severity"], "")
+    fix = "\n".join("       " + line if i else line for i, line in enumerate(f["fix"].splitlines()))
+    return (
+        f"[{style}]{f['severity'].upper()}[/] {escape(where)} [dim]({f['kind']})[/]\n"
+        f"  {escape(f['what'])}\n  why: {escape(f['why'])}\n  fix: {escape(fix)}"
+    )

@@ -27,6 +27,7 @@ from broker.migplan import MigPlan, MigSlot, layout_counts, model_of_product
 from broker.nodereport import GpuReport
 
 GresStyle = Literal["nvml", "multiple-files", "file"]
+GRES_STYLES = ("multiple-files", "file", "nvml")
 
 
 # --- nvidia-mig-parted ---------------------------------------------------------------------

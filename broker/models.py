@@ -210,3 +210,18 @@ class Tenant(Base):
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     gpu_quota: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class NodeReport(Base):
+    """The newest report of each node's agent (broker.nodereport): what NVML saw there.
+
+    One row per node, replaced by each report; broker.inventory merges them with what
+    the clusters say. ``reported_by`` is the agent token's user, for the audit trail."""
+
+    __tablename__ = "node_reports"
+
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    report: Mapped[dict[str, Any]] = mapped_column(Document)
+    collected_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    reported_by: Mapped[str] = mapped_column(String(64))

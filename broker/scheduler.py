@@ -47,6 +47,7 @@ from broker.clusters import AdapterPool, ClusterInfo, list_clusters
 from broker.db import session_factory
 from broker.metrics import observe_cycle
 from broker.models import Cluster, Job, Tenant
+from broker.nodereports import DriftWatch
 from broker.schemas import JobSpec
 from broker.states import JobState, set_reasons, set_states
 
@@ -154,6 +155,8 @@ class Scheduler:
         self.clock = clock
         self.claim_limit = claim_limit
         self._policy_source = policy_source
+        # Units that drift findings break (broker.nodereports): never placed on.
+        self.drift = DriftWatch()
         # Parsed specs by their fingerprint (jobs.spec_hash: the spec without its
         # idempotency key). Queues are full of copies of one spec (arrays, sweeps,
         # retries), and validating a stored spec again costs more than deciding it.
@@ -463,6 +466,9 @@ class Scheduler:
             except AdapterError as exc:
                 report.errors.append(f"inventory of {name}: {exc}")
                 unavailable[name] = str(exc)
+        if inventory:
+            with self.sessions() as session:
+                inventory = self.drift.apply(session, inventory, clusters, now=self.clock())
         pending = _beyond_backlog(booked.pending, clusters)
         return CapacityView.build(inventory, pending, booked.memory, unavailable=unavailable)
 

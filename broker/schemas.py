@@ -348,6 +348,8 @@ class JobEventOut(BaseModel):
 class Role(StrEnum):
     USER = "user"
     ADMIN = "admin"
+    # A node agent (gpush agent): may post its node's GPU report, nothing else.
+    AGENT = "agent"
 
 
 class TokenCreate(BaseModel):
