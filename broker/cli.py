@@ -282,11 +282,22 @@ def scheduler_group() -> None:
 @scheduler_group.command("run", context_settings=CONTEXT)
 @click.option("--cycles", type=click.IntRange(1), help="Stop after this many cycles (default: run until Ctrl-C).")
 @click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between cycles.")
+@click.option(
+    "--metrics-port",
+    envvar="GPUSH_METRICS_PORT",
+    show_envvar=True,
+    type=click.IntRange(1, 65535),
+    help="Serve /metrics (Prometheus) on this port of 127.0.0.1 (no token: keep it local).",
+)
 @json_option
 @click.pass_obj
-def scheduler_run(settings: Settings, cycles: int | None, interval: float, json_mode: bool) -> int:
+def scheduler_run(
+    settings: Settings, cycles: int | None, interval: float, metrics_port: int | None, json_mode: bool
+) -> int:
     """Elect this process the scheduler and run cycles on the database of --database-url."""
-    return commands.scheduler_run(settings.resolved_database_url(), _out(json_mode), cycles=cycles, interval=interval)
+    return commands.scheduler_run(
+        settings.resolved_database_url(), _out(json_mode), cycles=cycles, interval=interval, metrics_port=metrics_port
+    )
 
 
 @cli.group(context_settings=CONTEXT)

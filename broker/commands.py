@@ -352,7 +352,9 @@ def policy_explain(client: GpushClient, out: Output, *, job_id: int | None, spec
     return EXIT_OK
 
 
-def scheduler_run(database_url: str, out: Output, *, cycles: int | None, interval: float) -> int:
+def scheduler_run(
+    database_url: str, out: Output, *, cycles: int | None, interval: float, metrics_port: int | None = None
+) -> int:
     """Run cycles in this process while it leads; report each cycle that did something."""
     import time
 
@@ -368,6 +370,11 @@ def scheduler_run(database_url: str, out: Output, *, cycles: int | None, interva
     if not leadership.try_acquire():
         raise Conflict("another broker process is the scheduler now: this one would only wait (stop it, or let it be)")
     scheduler = Scheduler(engine, AdapterPool(utcnow), clock=utcnow)
+    if metrics_port is not None:
+        from broker.metrics import serve
+
+        serve(engine, metrics_port)
+        out.note(f"metrics on http://127.0.0.1:{metrics_port}/metrics")
     done = 0
     try:
         while cycles is None or done < cycles:
