@@ -59,7 +59,8 @@ bench: venv postgres slurm
 	$(BIN)/python integration/bench/schedule.py --million --json bench-schedule.json
 	$(BIN)/python integration/bench/placement.py --json bench-placement.json
 	$(BIN)/python integration/bench/slurm.py --jobs 1000 --backlog 300 --json bench-slurm.json
-	$(BIN)/python integration/bench/k8s.py --json bench-k8s.json
+	$(BIN)/python integration/bench/k8s.py --rounds 3 --json bench-k8s.json
+	$(BIN)/python integration/bench/inventory.py --json bench-inventory.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results.json

@@ -189,6 +189,14 @@ class AdapterPool:
             config.pop("state_file", None)
         return config
 
+    def close(self) -> None:
+        """Close every adapter this pool built (their watches, connections)."""
+        with self._lock:
+            built, self._adapters = list(self._adapters.values()), {}
+        for _, adapter in built:
+            if hasattr(adapter, "close"):
+                adapter.close()
+
     def override(self, name: str, adapter: ClusterAdapter) -> None:
         """Use ``adapter`` for cluster ``name`` in this process (tests, embedded tools)."""
         with self._lock:

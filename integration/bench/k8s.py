@@ -22,6 +22,9 @@ clients, over ``--nodes`` simulated GPU nodes (time-sliced T4s: 4 GPUs a node, 4
   ``KubernetesAdapter.inventory()`` with its node cache off, median of ``--repeats`` after one
   untimed call (target under 2 s).
 
+With ``--rounds N`` the three paths run N times in turn and the medians are the figures
+(``make bench`` runs 3): this VM's speed varies from minute to minute.
+
 Each phase has a namespace of its own, deleted (its Pods gone) before the next begins, so every
 phase starts on an idle cluster with the same free capacity.
 
@@ -253,11 +256,10 @@ def direct_pod(name: str) -> dict:
     }
 
 
-def bench_direct(api: Any, pods: int, threads: int, timeout: float) -> dict:
+def bench_direct(api: Any, pods: int, threads: int, timeout: float, namespace: str = "bench-direct") -> dict:
     from kubernetes import client
 
     core = client.CoreV1Api(api)
-    namespace = "bench-direct"
     core.create_namespace({"metadata": {"name": namespace}})
     watch = BindWatch(api, namespace, f"{DIRECT_LABEL[0]}={DIRECT_LABEL[1]}")
     watch.expect(pods)
@@ -290,12 +292,11 @@ def direct_job(name: str) -> dict:
     }
 
 
-def bench_direct_jobs(api: Any, jobs: int, threads: int, timeout: float) -> dict:
+def bench_direct_jobs(api: Any, jobs: int, threads: int, timeout: float, namespace: str = "bench-direct-jobs") -> dict:
     """The same, as batch/v1 Jobs (what gpush creates): the Job controller's hop without gpush."""
     from kubernetes import client
 
     batch = client.BatchV1Api(api)
-    namespace = "bench-direct-jobs"
     client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
     watch = BindWatch(api, namespace, f"{DIRECT_LABEL[0]}={DIRECT_LABEL[1]}")
     watch.expect(jobs)
@@ -320,7 +321,10 @@ def bench_direct_jobs(api: Any, jobs: int, threads: int, timeout: float) -> dict
 class Broker:
     """An embedded broker: database, the k8s cluster registered, a policy, the scheduler."""
 
-    def __init__(self, url: str, kubeconfig: Path, threads: int, informers: bool = True):
+    def __init__(
+        self, url: str, kubeconfig: Path, threads: int, informers: bool = True, namespace: str = "bench-gpush"
+    ):
+        self.namespace = namespace
         from broker import policystore
         from broker.clusters import AdapterPool, add_cluster, cluster_views
         from broker.db import session_factory
@@ -333,7 +337,7 @@ class Broker:
         config = {
             "kubeconfig": str(kubeconfig),
             "context": CONTEXT,
-            "namespace": "bench-gpush",
+            "namespace": namespace,
             "create_namespace": True,
             "tag": TAG,
             "image": IMAGE,
@@ -348,6 +352,10 @@ class Broker:
                 session, POLICY, comment="bench", author="root", now=now(), views=views, base_version=None
             )
         self.scheduler = Scheduler(self.engine, self.pool, clock=now)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.engine.dispose()
 
     def submit(self, n: int) -> list[int]:
         from broker import queue
@@ -371,7 +379,7 @@ class Broker:
 
 def bench_gpush(api: Any, broker: Broker, pods: int, interval: float, timeout: float) -> dict:
 
-    watch = BindWatch(api, "bench-gpush", f"gpush.io/broker={TAG}")
+    watch = BindWatch(api, broker.namespace, f"gpush.io/broker={TAG}")
     watch.expect(pods)
     steps: dict[str, float] = {}
     errors: list[str] = []
@@ -515,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="gpush lists Nodes and Pods each cycle (the adapter's informers=false)",
     )
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the three paths, report medians (default 1)")
     parser.add_argument("--json", metavar="PATH", help="write the figures here as JSON")
     parser.add_argument("--serve-cluster", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
@@ -538,45 +547,67 @@ def main(argv: list[str] | None = None) -> int:
         api.configuration.connection_pool_maxsize = max(args.threads, 4) + 4
         stack.callback(api.close)
 
-        direct = results["direct"] = bench_direct(api, args.pods, args.threads, args.timeout)
-        print(
-            f"direct: {direct['pods']} Pods bound in {direct['total_s']:.1f} s ({direct['pods_per_s']:.0f} Pods/s; "
-            f"creates took {direct['create_s']:.1f} s on {direct['threads']} threads)"
-        )
-
-        clear_namespace(api, "bench-direct")
-        jobs = results["direct_jobs"] = bench_direct_jobs(api, args.pods, args.threads, args.timeout)
-        print(
-            f"direct, as Jobs (no gpush; the simulator's Job controller makes the Pods): {jobs['jobs']} Pods bound "
-            f"in {jobs['total_s']:.1f} s ({jobs['pods_per_s']:.0f} Pods/s; creates took {jobs['create_s']:.1f} s)"
-        )
-
-        clear_namespace(api, "bench-direct-jobs")
-
-        if args.db == "postgres":
-            url, _ = stack.enter_context(scratch_database(args.pg_url, BENCH_DATABASE))
-        else:
-            url = f"sqlite:///{workdir / 'gpush.db'}"
-        broker = Broker(url, kubeconfig, args.threads, informers=not args.no_informers)
-        stack.callback(broker.engine.dispose)
-        gpush = results["gpush"] = bench_gpush(api, broker, args.pods, args.interval, args.timeout)
-        ratio = results["ratio"] = gpush["pods_per_s"] / direct["pods_per_s"]
-        results["ratio_to_direct_jobs"] = gpush["pods_per_s"] / jobs["pods_per_s"]
-        print(
-            f"gpush ({args.db}): {gpush['pods']} Pods bound in {gpush['total_s']:.1f} s "
-            f"({gpush['pods_per_s']:.0f} Pods/s, {gpush['cycles']} cycles at {args.interval:g} s; "
-            f"submission {gpush['submit_s']:.1f} s)"
-        )
-        print(
-            f"gpush / direct Pods: {ratio:.2f} (target >= 0.8: {verdict(ratio >= 0.8)}); "
-            f"gpush / direct Jobs: {results['ratio_to_direct_jobs']:.2f}"
-        )
-        print(f"gpush cycle steps, seconds summed over the run: {gpush['cycle_step_s']}")
-        for c in gpush["per_cycle"]:
+        rounds: list[dict[str, Any]] = []
+        for r in range(args.rounds):
+            # The three paths one after another in each round, each on an idle cluster, so a
+            # slow spell of the machine weighs on all three alike; the medians are the figures.
+            one: dict[str, Any] = {}
+            direct = one["direct"] = bench_direct(api, args.pods, args.threads, args.timeout, f"bench-direct-{r}")
             print(
-                f"  cycle at {c['start_s']:5.1f} s: {c['cycle_s']:.2f} s, submitted {c['submitted']}, "
-                f"bound by its end {c['bound_after']}"
+                f"round {r + 1}: direct: {direct['pods']} Pods bound in {direct['total_s']:.1f} s "
+                f"({direct['pods_per_s']:.0f} Pods/s; creates took {direct['create_s']:.1f} s on "
+                f"{direct['threads']} threads)"
             )
+            clear_namespace(api, f"bench-direct-{r}")
+            jobs = one["direct_jobs"] = bench_direct_jobs(
+                api, args.pods, args.threads, args.timeout, f"bench-direct-jobs-{r}"
+            )
+            print(
+                f"round {r + 1}: direct, as Jobs (the simulator's Job controller makes the Pods): {jobs['jobs']} "
+                f"Pods bound in {jobs['total_s']:.1f} s ({jobs['pods_per_s']:.0f} Pods/s; "
+                f"creates took {jobs['create_s']:.1f} s)"
+            )
+            clear_namespace(api, f"bench-direct-jobs-{r}")
+            if args.db == "postgres":
+                url, _ = stack.enter_context(scratch_database(args.pg_url, f"{BENCH_DATABASE}_{r}"))
+            else:
+                url = f"sqlite:///{workdir / f'gpush-{r}.db'}"
+            broker = Broker(
+                url, kubeconfig, args.threads, informers=not args.no_informers, namespace=f"bench-gpush-{r}"
+            )
+            try:
+                gpush = one["gpush"] = bench_gpush(api, broker, args.pods, args.interval, args.timeout)
+            finally:
+                broker.close()
+            one["ratio"] = gpush["pods_per_s"] / direct["pods_per_s"]
+            one["ratio_to_direct_jobs"] = gpush["pods_per_s"] / jobs["pods_per_s"]
+            print(
+                f"round {r + 1}: gpush ({args.db}): {gpush['pods']} Pods bound in {gpush['total_s']:.1f} s "
+                f"({gpush['pods_per_s']:.0f} Pods/s, {gpush['cycles']} cycles at {args.interval:g} s); "
+                f"gpush / direct Pods {one['ratio']:.2f}, gpush / direct Jobs {one['ratio_to_direct_jobs']:.2f}"
+            )
+            print(f"  gpush cycle steps, seconds summed over the run: {gpush['cycle_step_s']}")
+            clear_namespace(api, f"bench-gpush-{r}")
+            rounds.append(one)
+        results["rounds"] = rounds
+
+        def median(path: str) -> float:
+            values = []
+            for one in rounds:
+                value: Any = one
+                for part in path.split("."):
+                    value = value[part]
+                values.append(value)
+            return statistics.median(values)
+
+        ratio = results["ratio"] = median("ratio")
+        results["ratio_to_direct_jobs"] = median("ratio_to_direct_jobs")
+        print(
+            f"medians of {len(rounds)} rounds: direct Pods {median('direct.pods_per_s'):.0f}/s, direct Jobs "
+            f"{median('direct_jobs.pods_per_s'):.0f}/s, gpush {median('gpush.pods_per_s'):.0f}/s; "
+            f"gpush / direct Pods: {ratio:.2f} (target >= 0.8: {verdict(ratio >= 0.8)}); "
+            f"gpush / direct Jobs (the objects gpush creates): {results['ratio_to_direct_jobs']:.2f}"
+        )
 
         inv = results["inventory"] = bench_inventory(api, kubeconfig, args.nodes, args.inventory_nodes, args.repeats)
         print(
