@@ -40,7 +40,7 @@ import httpx
 
 from broker import __version__
 from broker.errors import EXIT_NOT_ALLOWED, GpushError
-from broker.gpus import GpuModel, gpu_model
+from broker.gpus import GpuModel, model_of_nvml_product
 from broker.nodereport import GpuProcess, GpuReport, MigInstance, NodeReport
 from broker.nvml import (
     GPU_INSTANCE_PROFILE_INDEXES,
@@ -82,19 +82,6 @@ def mps_control_pipe(pipe_directory: str | Path | None = None) -> bool:
     """Whether an MPS control daemon listens on this node (its ``control`` pipe exists)."""
     directory = pipe_directory or os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
     return (Path(directory) / "control").exists()
-
-
-def gpu_model_for_product(product: str | None) -> GpuModel | None:
-    """gpush's model for an NVML product name ("NVIDIA H100 80GB HBM3" -> H100-SXM5-80GB)."""
-    if not product:
-        return None
-    name = product.removeprefix("NVIDIA ").strip()
-    for candidate in (name, name.replace(" ", "-")):
-        try:
-            return gpu_model(candidate)
-        except ValueError:
-            continue
-    return None
 
 
 def _describe(exc: Exception) -> str:
@@ -212,7 +199,7 @@ class _GpuReader:
             f["mig_mode_current"], f["mig_mode_pending"] = current == _MIG_ENABLED, pending == _MIG_ENABLED
             if current == _MIG_ENABLED:
                 mig_devices = self._mig_devices(handle)
-                f["mig_instances"] = self._mig_instances(handle, gpu_model_for_product(f["product"]), mig_devices)
+                f["mig_instances"] = self._mig_instances(handle, model_of_nvml_product(f["product"]), mig_devices)
         f["processes"] = self._processes(handle, mig_devices)
         f["mps"] = any(p.name == MPS_SERVER for p in f["processes"]) or (
             compute_mode == _COMPUTEMODE_EXCLUSIVE_PROCESS and self.mps_control is not None and self.mps_control()

@@ -12,6 +12,7 @@ its compute slices over the GPU's: a 1g slice of an A100 is 1/7, a 3g is 3/7.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -179,3 +180,32 @@ def mig_layout_problem(model: GpuModel, profiles: list[str]) -> str | None:
     if place(0):
         return None
     return f"{', '.join(profiles)} do not fit {model.name}'s MIG placements together"
+
+
+@cache
+def model_of_nvml_product(product: str | None) -> GpuModel | None:
+    """gpush's model for an NVML product name ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB
+    PCIe", "NVIDIA H100 80GB HBM3", "Tesla T4"), or None when gpush does not know it.
+    PCIe cards count as their SXM model (same MIG geometry and memory)."""
+    if not product:
+        return None
+    base = product.strip()
+    for prefix in ("NVIDIA ", "Tesla ", "Quadro "):
+        base = base.removeprefix(prefix)
+    dashed = base.replace(" ", "-")
+    candidates = [base, dashed]
+    for suffix in ("-PCIe", "-PCIE", "-HBM3e", "-HBM3", "-NVL", "-SXM"):
+        if dashed.endswith(suffix):
+            candidates.append(dashed.removesuffix(suffix))
+    for candidate in candidates:
+        try:
+            return gpu_model(candidate)
+        except ValueError:
+            continue
+    # "A100 80GB PCIe": the series and the memory pick the model when only one matches.
+    series = base.replace("-", " ").split()[0].upper() if base.split() else ""
+    memory = re.search(r"(\d+)\s*GB", base, re.IGNORECASE)
+    matches = [m for m in MODELS if m.name.split("-")[0].upper() == series]
+    if memory:
+        matches = [m for m in matches if round(m.memory_gb) == int(memory.group(1))]
+    return matches[0] if len(matches) == 1 else None

@@ -52,7 +52,7 @@ from functools import cache
 from typing import Any
 
 from broker.adapter import CapacityUnit, Sharing
-from broker.gpus import GpuModel, gpu_model
+from broker.gpus import gpu_model, model_of_nvml_product
 from broker.nodereport import GpuReport, MigInstance, NodeReport
 
 CRITICAL, WARNING, INFO = "critical", "warning", "info"
@@ -237,7 +237,7 @@ class GpuView:
     def model(self) -> str | None:
         """gpush's name for the product, when it knows it."""
         product = self.product
-        found = model_of_nvml(product) if product else None
+        found = model_of_nvml_product(product) if product else None
         return found.name if found else None
 
     @property
@@ -551,26 +551,6 @@ def _round(value: float) -> float:
 
 
 @cache
-def model_of_nvml(product: str) -> GpuModel | None:
-    """gpush's model for an NVML product name ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB
-    HBM3", "Tesla T4"), or None when gpush does not know it."""
-    name = product.strip()
-    for prefix in ("NVIDIA ", "Tesla ", "Quadro "):
-        name = name.removeprefix(prefix)
-    name = name.replace(" ", "-")
-    candidates = [name]
-    for suffix in ("-PCIe", "-PCIE", "-HBM3e", "-HBM3", "-NVL", "-SXM"):
-        if name.endswith(suffix):
-            candidates.append(name.removesuffix(suffix))
-    for candidate in candidates:
-        try:
-            return gpu_model(candidate)
-        except ValueError:
-            continue
-    return None
-
-
-@cache
 def _canonical(name: str) -> str | None:
     try:
         return gpu_model(name).name
@@ -637,7 +617,7 @@ def _facts(report: NodeReport) -> _Facts:
             if gpu.mps:
                 mps_gpus.append(index)
     plain = [i for i in whole if i not in mps_gpus] + mps_gpus
-    models = {m.name for p in products if (m := model_of_nvml(p)) is not None}
+    models = {m.name for p in products if (m := model_of_nvml_product(p)) is not None}
     return _Facts(
         report,
         gpus,
@@ -1292,7 +1272,7 @@ def _check_host(host: _Host, findings: list[Finding], agents_per_cluster: Counte
             seen = {
                 m.name
                 for index, _, _ in view.placed
-                if gpus[index].product and (m := model_of_nvml(gpus[index].product)) is not None
+                if gpus[index].product and (m := model_of_nvml_product(gpus[index].product)) is not None
             }
             wrong = sorted(seen - {said})
             if not wrong:

@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 import yaml
 
-from broker.gpus import GpuModel
-from broker.migplan import MigPlan, MigSlot, layout_counts, model_of_product
+from broker.gpus import GpuModel, model_of_nvml_product
+from broker.migplan import MigPlan, MigSlot, layout_counts
 from broker.nodereport import GpuReport
 
 GresStyle = Literal["nvml", "multiple-files", "file"]
@@ -97,7 +97,7 @@ class GresConf:
 def gpu_type(gpu: GpuReport) -> str:
     """Slurm GRES type of a whole GPU: the gpush model's family in lower case ("a100",
     "h100", "t4"), else NVML's name in lower case with underscores."""
-    model = model_of_product(gpu.product)
+    model = model_of_nvml_product(gpu.product)
     if model is not None:
         return model.name.split("-")[0].lower()
     if gpu.product:

@@ -33,12 +33,11 @@ a priority-scaled weight favours urgent jobs. The plan reports GPU-equivalents a
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from broker.gpus import MODELS, GpuModel, MigProfile, gpu_model, mig_layout_problem
+from broker.gpus import MODELS, GpuModel, MigProfile, gpu_model, mig_layout_problem, model_of_nvml_product
 from broker.nodereport import GpuReport, NodeReport
 
 # Weights become integers (micro-units) so that the flow's costs compare exactly.
@@ -352,32 +351,11 @@ def _same(a: Iterable[MigSlot], b: Iterable[MigSlot]) -> bool:
 # --- GPUs from the node agent's report -----------------------------------------------------
 
 
-def model_of_product(product: str | None) -> GpuModel | None:
-    """The gpush model of an NVML product name ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB
-    PCIe", "NVIDIA H100 80GB HBM3"), or None. PCIe cards count as their SXM model."""
-    if not product:
-        return None
-    base = product.strip()
-    for prefix in ("NVIDIA ", "Tesla "):
-        base = base.removeprefix(prefix)
-    for candidate in (base, base.replace(" ", "-")):
-        try:
-            return gpu_model(candidate)
-        except ValueError:
-            pass
-    series = base.replace("-", " ").split()[0].upper()
-    memory = re.search(r"(\d+)\s*GB", base, re.IGNORECASE)
-    matches = [m for m in MODELS if m.name.split("-")[0].upper() == series]
-    if memory:
-        matches = [m for m in matches if round(m.memory_gb) == int(memory.group(1))]
-    return matches[0] if len(matches) == 1 else None
-
-
 def gpu_from_report(node: str, gpu: GpuReport, model: GpuModel | None = None) -> MigGpu | None:
     """The planner's view of one reported GPU, or None when its model is unknown or NVML
     could not read it. An instance is busy when a process runs on it; a process that NVML
     tied to no instance makes the whole GPU busy."""
-    model = model or model_of_product(gpu.product)
+    model = model or model_of_nvml_product(gpu.product)
     if model is None or gpu.error:
         return None
     on_instance = {p.mig_uuid for p in gpu.processes if p.mig_uuid}

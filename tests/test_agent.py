@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.agent import AgentTokenRejected, collect, gpu_model_for_product, mps_control_pipe, proc_comm, run_agent
-from broker.gpus import mig_layout_problem
+from broker.agent import AgentTokenRejected, collect, mps_control_pipe, proc_comm, run_agent
+from broker.gpus import mig_layout_problem, model_of_nvml_product
 from broker.nodereport import NodeReport
 from broker.nvml import RecordedLibrary
 
@@ -113,7 +113,7 @@ def test_mig_instances_are_valid_layouts(path):
     for gpu in report.gpus:
         if not gpu.mig_instances:
             continue
-        model = gpu_model_for_product(gpu.product)
+        model = model_of_nvml_product(gpu.product)
         assert model is not None, gpu.product
         assert mig_layout_problem(model, [m.profile for m in gpu.mig_instances]) is None
         taken: set[int] = set()
@@ -227,11 +227,11 @@ def test_no_pynvml_is_the_reports_error(monkeypatch):
 
 
 def test_products_map_to_gpush_models():
-    assert gpu_model_for_product("NVIDIA H100 80GB HBM3").name == "H100-SXM5-80GB"
-    assert gpu_model_for_product("NVIDIA A100-SXM4-40GB").name == "A100-SXM4-40GB"
-    assert gpu_model_for_product("NVIDIA H200").name == "H200-SXM5-141GB"
-    assert gpu_model_for_product("Tesla T4").name == "T4"
-    assert gpu_model_for_product("NVIDIA RTX 6000 Ada Generation") is None
+    assert model_of_nvml_product("NVIDIA H100 80GB HBM3").name == "H100-SXM5-80GB"
+    assert model_of_nvml_product("NVIDIA A100-SXM4-40GB").name == "A100-SXM4-40GB"
+    assert model_of_nvml_product("NVIDIA H200").name == "H200-SXM5-141GB"
+    assert model_of_nvml_product("Tesla T4").name == "T4"
+    assert model_of_nvml_product("NVIDIA RTX 6000 Ada Generation") is None
 
 
 def test_proc_comm_and_mps_pipe(tmp_path):

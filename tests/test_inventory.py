@@ -21,6 +21,7 @@ from adapters.k8s.inventory import node_units
 from adapters.slurm.adapter import SlurmAdapter
 from adapters.slurm.records import SlurmJob, SlurmNode, parse_gres
 from broker.adapter import CapacityUnit, Sharing
+from broker.gpus import model_of_nvml_product
 from broker.inventory import (
     CRITICAL,
     INFO,
@@ -31,7 +32,6 @@ from broker.inventory import (
     UnitRef,
     UnitUse,
     mark_broken,
-    model_of_nvml,
     reconcile,
 )
 from broker.nodereport import GpuProcess, GpuReport, MigInstance, NodeReport
@@ -379,11 +379,11 @@ def test_a_product_the_cluster_names_wrongly():
 
 
 def test_nvml_names_map_to_gpush_models():
-    assert model_of_nvml("NVIDIA A100-SXM4-80GB").name == "A100-SXM4-80GB"
-    assert model_of_nvml("NVIDIA A100 80GB PCIe").name == "A100-SXM4-80GB"
-    assert model_of_nvml("NVIDIA H100 80GB HBM3").name == "H100-SXM5-80GB"
-    assert model_of_nvml("Tesla T4").name == "T4"
-    assert model_of_nvml("NVIDIA GeForce RTX 4090") is None
+    assert model_of_nvml_product("NVIDIA A100-SXM4-80GB").name == "A100-SXM4-80GB"
+    assert model_of_nvml_product("NVIDIA A100 80GB PCIe").name == "A100-SXM4-80GB"
+    assert model_of_nvml_product("NVIDIA H100 80GB HBM3").name == "H100-SXM5-80GB"
+    assert model_of_nvml_product("Tesla T4").name == "T4"
+    assert model_of_nvml_product("NVIDIA GeForce RTX 4090") is None
 
 
 def test_processes_no_scheduler_knows_of():

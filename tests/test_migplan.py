@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from broker.gpus import MODELS, GpuModel, gpu_model, mig_layout_problem
+from broker.gpus import MODELS, GpuModel, gpu_model, mig_layout_problem, model_of_nvml_product
 from broker.migconfig import (
     layout_text,
     mig_parted_config,
@@ -25,7 +25,6 @@ from broker.migplan import (
     layout_counts,
     layout_problem,
     maximal_layouts,
-    model_of_product,
     plan_mig,
     valid_layouts,
 )
@@ -391,8 +390,8 @@ def test_planned_gres_and_agent_reports_round_trip():
     assert seen.instances == (MigSlot("3g.20gb", 0, busy=True),) and not seen.busy
     plan = plan_mig([seen, gpu_from_report("n", report(1, []))], jobs("1g.5gb", 3))
     assert render_planned_gres(plan, "n").gres.startswith("gpu:3g.20gb:1,")
-    assert model_of_product("NVIDIA A100 80GB PCIe").name == "A100-SXM4-80GB"
-    assert model_of_product("NVIDIA H100 80GB HBM3").name == "H100-SXM5-80GB"
+    assert model_of_nvml_product("NVIDIA A100 80GB PCIe").name == "A100-SXM4-80GB"
+    assert model_of_nvml_product("NVIDIA H100 80GB HBM3").name == "H100-SXM5-80GB"
     assert gpu_from_report("n", GpuReport(index=0, product="NVIDIA Quadro X")) is None
 
 
