@@ -529,20 +529,53 @@ class _Gpu:
 
 
 def _normalize(gpu: MigGpu, enable_mig: bool, repartition_busy: bool) -> _Gpu:
-    model = gpu.model
+    # A fleet is mostly GPUs of a few models in a few layouts: each shape is worked out once.
+    key = (
+        gpu.model.name,
+        tuple((s.profile, s.start, s.busy) for s in gpu.instances),
+        gpu.mig_enabled,
+        gpu.busy,
+        enable_mig,
+        repartition_busy,
+    )
+    shape = _SHAPES.get(key)
+    if shape is None:
+        if len(_SHAPES) > 10_000:  # a long-lived broker: keep the cache bounded
+            _SHAPES.clear()
+        shape = _SHAPES[key] = _shape(
+            gpu.model, gpu.instances, gpu.mig_enabled, gpu.busy, enable_mig, repartition_busy, gpu.name
+        )
+    today, busy, frozen, candidates = shape
+    return _Gpu(gpu, today, busy, frozen, list(candidates))
+
+
+_SHAPES: dict[tuple, tuple[Layout, Layout, str | None, tuple[Layout, ...]]] = {}
+
+
+def _shape(
+    model: GpuModel,
+    instances: tuple[MigSlot, ...],
+    mig_enabled: bool,
+    gpu_busy: bool,
+    enable_mig: bool,
+    repartition_busy: bool,
+    name: str,
+) -> tuple[Layout, Layout, str | None, tuple[Layout, ...]]:
+    """Today's placed layout, its busy instances, why the GPU may not change (or None),
+    and the candidate layouts, for one GPU shape (``name`` only names it in errors)."""
     today: Layout = ()
-    if gpu.mig_enabled and gpu.instances and model.mig_capable:
+    if mig_enabled and instances and model.mig_capable:
         try:
-            today = place_instances(model, gpu.instances)
+            today = place_instances(model, instances)
         except ValueError as exc:
-            raise ValueError(f"{gpu.name}: today's MIG layout is not valid: {exc}") from None
+            raise ValueError(f"{name}: today's MIG layout is not valid: {exc}") from None
     busy = tuple(s for s in today if s.busy)
     frozen = None
     if not model.mig_capable:
         frozen = f"{model.name} is not MIG-capable"
-    elif gpu.busy:
+    elif gpu_busy:
         frozen = "work runs on it outside a MIG instance"
-    elif not gpu.mig_enabled and not enable_mig:
+    elif not mig_enabled and not enable_mig:
         frozen = "MIG mode is off (the GPU is used whole; turning MIG on is not allowed in this plan)"
     elif busy and not repartition_busy:
         frozen = f"work runs on {', '.join(str(s) for s in busy)} (re-partitioning busy GPUs is not allowed)"
@@ -559,7 +592,7 @@ def _normalize(gpu: MigGpu, enable_mig: bool, repartition_busy: bool) -> _Gpu:
             if best is None or (-kept, order) < best[0]:
                 by_counts[key] = ((-kept, order), marked)
         candidates = [layout for _, layout in sorted(by_counts.values(), key=lambda v: v[0][1])]
-    return _Gpu(gpu, today, busy, frozen, candidates)
+    return today, busy, frozen, tuple(candidates)
 
 
 def plan_mig(
@@ -636,8 +669,12 @@ def plan_mig(
         return config
 
     today = [st.today for st in states]
-    results = [climb(today), climb(_greedy(states, dem, movable))]
-    config = max(results, key=value)  # max keeps the first of equals: today's start
+    placeable = sum(weight * len(jobs) for weight, accepts, jobs in dem.classes if accepts)
+    if value(today)[0] >= placeable:
+        config = today  # today's layouts already place every waiting job: nothing to change
+    else:
+        results = [climb(today), climb(_greedy(states, dem, movable))]
+        config = max(results, key=value)  # max keeps the first of equals: today's start
 
     plans = tuple(_gpu_plan(st, layout, dem) for st, layout in zip(states, config))
     today_outcome = _outcome(dem, states, today)
