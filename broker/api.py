@@ -119,8 +119,13 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         return _error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        details = validation_details(list(exc.errors()), skip=1)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # The route's body model, so an unknown field is named against its own fields
+        # (a node report's, a token's), not a job's.
+        body_field = getattr(request.scope.get("route"), "body_field", None)
+        body = getattr(getattr(body_field, "field_info", None), "annotation", None)
+        body = body if isinstance(body, type) and issubclass(body, BaseModel) else None
+        details = validation_details(list(exc.errors()), skip=1, body=body)
         return _error_response(InvalidRequest(describe_details(details), details=details))
 
     # Dependencies are async so that FastAPI runs them on the event loop: a sync
@@ -243,11 +248,13 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
         tenant: str | None = None,
         user: str | None = None,
         kind: Kind | None = None,
+        label: Annotated[list[str] | None, Query(description="KEY=VALUE, repeat for several (all must match)")] = None,
         limit: Annotated[int, Query(ge=1, le=queue.MAX_PAGE)] = 50,
         cursor: str | None = None,
     ) -> JSONBytes:
         """Jobs newest first, one page at a time (``next_cursor`` until the last page)."""
         states = _parse_states(state or [])
+        labels = _parse_labels(label or [])
         with session.begin():
             jobs, next_cursor = queue.list_jobs(
                 session,
@@ -256,6 +263,7 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
                 tenant=tenant,
                 user=user,
                 kind=kind,
+                labels=labels,
                 limit=limit,
                 cursor=cursor,
             )
@@ -586,6 +594,16 @@ def _with_header_key(spec: JobSpec, header_key: str) -> JobSpec:
     except ValidationError as exc:
         details = validation_details(list(exc.errors()))
         raise InvalidRequest(describe_details(details), details=details) from None
+
+
+def _parse_labels(values: list[str]) -> dict[str, str]:
+    labels = {}
+    for value in values:
+        key, sep, wanted = value.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(f"label {value!r} is not KEY=VALUE", details=[{"field": "label", "value": value}])
+        labels[key] = wanted
+    return labels
 
 
 def _parse_states(values: list[str]) -> list[JobState]:

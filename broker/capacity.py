@@ -68,7 +68,7 @@ import math
 from bisect import bisect_left, insort
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 from broker.adapter import CapacityUnit, Placement, Sharing
@@ -399,6 +399,12 @@ class CapacityView:
     # node), and the nodes of each placement whose replicas went to several nodes.
     _replicas: dict[tuple, list[tuple[int, int]]] = field(default_factory=dict, repr=False, compare=False)
     _spread: dict[Placement, list[list[str]]] = field(default_factory=dict, repr=False, compare=False)
+    # Units marked broken (a drift finding, or the adapter), by cluster: never placed on.
+    # A job only they could hold waits for the repair instead of being held for good,
+    # so ``_mended`` (the same inventory, nothing broken; made on first need) is fitted too.
+    broken: dict[str, list[CapacityUnit]] = field(default_factory=dict)
+    _inventory: dict[str, list[CapacityUnit]] = field(default_factory=dict, repr=False, compare=False)
+    _mended: CapacityView | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -425,7 +431,11 @@ class CapacityView:
                 pending_memory[(p.cluster, p.node)] += p.gpu_memory_gb * p.units * p.replicas
         for cluster, units in inventory.items():
             # A drift finding marks a unit broken: never place there.
+            units = list(units)
             live = [unit for unit in units if not unit.broken]
+            if len(live) < len(units):
+                view.broken[cluster] = [unit for unit in units if unit.broken]
+                view._inventory[cluster] = units
 
             def running(node: str, cluster: str = cluster) -> float:
                 # The caller's figure counts placements not started yet; take() charges
@@ -557,7 +567,48 @@ class CapacityView:
         gpu_model: str | None = None,
     ) -> Fit | NoFit:
         """Place the job on ``cluster`` under ``sharing`` (on ``gpu_model`` GPUs only,
-        when the route names a model) now, or say why not."""
+        when the route names a model) now, or say why not. A job that fits only units
+        marked broken waits (``never`` False) with their reason, not held: they come back
+        once repaired (a drift finding goes away; the adapter stops saying so)."""
+        fit = self._fit(spec, cluster, sharing, partition=partition, gpu_model=gpu_model)
+        if isinstance(fit, NoFit) and fit.never and cluster in self.broken:
+            return self._wait_for_repair(spec, cluster, sharing, partition, gpu_model) or fit
+        return fit
+
+    def _wait_for_repair(self, spec, cluster, sharing, partition, gpu_model) -> NoFit | None:
+        """Why the job waits when the broken units of ``cluster`` could hold it; None if not even they could."""
+        if self._mended is None:
+            mended = {
+                c: [replace(u, broken=None) if u.broken else u for u in units] for c, units in self._inventory.items()
+            }
+            self._mended = CapacityView.build(mended, workload=self.workload)
+        # Fitting takes from the mended view: a later job finding it full still gets never=False.
+        fit = self._mended.fit(spec, cluster, sharing, partition=partition, gpu_model=gpu_model)
+        if isinstance(fit, NoFit) and fit.never:
+            return None
+        broken = [u for u in self.broken[cluster] if u.sharing is sharing]
+        if isinstance(fit, Fit):
+            p = fit.placement
+            broken = [u for u in broken if u.node == p.node and u.mig_profile == p.mig_profile] or broken
+        profile = next((u.mig_profile for u in broken if u.mig_profile), None)
+        what = profile or sharing.value
+        reasons = "; ".join(dict.fromkeys(str(u.broken) for u in broken))
+        return NoFit(
+            f"waiting for the {what} units of {cluster} marked broken to be repaired ({reasons}; "
+            "`gpush inventory drift` says how)",
+            never=False,
+            waiting_for=(cluster, sharing.value, profile, canonical_model(gpu_model) if gpu_model else None),
+        )
+
+    def _fit(
+        self,
+        spec: JobSpec,
+        cluster: str,
+        sharing: Sharing,
+        *,
+        partition: str | None = None,
+        gpu_model: str | None = None,
+    ) -> Fit | NoFit:
         if cluster not in self.slots:
             if cluster in self.unavailable:
                 return NoFit(f"waiting for {cluster}, which does not answer: {self.unavailable[cluster]}", never=False)

@@ -143,13 +143,17 @@ class GpushClient:
         tenant: str | None = None,
         user: str | None = None,
         kind: str | None = None,
+        labels: dict[str, str] | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> JobPage:
+        """One page of jobs, newest first; ``labels``: only jobs that carry all of them."""
         params: dict[str, Any] = {"limit": limit}
         states = list(states)
         if states:
             params["state"] = states
+        if labels:
+            params["label"] = [f"{k}={v}" for k, v in labels.items()]
         for name, value in (("tenant", tenant), ("user", user), ("kind", kind), ("cursor", cursor)):
             if value is not None:
                 params[name] = value

@@ -320,7 +320,8 @@ def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False) -> T
                 f"{g['index']}" + (f" {g['uuid'][:12]}…" if g.get("uuid") else ""),
                 (g["model"] or g["product"] or "?") + (f" {g['memory_gb']:g} GB" if g.get("memory_gb") else ""),
                 g["mode"],
-                f"{_eq(g['capacity_gpu_equivalents'] - g['allocated_gpu_equivalents'])}/"
+                # A broken slice has nothing free, as the node's total says.
+                f"{_eq(sum(s['free'] * s['gpu_equivalent'] for s in g['slices']))}/"
                 f"{_eq(g['capacity_gpu_equivalents'])}",
                 (f"[red]{g['error']}[/] " if g.get("error") else "") + (slices or "-"),
             )

@@ -309,6 +309,9 @@ class GpuView:
             "capacity_gpu_equivalents": _round(self.capacity_gpu_equivalents),
             "allocated_gpu_equivalents": _round(self.allocated_gpu_equivalents),
             "slices": [s.to_dict() for s in self.slices],
+            # What NVML sees, whether or not a cluster offers it: slices list only what
+            # clusters offer, so an unscheduled node or a re-cut GPU shows its instances here.
+            "mig_instances": [m.model_dump(mode="json") for m in self.report.mig_instances] if self.report else [],
         }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -257,10 +257,12 @@ def list_jobs(
     tenant: str | None = None,
     user: str | None = None,
     kind: Kind | None = None,
+    labels: Mapping[str, str] | None = None,
     limit: int = 50,
     cursor: str | None = None,
 ) -> tuple[list[Job], str | None]:
-    """Jobs newest first; ``next_cursor`` is None on the last page."""
+    """Jobs newest first; ``next_cursor`` is None on the last page. ``labels``: only jobs
+    that carry every one of these labels (how Ray's node provider finds its workers)."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidRequest(
             f"limit {limit} is out of range: use 1 to {MAX_PAGE}", details=[{"field": "limit", "value": limit}]
@@ -279,6 +281,8 @@ def list_jobs(
         query = query.where(Job.user == user)
     if kind is not None:
         query = query.where(Job.kind == kind.value)
+    for key, value in (labels or {}).items():
+        query = query.where(Job.spec["labels"][key].as_string() == value)
     if cursor:
         query = query.where(Job.id < decode_cursor(cursor))
     jobs = list(session.execute(query.order_by(Job.id.desc()).limit(limit + 1)).scalars())

@@ -9,7 +9,9 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from broker.schemas import Elastic, JobSpec
+from pydantic import BaseModel
+
+from broker.schemas import Elastic, JobBatch, JobSpec
 
 # What a pattern means, in words, by the last part of the field's path.
 PATTERN_WORDS = {
@@ -20,15 +22,17 @@ PATTERN_WORDS = {
 }
 
 
-def _friendly_message(err: dict[str, Any], loc: list[str]) -> str:
+def _friendly_message(err: dict[str, Any], loc: list[str], body: type[BaseModel] | None = None) -> str:
     message = err.get("msg", "invalid").removeprefix("Value error, ")
     kind = err.get("type")
     if kind == "extra_forbidden" and loc:
         parent = loc[-2] if len(loc) > 1 else None
-        if parent == "elastic":
+        if _is_job(body) and parent == "elastic":
             what, known = "Elastic fields", list(Elastic.model_fields)
-        elif len(loc) == 1 or (len(loc) == 3 and loc[0] == "jobs"):
+        elif _is_job(body) and (len(loc) == 1 or (len(loc) == 3 and loc[0] == "jobs")):
             what, known = "Job fields", list(JobSpec.model_fields)
+        elif body is not None and len(loc) == 1:
+            what, known = "Known fields", list(body.model_fields)
         else:
             what, known = "", []
         close = difflib.get_close_matches(loc[-1], known, n=1)
@@ -40,16 +44,26 @@ def _friendly_message(err: dict[str, Any], loc: list[str]) -> str:
     return message
 
 
-def validation_details(errors: list[dict[str, Any]], skip: int = 0) -> list[dict[str, Any]]:
-    """Pydantic errors -> [{field, value, message}] with dotted field paths (``jobs.3.gpus``)."""
+def _is_job(body: type[BaseModel] | None) -> bool:
+    return body is None or body in (JobSpec, JobBatch)
+
+
+def validation_details(
+    errors: list[dict[str, Any]], skip: int = 0, *, body: type[BaseModel] | None = None
+) -> list[dict[str, Any]]:
+    """Pydantic errors -> [{field, value, message}] with dotted field paths (``jobs.3.gpus``).
+    ``body``: the model the request body is (None: a job), so an unknown field is
+    compared with that model's fields rather than a job's."""
     details = []
     for err in errors:
         loc = [str(part) for part in err.get("loc", ())[skip:]]
-        message = _friendly_message(err, loc)
+        message = _friendly_message(err, loc, body)
         value = err.get("input")
         if isinstance(value, dict | list) and loc == [] or err.get("type") == "missing":
             value = None
-        details.append({"field": ".".join(loc) or "(job)", "value": value, "message": message})
+        details.append(
+            {"field": ".".join(loc) or ("(job)" if _is_job(body) else "(body)"), "value": value, "message": message}
+        )
     return details
 
 

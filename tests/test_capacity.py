@@ -137,6 +137,27 @@ def test_a_model_gpush_does_not_know_matches_by_exact_name() -> None:
     assert view.fit(one, "openb", Sharing.SLURM_EXCLUSIVE, gpu_model="g1").never
 
 
+def test_a_job_only_broken_units_could_hold_waits_for_the_repair_instead_of_being_held() -> None:
+    """A drift finding marks the 3g.20gb slices broken: a 20 GB job waits with the finding
+    (and is placed once the units are whole again); a job not even they could hold is held."""
+    broken = replace(mig("mig01", "3g.20gb", 2, "A100-SXM4-40GB", 20.0), broken="mig01 has no 3g.20gb MIG instance")
+    view = CapacityView.build({"slurm-a": [mig("mig01", "1g.5gb", 7, "A100-SXM4-40GB", 5.0), broken]})
+    big = job(kind="training", isolation="hardware", gpu_memory_gb=20)
+    for _ in range(3):  # more jobs than the broken units hold: each still waits, none is held
+        waiting = view.fit(big, "slurm-a", Sharing.SLURM_MIG)
+        assert isinstance(waiting, NoFit) and not waiting.never
+        assert waiting.reason.startswith("waiting for the 3g.20gb units of slurm-a marked broken to be repaired")
+        assert "mig01 has no 3g.20gb MIG instance" in waiting.reason
+        assert waiting.waiting_for == ("slurm-a", "slurm/mig", "3g.20gb", None)
+    huge = view.fit(job(kind="training", isolation="hardware", gpu_memory_gb=40), "slurm-a", Sharing.SLURM_MIG)
+    assert isinstance(huge, NoFit) and huge.never and "largest: 1g.5gb" in huge.reason
+    assert isinstance(
+        view.fit(job(kind="training", isolation="hardware", gpu_memory_gb=4), "slurm-a", Sharing.SLURM_MIG), Fit
+    )
+    mended = CapacityView.build({"slurm-a": [replace(broken, broken=None)]})
+    assert isinstance(mended.fit(big, "slurm-a", Sharing.SLURM_MIG), Fit)
+
+
 def test_take_and_give_back_charge_the_unit_of_the_placements_model() -> None:
     # One node with whole GPUs of two models: the placement says which it holds.
     units = [whole("mixed", 4, "A100-SXM4-80GB"), whole("mixed", 4, "H100-SXM5-80GB")]

@@ -120,6 +120,7 @@ class Machine:
     cuda: int
     gpus: list[Gpu]
     init_error: str | None = None
+    same_gpus_as: str | None = None  # another file of the same machine: its GPUs keep their UUIDs
 
 
 def _err(name: str) -> pynvml.NVMLError:
@@ -133,7 +134,7 @@ class SpecLibrary:
         self.m = machine
 
     def _uuid(self, *parts: Any) -> str:
-        return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(map(str, (self.m.file, *parts)))))
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(map(str, (self.m.same_gpus_as or self.m.file, *parts)))))
 
     def _profiles(self, gpu: Gpu) -> dict[int, tuple]:
         profiles = PRODUCTS[gpu.product][2]
@@ -417,6 +418,28 @@ MACHINES = [
         "550.54.15",
         12040,
         [Gpu(A40, 0x07, **seven("1g.5gb")), Gpu(A40, 0x0F, **mig(("3g.20gb", 0), ("3g.20gb", 4)))],
+    ),
+    Machine(
+        "mig01-repartitioned.json",
+        "mig01",
+        "mig01 after GPU 1 was re-cut to 3x 2g.10gb while gres.conf still says gpu:3g.20gb:2 (drift: Slurm "
+        "offers 3g.20gb slices that no longer exist); GPU 0 7x 1g.5gb as before",
+        "550.54.15",
+        12040,
+        [Gpu(A40, 0x07, **seven("1g.5gb")), Gpu(A40, 0x0F, **mig(("2g.10gb", 0), ("2g.10gb", 2), ("2g.10gb", 4)))],
+        same_gpus_as="mig01.json",
+    ),
+    Machine(
+        "mig01-mixed.json",
+        "mig01",
+        "mig01 with GPU 0 cut as 2g.10gb+1g.5gb+1g.5gb+3g.20gb (idle) and GPU 1 2x 3g.20gb",
+        "550.54.15",
+        12040,
+        [
+            Gpu(A40, 0x07, **mig(("2g.10gb", 0), ("1g.5gb", 2), ("1g.5gb", 3), ("3g.20gb", 4))),
+            Gpu(A40, 0x0F, **mig(("3g.20gb", 0), ("3g.20gb", 4))),
+        ],
+        same_gpus_as="mig01.json",
     ),
     Machine(
         "gpu01.json",
