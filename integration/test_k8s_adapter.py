@@ -117,8 +117,10 @@ def make_adapter(kubeconfig: str, **config: Any) -> KubernetesAdapter:
 
 
 @pytest.fixture
-def adapter(kubeconfig, cluster) -> KubernetesAdapter:
-    return make_adapter(kubeconfig)
+def adapter(kubeconfig, cluster) -> Iterator[KubernetesAdapter]:
+    made = make_adapter(kubeconfig)
+    yield made
+    made.close()  # its Node and Pod watches, before the server goes
 
 
 def job_spec(**fields: Any) -> JobSpec:

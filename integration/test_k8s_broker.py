@@ -65,6 +65,7 @@ def broker(engine, sessions, tmp_path):
         policystore.apply(session, POLICY, comment="k8s test", author="root", now=now(), views=views, base_version=None)
     b = Broker(engine, sessions, pool, api)
     yield b
+    pool.close()
     sim.stop()
     api.close()
     server.stop()
