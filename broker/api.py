@@ -382,11 +382,11 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
             infos, reports = nodereports.read_sources(session, cluster)
         return nodereports.reconciled(infos, reports, adapters, now=clock())
 
-    @app.get("/v1/inventory", tags=["inventory"])
-    def inventory(session: Db, _who: Who, cluster: str | None = None) -> dict[str, Any]:
+    @app.get("/v1/inventory", response_class=JSONBytes, tags=["inventory"])
+    def inventory(session: Db, _who: Who, cluster: str | None = None) -> JSONBytes:
         """Clusters, nodes, physical GPUs and their slices from the clusters and the node
         agents, in physical GPU-equivalents; with the drift findings."""
-        return inventory_of(session, cluster).to_dict()
+        return JSONBytes(inventory_of(session, cluster).to_dict())
 
     @app.get("/v1/inventory/drift", tags=["inventory"])
     def inventory_drift(session: Db, _who: Who, cluster: str | None = None) -> list[dict[str, Any]]:
