@@ -125,17 +125,34 @@ def _out(json_mode: bool = False) -> Output:
 @click.option("--user", help="User (admins only; default: your token's).")
 @click.option("--priority", type=int, help="-1000 to 1000; higher runs first (default 0).")
 @click.option("--idempotency-key", help="Retry-safe key: the same key and spec return the same job.")
+@click.option(
+    "--ray",
+    "ray_address",
+    envvar="GPUSH_RAY_ADDRESS",
+    show_envvar=True,
+    metavar="URL",
+    help="Run the command as a Ray job on this Ray cluster (its dashboard, http://head:8265), whose workers "
+    "come from gpush, and follow it to its end (exit 0 if it succeeded).",
+)
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
-def submit(settings: Settings, file, json_mode, command, env, labels, min_replicas, max_replicas, **fields: Any) -> int:
+def submit(
+    settings: Settings, file, json_mode, command, env, labels, min_replicas, max_replicas, ray_address, **fields: Any
+) -> int:
     """Queue a job and print its id. The command goes after --:
 
     \b
       gpush submit --kind training --gpus 2 -- python train.py --lr 3e-4
       gpush submit -f job.yaml --priority 10
+      gpush submit --ray http://ray-head:8265 -- python serve_app.py
     """
     from broker.jobfile import parse_pairs
+
+    if ray_address:
+        return commands.submit_ray_job(
+            _out(json_mode), ray_address, list(command), submission_id=fields.get("idempotency_key")
+        )
 
     fields["env"] = parse_pairs(env, option="--env")
     fields["labels"] = parse_pairs(labels, option="--label")
@@ -169,6 +186,7 @@ def status(settings: Settings, job_id: int, json_mode: bool) -> int:
 @click.option("--tenant", help="Only this tenant's jobs (admins).")
 @click.option("--user", help="Only this user's jobs.")
 @click.option("--kind", type=click.Choice([k.value for k in Kind]))
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Only jobs with this label; repeatable.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Jobs per page.")
 @click.option("--cursor", help="Next page: the cursor the previous page printed.")
 @click.option("--all", "all_pages", is_flag=True, help="Every page.")
@@ -176,7 +194,10 @@ def status(settings: Settings, job_id: int, json_mode: bool) -> int:
 @click.pass_obj
 def list_(settings: Settings, json_mode: bool, **filters: Any) -> int:
     """List jobs, newest first."""
+    from broker.jobfile import parse_pairs
+
     filters["states"] = list(filters["states"])
+    filters["labels"] = parse_pairs(filters["labels"], option="--label") or None
     return commands.list_jobs(settings.client(), _out(json_mode), **filters)
 
 
@@ -799,7 +820,7 @@ def mig_plan(
 @click.pass_obj
 def agent(settings: Settings, node: str | None, interval: float, once: bool, recording: str | None) -> int:
     """Report this node's GPUs (NVML) to the broker every --interval seconds, with an agent token."""
-    return commands.agent(settings, node=node, interval=interval, once=once, recording=recording)
+    return commands.agent(settings, _out(), node=node, interval=interval, once=once, recording=recording)
 
 
 def main(argv: list[str] | None = None) -> None:

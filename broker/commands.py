@@ -14,7 +14,16 @@ from typing import Any
 from broker import console
 from broker.client import GpushClient
 from broker.console import Output
-from broker.errors import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, GpushError, InvalidRequest, NotFound
+from broker.errors import (
+    EXIT_ERROR,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    GpushError,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+)
 from broker.jobfile import build_specs, load_documents
 
 ClientFactory = Callable[[], GpushClient]
@@ -38,6 +47,33 @@ def submit(client: GpushClient, out: Output, *, file: str | None, file_text: str
         for item in result["jobs"]:
             out.line(str(item["id"]))
     return EXIT_OK
+
+
+def submit_ray_job(out: Output, address: str, command: list[str], *, submission_id: str | None = None) -> int:
+    """Run ``command`` as a Ray job on the Ray cluster at ``address`` and follow it to its end."""
+    import shlex
+
+    from broker.ray_jobs import run_ray_job
+
+    if not command:
+        raise InvalidRequest("gpush submit --ray needs the job's entrypoint after --, such as -- python app.py")
+    lines: list[str] = []
+    try:
+        status = run_ray_job(
+            address,
+            shlex.join(command),
+            submission_id=submission_id,
+            write=lines.append if out.json_mode else out.line,
+        )
+    except (RuntimeError, ConnectionError) as exc:  # Ray missing, or its job server unreachable
+        raise Unavailable(
+            f"{str(exc).rstrip('.')}: is the Ray head's dashboard at {address}? Check --ray / GPUSH_RAY_ADDRESS"
+        ) from None
+    if out.json_mode:
+        out.json({"status": status, "logs": "\n".join(lines)})
+    else:
+        out.note(f"Ray job {status.lower()}")
+    return EXIT_OK if status == "SUCCEEDED" else EXIT_ERROR
 
 
 def status(client: GpushClient, out: Output, job_id: int) -> int:
@@ -64,8 +100,9 @@ def list_jobs(
     limit: int,
     cursor: str | None,
     all_pages: bool,
+    labels: dict[str, str] | None = None,
 ) -> int:
-    filters = {"states": states, "tenant": tenant, "user": user, "kind": kind}
+    filters = {"states": states, "tenant": tenant, "user": user, "kind": kind, "labels": labels}
     if all_pages:
         jobs = list(client.iter_jobs(limit=min(max(limit, 1), 1000), **filters))
         next_cursor = None
@@ -528,7 +565,7 @@ def mig_plan(
     return EXIT_OK
 
 
-def agent(settings: Any, *, node: str | None, interval: float, once: bool, recording: str | None) -> int:
+def agent(settings: Any, out: Output, *, node: str | None, interval: float, once: bool, recording: str | None) -> int:
     """``gpush agent``: report this node's GPUs to the broker until stopped (or once).
 
     With ``--url`` it posts to that broker with ``--token`` (an agent token); without, into
@@ -551,4 +588,9 @@ def agent(settings: Any, *, node: str | None, interval: float, once: bool, recor
     else:
         client = settings.client()
         delivered = run_agent(EMBEDDED_URL, client.token, node, interval, library, once, client=client.http)
-    return EXIT_OK if delivered or not once else EXIT_ERROR
+    if once:
+        if not delivered:
+            out.note(f"node {node}: the broker did not take the report (see the messages above)")
+            return EXIT_ERROR
+        out.note(f"node {node}: report taken by the broker")
+    return EXIT_OK

@@ -291,7 +291,7 @@ def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False) -> T
             n["agent"], f"[dim]{n['agent']}[/]"
         )
         findings = ", ".join(f"{count} {sev}" for sev, count in n.get("findings", {}).items() if count) or "-"
-        models = sorted({g["model"] or g["product"] or "?" for g in n["gpus"]}) or sorted(
+        models = sorted({g["model"] or g["product"] for g in n["gpus"] if g["model"] or g["product"]}) or sorted(
             {u["gpu_model"] for u in n["units"]}
         )
         modes = sorted({g["mode"] for g in n["gpus"] if g["mode"] != "-"}) or sorted({u["sharing"] for u in n["units"]})

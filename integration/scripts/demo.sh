@@ -39,6 +39,16 @@ sleep 3
 run "$GPUSH" scheduler run --cycles 1
 run "$GPUSH" list --state succeeded --state running
 
+say "the node agent on mig-01 (NVML replayed from a recording: GPU 1 re-cut to 2g.10gb slices that slurm-a does not know)"
+run "$GPUSH" agent --once --node mig-01 --recording tests/data/nvml/mig01-repartitioned.json
+run "$GPUSH" inventory --cluster slurm-a
+run "$GPUSH" inventory drift --severity critical
+run "$GPUSH" slurm gres-conf mig-01
+say "the agent reports the layout slurm-a expects: the drift is gone"
+run "$GPUSH" agent --once --node mig-01 --recording tests/data/nvml/mig01.json
+run "$GPUSH" inventory drift --severity critical
+run "$GPUSH" mig plan --cluster slurm-a --show summary
+
 say "what the default policy does for a day's mixed workload, beside every job on whole GPUs (virtual time)"
 report="${GPUSH_DEMO_REPORT:-$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/gpush-demo-report}"
 run "$GPUSH" simulate --fleet examples/fleet.yaml --workload examples/workload.yaml --report "$report"
