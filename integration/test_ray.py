@@ -1,0 +1,177 @@
+"""Ray's autoscaler gets its GPU workers from gpush, with real Ray and the real Slurm test cluster.
+
+A gpush server (API and scheduler, PostgreSQL) drives the Slurm test cluster; a real Ray
+head on this machine runs its autoscaler with the gpush node provider
+(integration/ray/cluster.yaml). A driver that needs GPUs makes the autoscaler launch
+workers: each is a gpush job routed to a MIG slice on mig01, where slurmd runs its
+``ray start --block`` so it really joins the head (Ray sees the slice as ``GPU: 1``).
+When the work is done the workers idle out and their jobs are cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.client import GpushClient
+from broker.ray_workers import LABEL_CLUSTER, LABEL_NODE_IP
+from integration.ray.harness import GPUSH, GpushBroker, RayHead, cluster_yaml, wait_for
+
+TOKEN_ENV = "GPUSH_RAY_TOKEN"
+
+
+@pytest.fixture
+def slurm(slurm_cluster):
+    slurm_cluster.cancel_all()
+    yield slurm_cluster
+    slurm_cluster.cancel_all()
+
+
+@pytest.fixture
+def broker(database_url, slurm):
+    # Not under pytest's basetemp, which is private (0700) and rotated by other runs.
+    workdir = Path(tempfile.mkdtemp(prefix="gpush-ray-"))
+    b = GpushBroker(database_url, slurm, workdir)
+    yield b
+    b.stop()
+    if not os.environ.get("GPUSH_RAY_KEEP"):
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class RayCluster:
+    def __init__(self, broker: GpushBroker, tenant: str, worker_ip: str = "loopback", **options):
+        self.broker = broker
+        self.token = broker.token("ray", tenant)
+        self.client = GpushClient(broker.url, self.token)
+        self.name = f"rt{int(time.time() * 1000) % 10**8}"
+        self.head = None
+        config = cluster_yaml(
+            cluster_name=self.name, gpush_url=broker.url, head_address="", token_env=TOKEN_ENV, **options
+        )
+        config["provider"]["worker_ip"] = worker_ip
+        config["provider"]["use_node_id_as_ip"] = worker_ip == "node-id"
+        self.head = RayHead(config, {TOKEN_ENV: self.token})
+
+    def jobs(self, states=()):
+        return list(self.client.iter_jobs(labels={LABEL_CLUSTER: self.name}, states=states))
+
+    def explain(self) -> str:
+        jobs = [(j.id, j.state.value, j.state_reason, j.backend_id) for j in self.jobs()]
+        nodes = [(n.get("node_ip"), n.get("state"), n.get("resources_total")) for n in self.head.alive_nodes()]
+        return (
+            f"gpush jobs: {jobs}\nray nodes: {nodes}\nray status:\n{self.head.status()}"
+            f"\nmonitor:\n{self.head.monitor_log()[-3000:]}\nserver:\n{self.broker.log_tail()}"
+        )
+
+    def close(self):
+        self.client.close()
+        if self.head:
+            self.head.stop()
+
+
+@pytest.fixture
+def ray_cluster(broker):
+    clusters = []
+
+    def make(tenant: str = "ray", **options) -> RayCluster:
+        cluster = RayCluster(broker, tenant, **options)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.close()
+
+
+@pytest.mark.parametrize("worker_ip", ["loopback", "node-id"])
+def test_gpu_work_brings_workers_through_gpush_and_they_go_away_when_idle(ray_cluster, slurm, worker_ip):
+    rc = ray_cluster(worker_ip=worker_ip)
+    driver = rc.head.run_driver("gpu_tasks.py", "2", "3")
+    try:
+        out, err = driver.communicate(timeout=150)
+    except Exception:
+        driver.kill()
+        raise AssertionError(f"the driver did not finish:\n{rc.explain()}") from None
+    assert driver.returncode == 0, f"{err[-3000:]}\n{rc.explain()}"
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(results) == 2 and "done" in out.splitlines(), rc.explain()
+
+    jobs = rc.jobs()
+    assert jobs, rc.explain()
+    worker_ips = {j.spec["labels"][LABEL_NODE_IP] for j in jobs}
+    # The tasks ran on the workers gpush started (never on the head, which has no GPU).
+    assert {r["node"] for r in results} <= worker_ips, rc.explain()
+    for job in jobs:
+        assert job.placement["sharing"] == "slurm/mig" and job.placement["mig_profile"] == "1g.5gb"
+        assert job.backend_id.isdigit()  # a Slurm job id: slurmd ran `ray start`
+
+    # Idle for idle_timeout_minutes: the autoscaler terminates them, gpush cancels them in Slurm.
+    wait_for(lambda: not rc.jobs(states=["running", "submitted"]), 90, f"the workers to go:\n{rc.explain()}", pause=1)
+    assert {j.state.value for j in rc.jobs()} <= {"cancelled", "succeeded"}
+    wait_for(lambda: len(rc.head.alive_nodes()) == 1, 30, "the workers to leave the Ray cluster", pause=1)
+
+
+def test_a_worker_over_quota_stays_pending_with_gpushs_reason_and_starts_when_quota_frees(broker, ray_cluster, slurm):
+    one_slice = 1 / 7  # a 1g.5gb slice of a 7-slice A100 in GPU-equivalents
+    broker.admin.set_tenant("rayq", gpu_quota=round(one_slice, 4) + 0.001)
+    rc = ray_cluster(tenant="rayq")
+    driver = rc.head.run_driver("gpu_tasks.py", "2", "20")
+    try:
+
+        def one_running_one_waiting():
+            states = sorted(j.state.value for j in rc.jobs())
+            return states == ["queued", "running"]
+
+        wait_for(one_running_one_waiting, 60, f"one worker running and one waiting:\n{rc.explain()}", pause=1)
+        (waiting,) = rc.jobs(states=["queued"])
+        assert waiting.state_reason.startswith("tenant rayq at quota"), rc.explain()
+        # Ray's autoscaler shows the same worker as pending, with gpush's reason (`ray status`
+        # prints it in lower case), and neither launches another one nor gives up on it.
+        pending = f"{waiting.spec['labels'][LABEL_NODE_IP]}: mig_worker, queued in gpush: {waiting.state_reason}"
+        wait_for(lambda: pending.lower() in (rc.head.status() or ""), 20, f"the reason in ray status:\n{rc.explain()}")
+        time.sleep(5)
+        assert len(rc.jobs()) == 2, rc.explain()
+
+        broker.admin.set_tenant("rayq", gpu_quota=1)
+        wait_for(lambda: rc.client.get(waiting.id).state.value == "running", 30, f"the waiting worker:\n{rc.explain()}")
+        out, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, f"{err[-3000:]}\n{rc.explain()}"
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(results) == 2
+    assert len(rc.jobs()) == 2  # the waiting worker was never relaunched
+
+
+def test_gpush_submit_ray_runs_a_ray_job_whose_gpus_come_through_gpush_and_follows_it(ray_cluster):
+    rc = ray_cluster()
+    script = Path(__file__).parent / "ray" / "gpu_tasks.py"
+    result = subprocess.run(
+        [GPUSH, "submit", "--ray", rc.head.dashboard_url, "--", sys.executable, str(script), "auto", "1", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "GPUSH_TOKEN": rc.token},
+    )
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}\n{rc.explain()}"
+    lines = result.stdout.splitlines()
+    assert "done" in lines  # the job's own output, followed to its end
+    (task,) = [json.loads(line) for line in lines if line.startswith("{")]
+    (worker,) = rc.jobs()
+    assert task["node"] == worker.spec["labels"][LABEL_NODE_IP]  # on the worker gpush started
+    failed = subprocess.run(
+        [GPUSH, "submit", "--ray", rc.head.dashboard_url, "--", "sh", "-c", "exit 3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert failed.returncode == 1 and "failed" in failed.stderr.lower()
