@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make demo     first look: embedded broker (SQLite), example jobs, list"
 	@echo "make test     everything CI runs: fast tests (SQLite) + integration (PostgreSQL)"
-	@echo "make bench    submissions, scheduling cycle at scale, placement quality, jobs into Slurm and Kubernetes"
+	@echo "make bench    submissions, scheduling at scale, placement quality, Slurm, Kubernetes, inventory, Ray"
 
 venv: $(STAMP)
 
@@ -61,6 +61,7 @@ bench: venv postgres slurm
 	$(BIN)/python integration/bench/slurm.py --jobs 1000 --backlog 300 --json bench-slurm.json
 	$(BIN)/python integration/bench/k8s.py --rounds 3 --json bench-k8s.json
 	$(BIN)/python integration/bench/inventory.py --json bench-inventory.json
+	$(BIN)/python integration/bench/ray.py --json bench-ray.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results.json
