@@ -9,13 +9,27 @@ The provider never reaches the nodes itself (``disable_node_updaters: true``): a
 worker's gpush job runs ``ray start`` on whatever node its cluster picks. The head is
 started by hand (``ray start --head --autoscaling-config=cluster.yaml``) and is listed
 as node ``head`` so the autoscaler keeps its load metrics.
+
+Cancelling queued workers that no demand wants needs two things the provider is not
+given: the cluster's demand and the cluster YAML beyond its provider section. It runs in
+the autoscaler's monitor process on the head (``ray/autoscaler/_private/monitor.py``),
+which reads both: :class:`RayDemand` asks the GCS what the monitor asks it each update
+(``get_all_resource_usage()``: task and actor shapes, pending placement groups; the
+internal KV: ``request_resources``), through the monitor's own GCS client; and the YAML
+is the file the monitor was started with (``--autoscaling-config``), read for
+``idle_timeout_minutes`` and each node type's ``min_workers``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
+from collections.abc import Sequence
 from typing import Any
 
+import yaml
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
@@ -28,9 +42,84 @@ from ray.autoscaler.tags import (
     TAG_RAY_USER_NODE_TYPE,
 )
 
-from broker.ray_workers import HEAD_NODE_ID, GpushWorkers, ProviderSettings
+from broker.ray_workers import (
+    HEAD_NODE_ID,
+    RAY_DEFAULT_IDLE_TIMEOUT_MINUTES,
+    GpushWorkers,
+    ProviderSettings,
+)
 
 logger = logging.getLogger(__name__)
+
+
+def _monitor_arg(name: str, argv: Sequence[str] | None = None) -> str | None:
+    """``--name=value`` (or ``--name value``) from the monitor's command line."""
+    argv = sys.argv if argv is None else argv
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+        if arg == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def monitor_cluster_config(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    """The cluster YAML the autoscaler's monitor was started with, or None outside one."""
+    path = _monitor_arg("autoscaling-config", argv)
+    if not path:
+        return None
+    try:
+        with open(os.path.expanduser(path)) as f:
+            config = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        logger.warning("gpush: could not read the cluster config %s: %s", path, exc)
+        return None
+    return config if isinstance(config, dict) else None
+
+
+class RayDemand:
+    """What the Ray cluster waits for, read from the GCS as the v1 monitor reads it:
+    waiting and infeasible task/actor shapes, the bundles of pending placement groups,
+    and the bundles of ``request_resources``. None when the GCS does not answer."""
+
+    def __init__(self, gcs_address: str | None) -> None:
+        self._gcs_address = gcs_address
+        self._client = None
+        self._failing = False
+
+    def _gcs(self):
+        if self._client is None:
+            from ray.experimental.internal_kv import internal_kv_get_gcs_client
+
+            # The monitor sets its GCS client up for the internal KV before it creates us.
+            self._client = internal_kv_get_gcs_client()
+            if self._client is None:
+                from ray._raylet import GcsClient
+
+                self._client = GcsClient(address=self._gcs_address)
+        return self._client
+
+    def __call__(self) -> list[dict[str, float]] | None:
+        from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+        from ray.autoscaler._private.monitor import parse_resource_demands
+
+        try:
+            gcs = self._gcs()
+            data = gcs.get_all_resource_usage(timeout=10).resource_usage_data
+            waiting, infeasible = parse_resource_demands(data.resource_load_by_shape)
+            shapes = [dict(s) for s in waiting + infeasible]
+            for group in data.placement_group_load.placement_group_data:
+                shapes += [dict(bundle.unit_resources) for bundle in group.bundles]
+            requested = gcs.internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL, None, timeout=10)
+            if requested:
+                shapes += [dict(b) for b in json.loads(requested) if isinstance(b, dict)]
+        except Exception as exc:  # any failure: unknown demand, which keeps every queued worker
+            if not self._failing:
+                logger.warning("gpush: could not read the Ray cluster's demand (queued workers are kept): %s", exc)
+            self._failing = True
+            return None
+        self._failing = False
+        return shapes
 
 
 class GpushNodeProvider(NodeProvider):
@@ -38,7 +127,21 @@ class GpushNodeProvider(NodeProvider):
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
-        self.workers = GpushWorkers(ProviderSettings.from_provider_config(provider_config), cluster_name)
+        settings = ProviderSettings.from_provider_config(provider_config)
+        cluster = monitor_cluster_config() or {}
+        node_types = cluster.get("available_node_types") or {}
+        self.workers = GpushWorkers(
+            settings,
+            cluster_name,
+            demand=RayDemand(_monitor_arg("gcs-address") or settings.head_address),
+            idle_timeout_minutes=float(cluster.get("idle_timeout_minutes", RAY_DEFAULT_IDLE_TIMEOUT_MINUTES)),
+            min_workers={name: int(t.get("min_workers", 0) or 0) for name, t in node_types.items()},
+        )
+        logger.info(
+            "gpush: queued workers no demand wants are cancelled after %g s%s",
+            self.workers.queued_idle_timeout_s,
+            "" if cluster else " (the cluster YAML was not found: min_workers unknown, taken as 0)",
+        )
         self._head_type = provider_config.get("head_node_type", "ray.head.default")
 
     # -- what exists ------------------------------------------------------------------
@@ -53,7 +156,7 @@ class GpushNodeProvider(NodeProvider):
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         nodes = {HEAD_NODE_ID: self._head_tags()}
-        nodes.update({node_id: node.tags for node_id, node in self.workers.refresh().items()})
+        nodes.update({node_id: node.tags for node_id, node in self.workers.reap().items()})
         return [node_id for node_id, tags in nodes.items() if all(tags.get(k) == v for k, v in tag_filters.items())]
 
     def is_running(self, node_id: str) -> bool:

@@ -21,6 +21,18 @@ assume:
 - **Terminate is cancel.** A queued worker is cancelled at once; a running one when
   its cluster confirms (Slurm's scancel stops ``ray start --block``, and with it the
   raylet).
+- **A queued worker nobody wants is cancelled.** Ray's v1 autoscaler never terminates
+  a node that has not joined (it is never "idle"), so a worker gpush has not started
+  would wait forever once the work that asked for it is gone. ``reap()`` (each
+  autoscaler update) cancels it once the Ray cluster has had no pending demand its node
+  type could serve (task and actor shapes, placement group bundles, ``request_resources``
+  bundles, read by an injected ``demand()``) for ``queued_idle_timeout_minutes``
+  (default: the cluster's ``idle_timeout_minutes``), never below the node type's
+  ``min_workers``, and stops listing it: to Ray, a pending node that went away. When the
+  demand is unknown (the GCS did not answer), every queued worker is kept. The time
+  demand was last seen is the one thing kept in memory (neither gpush nor Ray records
+  it): a restarted provider starts that clock again, so it may cancel later, never
+  sooner; the cancel itself is in gpush, so it happens once.
 - **Launch is idempotent by request id.** Worker ``i`` of launch request ``r`` is
   submitted with idempotency key ``ray-<cluster>-<r>-<i>``: a retried launch returns
   the jobs of the first.
@@ -35,12 +47,15 @@ assume:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from broker.client import GpushClient
@@ -65,12 +80,22 @@ LABEL_LAUNCH_CONFIG = "ray.gpush.io/launch-config"
 LABEL_LAUNCH_REQUEST = "ray.gpush.io/launch-request"
 LABEL_NODE_IP = "ray.gpush.io/node-ip"
 
+ENV_NODE_TYPE = "GPUSH_RAY_NODE_TYPE"
+ENV_RESOURCES = "GPUSH_RAY_RESOURCES"
+
 HEAD_NODE_ID = "head"
+RAY_DEFAULT_IDLE_TIMEOUT_MINUTES = 5.0
 LIVE_STATES = [s.value for s in JobState if s not in TERMINAL]
 WORKER_IP_MODES = ("loopback", "node-id")
 # Resources ray start takes as flags; the rest go to --resources.
 _FLAG_RESOURCES = {"CPU": "--num-cpus", "GPU": "--num-gpus", "memory": "--memory"}
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+
+log = logging.getLogger("gpush.ray")
+
+Shape = Mapping[str, float]
+# What the Ray cluster waits for, as resource shapes; None when it cannot be read.
+DemandReader = Callable[[], "list[Shape] | None"]
 
 
 class ProviderConfigError(ValueError):
@@ -95,6 +120,8 @@ class ProviderSettings:
     worker_ip: str = "loopback"
     worker_temp_dir: str = "/tmp/ray-gpush"
     extra_ray_start_args: list[str] = field(default_factory=list)
+    # None: the cluster's idle_timeout_minutes.
+    queued_idle_timeout_minutes: float | None = None
 
     @classmethod
     def from_provider_config(cls, config: Mapping[str, Any]) -> ProviderSettings:
@@ -109,6 +136,17 @@ class ProviderSettings:
             raise ProviderConfigError(f"provider.worker_ip {worker_ip!r}: use one of {', '.join(WORKER_IP_MODES)}")
         if worker_ip == "node-id" and not config.get("use_node_id_as_ip"):
             raise ProviderConfigError("provider.worker_ip node-id needs use_node_id_as_ip: true beside it")
+        queued_idle = config.get("queued_idle_timeout_minutes")
+        if queued_idle is not None:
+            try:
+                queued_idle = float(queued_idle)
+            except (TypeError, ValueError):
+                queued_idle = -1.0
+            if queued_idle < 0:
+                raise ProviderConfigError(
+                    f"provider.queued_idle_timeout_minutes {config['queued_idle_timeout_minutes']!r}: "
+                    "give a number of minutes, 0 or more"
+                )
         return cls(
             gpush_url=config["gpush_url"],
             head_address=config["head_address"],
@@ -118,6 +156,7 @@ class ProviderSettings:
             worker_ip=worker_ip,
             worker_temp_dir=config.get("worker_temp_dir", "/tmp/ray-gpush"),
             extra_ray_start_args=[str(a) for a in config.get("extra_ray_start_args", [])],
+            queued_idle_timeout_minutes=queued_idle,
         )
 
     def client(self) -> GpushClient:
@@ -144,6 +183,29 @@ class WorkerNode:
     def running(self) -> bool:
         return self.job.state == JobState.RUNNING
 
+    @property
+    def node_type(self) -> str:
+        return self.tags.get(TAG_USER_NODE_TYPE, "")
+
+    @property
+    def resources(self) -> dict[str, float] | None:
+        """The node type's resources as launched; None for a worker launched without them."""
+        try:
+            return json.loads(self.job.spec.get("env", {})[ENV_RESOURCES])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def serves(resources: Mapping[str, float] | None, shape: Shape) -> bool:
+    """Whether a node with ``resources`` could hold ``shape`` (unknown resources: any shape)."""
+    if resources is None:
+        return True
+    return all(float(amount) <= float(resources.get(name, 0)) + 1e-9 for name, amount in shape.items())
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
 
 def worker_status(job: JobOut) -> str:
     """The node's ``ray-node-status``: ``up-to-date`` once running, else gpush's reason."""
@@ -156,7 +218,17 @@ def worker_status(job: JobOut) -> str:
 class GpushWorkers:
     """The worker nodes of one Ray cluster, kept as gpush jobs (see the module docstring)."""
 
-    def __init__(self, settings: ProviderSettings, cluster_name: str, client: GpushClient | None = None):
+    def __init__(
+        self,
+        settings: ProviderSettings,
+        cluster_name: str,
+        client: GpushClient | None = None,
+        *,
+        demand: DemandReader | None = None,
+        idle_timeout_minutes: float = RAY_DEFAULT_IDLE_TIMEOUT_MINUTES,
+        min_workers: Mapping[str, int] | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
         self.settings = settings
         self.cluster_name = cluster_name
         self.cluster_label = _label_value(cluster_name)
@@ -165,6 +237,16 @@ class GpushWorkers:
         self._nodes: dict[str, WorkerNode] = {}
         # Tags the autoscaler set that gpush does not keep; the status always comes from gpush.
         self._extra_tags: dict[str, dict[str, str]] = {}
+        # Cancelling queued workers that no demand wants (reap).
+        self._demand = demand
+        self._now = now
+        minutes = settings.queued_idle_timeout_minutes
+        self.queued_idle_timeout_s = 60 * float(idle_timeout_minutes if minutes is None else minutes)
+        self.min_workers = dict(min_workers or {})
+        self._started = now()
+        # Per node type: when the Ray cluster last had demand it could serve. In memory
+        # only (see the module docstring); until seen, the time this provider started.
+        self._demand_seen: dict[str, datetime] = {}
 
     @property
     def client(self) -> GpushClient:
@@ -193,6 +275,53 @@ class GpushWorkers:
             self._nodes = nodes
         return nodes
 
+    def reap(self) -> dict[str, WorkerNode]:
+        """``refresh()``, less the queued workers no demand has wanted for the grace
+        period, which are cancelled in gpush (see the module docstring)."""
+        nodes = self.refresh()
+        waiting = [n for n in nodes.values() if not n.running]
+        if self._demand is None or not waiting:
+            return nodes
+        shapes = self._demand()
+        now = self._now()
+        if shapes is not None:
+            shapes = [s for s in shapes if any(float(v) > 0 for v in s.values())]
+        for node in waiting:
+            if shapes is None or any(serves(node.resources, s) for s in shapes):
+                self._demand_seen[node.node_type] = now
+        live = Counter(n.node_type for n in nodes.values())
+        # Newest first: the workers queued longest are the nearest to starting.
+        for node in sorted(waiting, key=lambda n: n.job.created_at, reverse=True):
+            kind = node.node_type
+            quiet_since = max(self._demand_seen.get(kind, self._started), _aware(node.job.created_at))
+            quiet = (now - quiet_since).total_seconds()
+            if quiet < self.queued_idle_timeout_s or live[kind] <= self.min_workers.get(kind, 0):
+                continue
+            try:
+                self.client.cancel(int(node.node_id))
+            except NotFound:
+                pass
+            except GpushError as exc:
+                log.warning("gpush: could not cancel queued worker %s: %s", node.node_id, exc)
+                continue
+            live[kind] -= 1
+            nodes.pop(node.node_id)
+            with self._lock:
+                self._nodes.pop(node.node_id, None)
+                self._extra_tags.pop(node.node_id, None)
+            log.info(
+                "gpush: cancelled queued worker %s (%s, %s): the Ray cluster has had no pending demand a %s "
+                "could serve for %.0f s (queued_idle_timeout_minutes: %g), and Ray's autoscaler never "
+                "terminates a worker that has not joined",
+                node.node_id,
+                kind,
+                node.tags[TAG_NODE_STATUS],
+                kind,
+                quiet,
+                self.queued_idle_timeout_s / 60,
+            )
+        return nodes
+
     def _node_of(self, job: JobOut) -> WorkerNode:
         labels = job.spec.get("labels", {})
         node_id = str(job.id)
@@ -200,7 +329,7 @@ class GpushWorkers:
             **self._extra_tags.get(node_id, {}),
             TAG_NODE_KIND: KIND_WORKER,
             TAG_NODE_NAME: f"gpush-{job.id}",
-            TAG_USER_NODE_TYPE: job.spec.get("env", {}).get("GPUSH_RAY_NODE_TYPE") or labels.get(LABEL_NODE_TYPE, ""),
+            TAG_USER_NODE_TYPE: job.spec.get("env", {}).get(ENV_NODE_TYPE) or labels.get(LABEL_NODE_TYPE, ""),
             TAG_LAUNCH_CONFIG: labels.get(LABEL_LAUNCH_CONFIG, ""),
             TAG_LAUNCH_REQUEST: labels.get(LABEL_LAUNCH_REQUEST, ""),
             TAG_NODE_STATUS: worker_status(job),
@@ -331,7 +460,11 @@ class GpushWorkers:
             LABEL_LAUNCH_REQUEST: request,
             LABEL_NODE_IP: address,
         }
-        env = {**fields.get("env", {}), "GPUSH_RAY_NODE_TYPE": node_type}
+        env = {
+            **fields.get("env", {}),
+            ENV_NODE_TYPE: node_type,
+            ENV_RESOURCES: json.dumps(dict(resources), sort_keys=True),
+        }
         body = {
             "name": _label_value(f"ray-{self.cluster_label}-{node_type}")[:64],
             **fields,

@@ -5,13 +5,15 @@ head on this machine runs its autoscaler with the gpush node provider
 (integration/ray/cluster.yaml). A driver that needs GPUs makes the autoscaler launch
 workers: each is a gpush job routed to a MIG slice on mig01, where slurmd runs its
 ``ray start --block`` so it really joins the head (Ray sees the slice as ``GPU: 1``).
-When the work is done the workers idle out and their jobs are cancelled.
+When the work is done the workers idle out and their jobs are cancelled, and a worker
+still queued in gpush (its tenant at quota) is cancelled once no demand wants it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -150,6 +152,50 @@ def test_a_worker_over_quota_stays_pending_with_gpushs_reason_and_starts_when_qu
     results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(results) == 2
     assert len(rc.jobs()) == 2  # the waiting worker was never relaunched
+
+
+def test_a_queued_worker_is_cancelled_in_gpush_when_the_work_that_wanted_it_is_done(broker, ray_cluster, slurm):
+    one_slice = 1 / 7
+    broker.admin.set_tenant("rayc", gpu_quota=round(one_slice, 4) + 0.001)
+    # The running worker idles out only after a minute (and holds the quota meanwhile, so the
+    # queued one cannot start); the queued one is let go 6 s after the demand for it is gone.
+    rc = ray_cluster(tenant="rayc", idle_timeout_minutes=1, queued_idle_timeout_minutes=0.1)
+    driver = rc.head.run_driver("gpu_tasks.py", "2", "4")
+    try:
+        wait_for(
+            lambda: sorted(j.state.value for j in rc.jobs()) == ["queued", "running"],
+            60,
+            f"one worker running and one waiting:\n{rc.explain()}",
+            pause=1,
+        )
+        (waiting,) = rc.jobs(states=["queued"])
+        (running,) = rc.jobs(states=["running"])
+        assert waiting.state_reason.startswith("tenant rayc at quota"), rc.explain()
+        # Both tasks run on the one worker gpush started, one after the other.
+        out, err = driver.communicate(timeout=90)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, f"{err[-3000:]}\n{rc.explain()}"
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert {r["node"] for r in results} == {running.spec["labels"][LABEL_NODE_IP]}, rc.explain()
+
+    # No demand left: the provider cancels the queued worker in gpush, and Ray forgets it.
+    wait_for(
+        lambda: rc.client.get(waiting.id).state.value == "cancelled", 30, f"the queued worker to go:\n{rc.explain()}"
+    )
+    wait_for(lambda: "queued in gpush" not in (rc.head.status() or "queued in gpush"), 20, rc.explain(), pause=1)
+    line = wait_for(
+        lambda: re.search(
+            rf"cancelled queued worker {waiting.id} \(mig_worker, .*for (\d+) s", rc.head.monitor_log(tail=None)
+        ),
+        10,
+        f"the monitor's log line:\n{rc.explain()}",
+    )
+    assert int(line.group(1)) >= 6  # not before the grace
+    time.sleep(6)  # one more autoscaler update or so: nothing relaunched, the running worker untouched
+    assert len(rc.jobs()) == 2, rc.explain()
+    assert rc.client.get(running.id).state.value == "running", rc.explain()
 
 
 def test_gpush_submit_ray_runs_a_ray_job_whose_gpus_come_through_gpush_and_follows_it(ray_cluster):

@@ -1,6 +1,7 @@
 """The gpush node provider's logic (broker.ray_workers) against the API in this process,
 without Ray: workers as labelled jobs, pending with gpush's reason, idempotent launch,
-terminate as cancel. integration/test_ray.py runs it under Ray's real autoscaler."""
+terminate as cancel, queued workers no demand wants cancelled. integration/test_ray.py
+runs it under Ray's real autoscaler."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from broker.ray_workers import (
     GpushWorkers,
     ProviderConfigError,
     ProviderSettings,
+    serves,
 )
 from broker.states import JobState, set_state
 
@@ -25,12 +27,29 @@ MIG_WORKER = {"gpush": {"kind": "inference", "isolation": "hardware", "gpu_memor
 
 
 @pytest.fixture
-def workers(sdk):
-    def make(cluster: str = "serve", **config) -> GpushWorkers:
+def workers(sdk, clock):
+    def make(cluster: str = "serve", *, demand=None, min_workers=None, idle_timeout_minutes=5, **config):
         settings = ProviderSettings.from_provider_config({**PROVIDER, **config})
-        return GpushWorkers(settings, cluster, client=sdk(user="ray", tenant="ml"))
+        return GpushWorkers(
+            settings,
+            cluster,
+            client=sdk(user="ray", tenant="ml"),
+            demand=demand,
+            idle_timeout_minutes=idle_timeout_minutes,
+            min_workers=min_workers,
+            now=clock,
+        )
 
     return make
+
+
+def start(sessions, clock, node) -> None:
+    with sessions() as session, session.begin():
+        job_id = int(node.node_id)
+        set_state(session, job_id, JobState.QUEUED, JobState.ROUTED, reason="r", now=clock())
+        set_state(session, job_id, JobState.ROUTED, JobState.SUBMITTING, reason="s", now=clock())
+        set_state(session, job_id, JobState.SUBMITTING, JobState.SUBMITTED, reason="s", now=clock())
+        set_state(session, job_id, JobState.SUBMITTED, JobState.RUNNING, reason="on mig01", now=clock())
 
 
 def test_a_worker_is_a_job_that_runs_ray_start_with_its_node_types_resources(workers):
@@ -150,3 +169,141 @@ def test_gpush_list_filters_by_label(gpush):
     result = gpush("list", "--label", "ray.gpush.io/cluster=serve", "--json")
     assert result.code == 0 and [j["id"] for j in result.json["jobs"]] == [int(mine)]
     assert gpush("list", "--label", "nokeyvalue").code == 2
+
+
+class Demand:
+    """A stand-in for the Ray cluster's demand: the shapes it waits for, or None (unknown)."""
+
+    def __init__(self, *shapes):
+        self.shapes = list(shapes)
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        return None if self.shapes == [None] else list(self.shapes)
+
+
+def test_a_queued_worker_is_cancelled_once_no_demand_it_could_serve_has_been_seen_for_the_grace(
+    workers, sessions, clock, caplog
+):
+    demand = Demand({"GPU": 1, "CPU": 1})
+    w = workers(demand=demand, idle_timeout_minutes=2)  # grace: the cluster's idle_timeout_minutes
+    running, queued = w.launch("mig_worker", MIG_WORKER, {"CPU": 1, "GPU": 1}, 2)
+    start(sessions, clock, running)
+
+    clock.advance(600)  # demand present: kept however long it waits
+    assert set(w.reap()) == {running.node_id, queued.node_id}
+
+    demand.shapes = [{"CPU": 2}, {"GPU": 2}, {"TPU": 1}]  # nothing a mig_worker could hold
+    clock.advance(119)
+    assert set(w.reap()) == {running.node_id, queued.node_id}  # quiet for less than the grace
+
+    clock.advance(2)
+    with caplog.at_level("INFO", logger="gpush.ray"):
+        assert set(w.reap()) == {running.node_id}  # a node that went away
+    assert w.client.get(int(queued.node_id)).state == JobState.CANCELLED
+    assert w.client.get(int(running.node_id)).state == JobState.RUNNING  # a running worker is Ray's to end
+    (line,) = [r.getMessage() for r in caplog.records if "cancelled queued worker" in r.getMessage()]
+    assert f"worker {queued.node_id} (mig_worker, queued in gpush" in line and "no pending demand" in line
+    assert "for 121 s" in line
+
+    clock.advance(600)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gpush.ray"):
+        assert set(w.reap()) == {running.node_id}
+    assert not caplog.records  # once: a cancelled worker is not listed, so not cancelled again
+    assert w.node(queued.node_id) is None
+
+
+def test_demand_that_comes_back_restarts_the_grace(workers, clock):
+    demand = Demand()
+    w = workers(demand=demand, idle_timeout_minutes=1)
+    (queued,) = w.launch("mig_worker", MIG_WORKER, {"CPU": 1, "GPU": 1}, 1)
+    clock.advance(50)
+    demand.shapes = [{"GPU": 0.5}]  # a fraction of a GPU: a mig_worker could serve it
+    assert set(w.reap()) == {queued.node_id}
+    demand.shapes = []
+    clock.advance(50)
+    assert set(w.reap()) == {queued.node_id}  # 100 s since launch, only 50 since the demand
+    clock.advance(11)
+    assert w.reap() == {}
+
+
+def test_a_worker_younger_than_the_grace_is_kept_and_unknown_demand_keeps_every_worker(workers, clock):
+    demand = Demand(None)
+    w = workers(demand=demand, queued_idle_timeout_minutes=1)
+    clock.advance(120)  # the provider has run a while with no demand
+    (young,) = w.launch("mig_worker", MIG_WORKER, {"CPU": 1, "GPU": 1}, 1)
+    clock.advance(90)
+    assert set(w.reap()) == {young.node_id}  # the GCS did not answer: kept
+    demand.shapes = []
+    clock.advance(30)
+    assert set(w.reap()) == {young.node_id}  # unknown 30 s ago counts as demand then
+    clock.advance(31)
+    assert w.reap() == {}
+
+
+def test_a_restarted_provider_waits_a_full_grace_and_cancels_only_once(workers, clock, sdk):
+    w = workers(demand=Demand(), idle_timeout_minutes=1)
+    a, b = w.launch("mig_worker", MIG_WORKER, {"CPU": 1, "GPU": 1}, 2)
+    clock.advance(50)
+    assert len(w.reap()) == 2
+    # The monitor restarts: a new provider, no memory of when demand was last seen.
+    clock.advance(30)
+    again = workers(demand=Demand(), idle_timeout_minutes=1)
+    assert len(again.reap()) == 2  # 80 s since launch, but it has not watched for a full grace
+    clock.advance(61)
+    assert again.reap() == {}
+    # The old instance, still around, finds nothing to cancel: the cancels are in gpush.
+    assert w.reap() == {}
+    for node in (a, b):
+        assert w.client.get(int(node.node_id)).state == JobState.CANCELLED
+        cancels = [e for e in w.client.events(int(node.node_id)) if e.to_state == JobState.CANCELLED]
+        assert len(cancels) == 1
+
+
+def test_queued_workers_are_kept_down_to_min_workers_and_only_the_node_types_nobody_wants(workers, clock):
+    cpu_worker = {"gpush": {"kind": "batch", "cpus": 4, "time_limit": "1h"}}
+    demand = Demand({"CPU": 4})
+    w = workers(demand=demand, idle_timeout_minutes=1, min_workers={"mig_worker": 1})
+    mig = w.launch("mig_worker", MIG_WORKER, {"CPU": 1, "GPU": 1}, 3)
+    (cpu,) = w.launch("cpu_worker", cpu_worker, {"CPU": 4}, 1)
+    clock.advance(61)
+    left = w.reap()
+    # A CPU-only task a mig_worker cannot hold (it has 1 CPU) keeps the cpu_worker only;
+    # of the mig_workers, min_workers stay: the oldest.
+    assert set(left) == {cpu.node_id, mig[0].node_id}
+
+
+def test_without_a_demand_reader_nothing_is_cancelled(workers, clock):
+    w = workers(idle_timeout_minutes=0)
+    (node,) = w.launch("mig_worker", MIG_WORKER, {"GPU": 1}, 1)
+    clock.advance(3600)
+    assert set(w.reap()) == {node.node_id}
+
+
+def test_serves_compares_every_resource_of_the_shape():
+    assert serves({"CPU": 1, "GPU": 1}, {"GPU": 1}) and serves({"CPU": 1, "GPU": 1}, {"GPU": 0.25, "CPU": 1})
+    assert not serves({"CPU": 1, "GPU": 1}, {"GPU": 2}) and not serves({"CPU": 1}, {"accel": 1})
+    assert serves(None, {"anything": 8})  # launched before the resources were recorded: kept
+
+
+def test_queued_idle_timeout_must_be_minutes():
+    with pytest.raises(ProviderConfigError, match="queued_idle_timeout_minutes"):
+        ProviderSettings.from_provider_config({**PROVIDER, "queued_idle_timeout_minutes": "soon"})
+    assert (
+        ProviderSettings.from_provider_config(
+            {**PROVIDER, "queued_idle_timeout_minutes": 0.1}
+        ).queued_idle_timeout_minutes
+        == 0.1
+    )
+
+
+def test_the_provider_reads_the_cluster_yaml_the_monitor_was_started_with(tmp_path):
+    ray_provider = pytest.importorskip("broker.ray_provider")
+    path = tmp_path / "cluster.yaml"
+    path.write_text("idle_timeout_minutes: 0.5\navailable_node_types: {w: {min_workers: 2}}\n")
+    argv = ["monitor.py", "--logs-dir=/tmp/x", f"--autoscaling-config={path}", "--gcs-address=127.0.0.2:6379"]
+    assert ray_provider.monitor_cluster_config(argv)["available_node_types"]["w"]["min_workers"] == 2
+    assert ray_provider._monitor_arg("gcs-address", argv) == "127.0.0.2:6379"
+    assert ray_provider.monitor_cluster_config(["pytest"]) is None

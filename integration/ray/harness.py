@@ -150,6 +150,7 @@ def cluster_yaml(
     token_env: str,
     max_workers: int = 8,
     idle_timeout_minutes: float = 0.1,
+    queued_idle_timeout_minutes: float | None = None,
     gpu_memory_gb: float = 4,
 ) -> dict[str, Any]:
     """The cluster YAML of integration/ray/cluster.yaml, filled in for this run."""
@@ -158,6 +159,8 @@ def cluster_yaml(
     config["max_workers"] = max_workers
     config["idle_timeout_minutes"] = idle_timeout_minutes
     config["provider"].update(gpush_url=gpush_url, head_address=head_address, token_env=token_env, ray_command=RAY)
+    if queued_idle_timeout_minutes is not None:
+        config["provider"]["queued_idle_timeout_minutes"] = queued_idle_timeout_minutes
     worker = config["available_node_types"]["mig_worker"]
     worker["max_workers"] = max_workers
     worker["node_config"]["gpush"]["gpu_memory_gb"] = gpu_memory_gb
@@ -251,9 +254,10 @@ class RayHead:
         except ValueError:
             return []
 
-    def monitor_log(self) -> str:
+    def monitor_log(self, tail: int | None = 4000) -> str:
+        """The autoscaler monitor's logs (the last ``tail`` characters of each; None: all)."""
         logs = sorted(self.temp_dir.glob("session_*/logs/monitor.*"))
-        return "\n".join(p.read_text()[-4000:] for p in logs if p.suffix in (".log", ".err", ".out"))
+        return "\n".join(p.read_text()[-(tail or 0) :] for p in logs if p.suffix in (".log", ".err", ".out"))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
