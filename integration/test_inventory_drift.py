@@ -25,7 +25,7 @@ import pytest
 from kubernetes import client, config
 from sqlalchemy import select
 
-from broker import policystore, queue
+from broker import policystore
 from broker.agent import collect
 from broker.auth import Principal
 from broker.clusters import AdapterPool, ClusterInfo, add_cluster, cluster_views, list_clusters
@@ -33,7 +33,8 @@ from broker.gpus import gpu_model, mig_layout_problem
 from broker.models import Job
 from broker.nvml import RecordedLibrary
 from broker.scheduler import Scheduler
-from broker.schemas import JobSpec, Role
+from broker.schemas import Role
+from integration.brokers import QueueAccess
 from integration.k8s import apiserver, simulator
 from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool, node_devices, node_manifest
 from integration.slurm.cluster import SlurmTestCluster
@@ -94,7 +95,7 @@ def slurm(slurm_cluster: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
     slurm_cluster.cancel_all()
 
 
-class Broker:
+class Broker(QueueAccess):
     """The broker's scheduler in this process, and ``gpush`` commands on the same database."""
 
     def __init__(self, engine, sessions, gpush, tmp_path: Path, slurm: SlurmTestCluster | None):
@@ -128,16 +129,6 @@ class Broker:
 
     def drift(self, *args: Any) -> list[dict[str, Any]]:
         return self.run("inventory", "drift", *args)
-
-    def submit(self, **fields: Any) -> int:
-        spec = JobSpec.model_validate({"tenant": "ml", "user": "alice", **fields})
-        with self.sessions() as session, session.begin():
-            (result,) = queue.submit_jobs(session, [spec], ADMIN, now=now())
-        return result.job["id"]
-
-    def job(self, job_id: int) -> Job:
-        with self.sessions() as session:
-            return session.get(Job, job_id)
 
     def summary(self) -> list[tuple]:
         with self.sessions() as session:

@@ -19,10 +19,10 @@ from kubernetes import client, config
 from broker import policystore, queue
 from broker.auth import Principal
 from broker.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
-from broker.models import Job
 from broker.scaling import scale_job
 from broker.scheduler import Scheduler
-from broker.schemas import JobSpec, Role
+from broker.schemas import Role
+from integration.brokers import QueueAccess
 from integration.k8s import apiserver, simulator
 from integration.k8s.gpu_nodes import GpuPool
 
@@ -71,20 +71,12 @@ def broker(engine, sessions, tmp_path):
     server.stop()
 
 
-class Broker:
+class Broker(QueueAccess):
+    job_defaults = {"command": ["serve"]}
+
     def __init__(self, engine, sessions, pool, api):
         self.sessions, self.pool, self.api = sessions, pool, api
         self.scheduler = Scheduler(engine, pool, clock=now)
-
-    def submit(self, **fields) -> int:
-        spec = JobSpec.model_validate({"tenant": "ml", "user": "alice", "command": ["serve"], **fields})
-        with self.sessions() as session, session.begin():
-            (result,) = queue.submit_jobs(session, [spec], ADMIN, now=now())
-        return result.job["id"]
-
-    def job(self, job_id: int) -> Job:
-        with self.sessions() as session:
-            return session.get(Job, job_id)
 
     def cycle_until(self, done, timeout: float = 20.0):
         deadline = time.monotonic() + timeout

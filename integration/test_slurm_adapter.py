@@ -28,6 +28,7 @@ from broker.clusters import AdapterPool, add_cluster, cluster_views, list_cluste
 from broker.models import Job, JobEvent
 from broker.scheduler import Scheduler
 from broker.schemas import JobSpec, Role
+from integration.brokers import QueueAccess
 from integration.slurm.cluster import SlurmTestCluster, _read_env_file
 
 ADMIN = Principal(user="root", tenant="ops", role=Role.ADMIN)
@@ -75,7 +76,7 @@ def slurm_config(cluster: SlurmTestCluster, backend: str, workdir: Path) -> dict
     return {**common, "slurm_conf": str(cluster.conf)}
 
 
-class Broker:
+class Broker(QueueAccess):
     """One broker process: its adapter pool and scheduler (a restart makes new ones)."""
 
     def __init__(self, engine, sessions, clock, slurm: SlurmTestCluster | None = None):
@@ -90,16 +91,6 @@ class Broker:
         with self.sessions() as session:
             (info,) = list_clusters(session)
         return self.pool.get(info)
-
-    def submit(self, tenant="ml", **fields) -> int:
-        spec = JobSpec.model_validate({"tenant": tenant, "user": "alice", **fields})
-        with self.sessions() as session, session.begin():
-            (result,) = queue.submit_jobs(session, [spec], ADMIN, now=self.clock())
-        return result.job["id"]
-
-    def job(self, job_id: int) -> Job:
-        with self.sessions() as session:
-            return session.get(Job, job_id)
 
     def states(self, ids) -> dict[int, str]:
         with self.sessions() as session:
