@@ -216,7 +216,9 @@ class NodeReport(Base):
     """The newest report of each node's agent (broker.nodereport): what NVML saw there.
 
     One row per node, replaced by each report; broker.inventory merges them with what
-    the clusters say. ``reported_by`` is the agent token's user, for the audit trail."""
+    the clusters say. ``reported_by`` is the agent token's user, for the audit trail.
+    Agents report every half minute with mostly the same facts; ``changed_at`` moves only
+    when the facts do (see broker.nodereports.facts_of)."""
 
     __tablename__ = "node_reports"
 
@@ -224,4 +226,7 @@ class NodeReport(Base):
     report: Mapped[dict[str, Any]] = mapped_column(Document)
     collected_at: Mapped[datetime] = mapped_column(UTCDateTime)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # When what the report says of the GPUs last changed (not its time or process list):
+    # the scheduler reconciles again when this moves, not on every report.
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime)
     reported_by: Mapped[str] = mapped_column(String(64))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import func, select
@@ -24,17 +25,32 @@ from broker.models import NodeReport as NodeReportRow
 from broker.nodereport import NodeReport
 
 
+def facts_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What a stored report says of the GPUs that the scheduler's findings depend on: all
+    but when it was collected and the processes (whose memory moves all the time)."""
+    gpus = [{k: v for k, v in gpu.items() if k != "processes"} for gpu in body.get("gpus") or []]
+    return {**{k: v for k, v in body.items() if k not in ("collected_at", "gpus")}, "gpus": gpus}
+
+
 def save_report(session: Session, report: NodeReport, *, by: str, now: datetime) -> NodeReportRow:
     """Keep ``report`` as its node's newest (an older report than the stored one is ignored:
-    two agents racing, or a retry that arrived late)."""
+    two agents racing, or a retry that arrived late). ``changed_at`` moves only when the
+    GPU facts differ from the stored report's."""
     row = session.get(NodeReportRow, report.node)
     body = report.model_dump(mode="json")
     if row is None:
         row = NodeReportRow(
-            node=report.node, report=body, collected_at=report.collected_at, received_at=now, reported_by=by
+            node=report.node,
+            report=body,
+            collected_at=report.collected_at,
+            received_at=now,
+            changed_at=now,
+            reported_by=by,
         )
         session.add(row)
     elif report.collected_at >= row.collected_at:
+        if facts_of(row.report) != facts_of(body):
+            row.changed_at = now
         row.report, row.collected_at, row.received_at, row.reported_by = body, report.collected_at, now, by
     session.flush()
     return row
@@ -94,15 +110,23 @@ class DriftWatch:
     """The findings the scheduler honours, kept between cycles.
 
     Reconciling a large fleet takes a good part of a second, so the scheduler does not
-    do it every cycle: the findings are recomputed when a report arrived since the last
-    time, or every ``refresh`` seconds (the clusters' own view changes too), and in
-    between the last findings mark the fresh units broken (:func:`mark_broken` is a
+    do it every cycle: the findings are recomputed when a report says something new of
+    its GPUs (``changed_at``; agents repeating themselves every half minute do not count)
+    or a node's agent appeared or went, at most every ``soonest`` seconds, and at least
+    every ``refresh`` seconds (the clusters' own view and the reports' age change too);
+    in between the last findings mark the fresh units broken (:func:`mark_broken` is a
     lookup per node). Without any report there is nothing to reconcile and nothing is
     marked: a fleet without agents schedules as it always did.
     """
 
-    def __init__(self, refresh: timedelta = timedelta(seconds=30), stale_after: timedelta = DEFAULT_STALE_AFTER):
+    def __init__(
+        self,
+        refresh: timedelta = timedelta(seconds=30),
+        stale_after: timedelta = DEFAULT_STALE_AFTER,
+        soonest: timedelta = timedelta(seconds=2),
+    ):
         self.refresh = refresh
+        self.soonest = soonest
         self.stale_after = stale_after
         self._stamp: tuple[int, datetime | None] | None = None
         self._at: datetime | None = None
@@ -117,12 +141,13 @@ class DriftWatch:
         now: datetime,
     ) -> dict[str, list[CapacityUnit]]:
         """``inventories`` (cluster -> units) with the units critical findings break marked."""
-        count, newest = session.execute(select(func.count(), func.max(NodeReportRow.received_at))).one()
+        count, newest = session.execute(select(func.count(), func.max(NodeReportRow.changed_at))).one()
         if not count:
             self._stamp, self._findings = None, []
             return dict(inventories)
         stamp = (count, newest)
-        if stamp != self._stamp or self._at is None or now - self._at >= self.refresh:
+        since = None if self._at is None else now - self._at
+        if since is None or since >= self.refresh or (stamp != self._stamp and since >= self.soonest):
             sources = {
                 name: ClusterInventory(name=name, kind=clusters[name].kind, units=units)
                 for name, units in inventories.items()

@@ -211,6 +211,30 @@ def test_an_older_report_arriving_late_is_ignored(agent, admin, clock):
     assert gres_of(admin) == "gpu:1g.5gb:7,gpu:2g.10gb:3"
 
 
+def changed_at(sessions, node: str = "mig01") -> datetime:
+    with sessions() as session:
+        return session.get(NodeReportRow, node).changed_at
+
+
+def test_a_report_that_repeats_the_gpus_does_not_count_as_a_change(agent, sessions, clock):
+    """The scheduler reconciles when ``changed_at`` moves: agents repeating the same GPUs
+    every half minute (new time, new process memory) must not move it; a new layout does."""
+    agent.post("/v1/agent/reports", json=report("mig01.json", clock()))
+    first = changed_at(sessions)
+
+    clock.advance(30)
+    again = report("mig01.json", clock())
+    for gpu in again["gpus"]:
+        for process in gpu["processes"]:
+            process["used_memory_mb"] = (process["used_memory_mb"] or 0) + 512
+    agent.post("/v1/agent/reports", json=again)
+    assert changed_at(sessions) == first
+
+    clock.advance(30)
+    agent.post("/v1/agent/reports", json=report("mig01-repartitioned.json", clock()))
+    assert changed_at(sessions) == clock()
+
+
 # -- 3. the command line, embedded -----------------------------------------------------------
 
 

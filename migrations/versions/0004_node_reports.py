@@ -4,7 +4,8 @@ Why: the reconciled inventory (broker.inventory) compares what Slurm and Kuberne
 say about a node's GPUs with what the GPUs themselves say through NVML; ``gpush
 agent`` posts that view every interval, and the broker keeps the newest one per node
 (a row per node, replaced), so every broker process and ``gpush inventory drift``
-read the same facts.
+read the same facts. ``changed_at`` moves only when the GPU facts change, so the
+scheduler reconciles when something changed rather than on every report.
 
 Revision ID: 0004
 Revises: 0003
@@ -27,9 +28,12 @@ def upgrade() -> None:
     op.create_table(
         "node_reports",
         sa.Column("node", sa.String(253), nullable=False),
-        sa.Column("report", sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"), nullable=False),
+        sa.Column(
+            "report", sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"), nullable=False
+        ),
         sa.Column("collected_at", Timestamp, nullable=False),
         sa.Column("received_at", Timestamp, nullable=False),
+        sa.Column("changed_at", Timestamp, nullable=False),
         sa.Column("reported_by", sa.String(64), nullable=False),
         sa.PrimaryKeyConstraint("node", name=op.f("pk_node_reports")),
     )
