@@ -6,7 +6,9 @@ head on this machine runs its autoscaler with the gpush node provider
 workers: each is a gpush job routed to a MIG slice on mig01, where slurmd runs its
 ``ray start --block`` so it really joins the head (Ray sees the slice as ``GPU: 1``).
 When the work is done the workers idle out and their jobs are cancelled, and a worker
-still queued in gpush (its tenant at quota) is cancelled once no demand wants it.
+still queued in gpush (its tenant at quota) is cancelled once no demand wants it. A Ray
+Serve deployment of one-GPU replicas gets its first replica's worker, and under load its
+second, the same way, and gives them back when it is deleted.
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from broker.client import GpushClient
 from broker.ray_workers import LABEL_CLUSTER, LABEL_NODE_IP
-from integration.ray.harness import GPUSH, GpushBroker, RayHead, cluster_yaml, wait_for
+from integration.ray.harness import GPUSH, GpushBroker, RayHead, cluster_yaml, free_port, wait_for
 
 TOKEN_ENV = "GPUSH_RAY_TOKEN"
 
@@ -221,3 +226,83 @@ def test_gpush_submit_ray_runs_a_ray_job_whose_gpus_come_through_gpush_and_follo
         timeout=120,
     )
     assert failed.returncode == 1 and "failed" in failed.stderr.lower()
+
+
+def test_a_ray_serve_deployment_gets_a_worker_per_gpu_replica_through_gpush_scales_on_load_and_gives_them_back(
+    ray_cluster, slurm
+):
+    rc = ray_cluster()
+    host, port = "127.0.0.2", free_port()  # Serve's one HTTP proxy, on the head (the head's address)
+    url = f"http://{host}:{port}/"
+
+    def run(*args: str, timeout: float) -> str:
+        driver = rc.head.run_driver("serve_app.py", *args)
+        try:
+            out, err = driver.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            out, err = driver.communicate()
+        assert driver.returncode == 0, f"serve_app.py {args} exited {driver.returncode}:\n{err[-3000:]}\n{rc.explain()}"
+        return out
+
+    # No worker yet: serve.run waits for min_replicas (1) replica of one GPU, which only a
+    # worker gpush starts can hold.
+    assert len(rc.head.alive_nodes()) == 1 and not rc.jobs()
+    assert "deployed" in run("deploy", host, str(port), timeout=120).splitlines()
+    (first,) = rc.jobs()
+    assert first.state.value == "running", rc.explain()
+    assert first.placement["sharing"] == "slurm/mig" and first.placement["mig_profile"] == "1g.5gb"
+    answer = httpx.get(url, timeout=30).json()
+    assert answer["node"] == first.spec["labels"][LABEL_NODE_IP], rc.explain()
+    assert len(answer["gpu_ids"]) == 1
+
+    # Load: four slow requests in flight at all times, against a target of one per replica.
+    # Serve asks for a second replica, which makes the autoscaler launch a second worker.
+    answers: list[dict] = []
+    stop = threading.Event()
+
+    def keep_asking() -> None:
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                answers.append(http.get(url, params={"sleep": 2}).json())
+
+    with ThreadPoolExecutor(4) as pool:
+        load = [pool.submit(keep_asking) for _ in range(4)]
+        try:
+            wait_for(
+                lambda: len({a["replica"] for a in answers}) == 2 or any(f.done() for f in load),
+                90,
+                lambda: f"a second replica serving:\n{rc.explain()}",
+                pause=0.5,
+            )
+        finally:
+            stop.set()
+        for f in load:
+            f.result()  # every request was answered
+    replicas = {a["replica"]: a["node"] for a in answers}
+    assert len(replicas) == 2, f"{replicas}\n{rc.explain()}"
+    jobs = rc.jobs()
+    assert len(jobs) == 2, rc.explain()  # one worker per replica, no more
+    assert {j.state.value for j in jobs} == {"running"}, rc.explain()
+    assert all(j.placement["sharing"] == "slurm/mig" for j in jobs)
+    # Each replica on a worker of its own, the two workers gpush started.
+    assert sorted(replicas.values()) == sorted(j.spec["labels"][LABEL_NODE_IP] for j in jobs), rc.explain()
+
+    # The load gone, Serve goes back to min_replicas (after downscale_delay_s); the worker of
+    # the replica it removed idles out and gpush cancels its Slurm job, the other serves on.
+    wait_for(
+        lambda: sorted(j.state.value for j in rc.jobs()) == ["cancelled", "running"],
+        60,
+        lambda: f"one worker to be given back:\n{rc.explain()}",
+        pause=1,
+    )
+    (kept,) = rc.jobs(states=["running"])
+    assert httpx.get(url, timeout=30).json()["node"] == kept.spec["labels"][LABEL_NODE_IP]
+
+    # Deleted: the last replica goes, its worker idles out and gpush cancels its Slurm job.
+    assert "shut down" in run("shutdown", timeout=60).splitlines()
+    wait_for(
+        lambda: not rc.jobs(states=["running", "submitted"]), 90, lambda: f"the workers to go:\n{rc.explain()}", pause=1
+    )
+    assert {j.state.value for j in rc.jobs()} == {"cancelled"}, rc.explain()
+    wait_for(lambda: len(rc.head.alive_nodes()) == 1, 30, "the workers to leave the Ray cluster", pause=1)

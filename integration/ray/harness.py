@@ -52,14 +52,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, pause: float = 0.2) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str], pause: float = 0.2) -> Any:
+    """The first true value of ``predicate``; ``what`` (or what it returns, on a timeout)
+    says what was awaited."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
         time.sleep(pause)
 
 
