@@ -256,27 +256,35 @@ def direct_pod(name: str) -> dict:
     }
 
 
-def bench_direct(api: Any, pods: int, threads: int, timeout: float, namespace: str = "bench-direct") -> dict:
+def timed_creates(api: Any, namespace: str, count: int, threads: int, timeout: float, create: Any) -> dict:
+    """``create(i)`` for i < ``count`` on ``threads`` threads in a new namespace; the seconds the
+    creates took and until ``count`` labelled Pods there were bound."""
     from kubernetes import client
 
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
     watch = BindWatch(api, namespace, f"{DIRECT_LABEL[0]}={DIRECT_LABEL[1]}")
-    watch.expect(pods)
+    watch.expect(count)
     begin = time.perf_counter()
-
-    def create(i: int) -> None:
-        # As a client that cares for speed would: no response model built.
-        core.create_namespaced_pod(namespace, direct_pod(f"direct-{i:05d}"), _preload_content=False)
-
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(create, range(pods)))
+        list(pool.map(create, range(count)))
     created = time.perf_counter() - begin
     try:
         total = watch.wait(timeout) - begin
     finally:
         watch.stop()
-    return {"pods": pods, "threads": threads, "create_s": created, "total_s": total, "pods_per_s": pods / total}
+    return {"threads": threads, "create_s": created, "total_s": total, "pods_per_s": count / total}
+
+
+def bench_direct(api: Any, pods: int, threads: int, timeout: float, namespace: str = "bench-direct") -> dict:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+
+    def create(i: int) -> None:
+        # As a client that cares for speed would: no response model built.
+        core.create_namespaced_pod(namespace, direct_pod(f"direct-{i:05d}"), _preload_content=False)
+
+    return {"pods": pods, **timed_creates(api, namespace, pods, threads, timeout, create)}
 
 
 def direct_job(name: str) -> dict:
@@ -297,22 +305,11 @@ def bench_direct_jobs(api: Any, jobs: int, threads: int, timeout: float, namespa
     from kubernetes import client
 
     batch = client.BatchV1Api(api)
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
-    watch = BindWatch(api, namespace, f"{DIRECT_LABEL[0]}={DIRECT_LABEL[1]}")
-    watch.expect(jobs)
-    begin = time.perf_counter()
 
     def create(i: int) -> None:
         batch.create_namespaced_job(namespace, direct_job(f"direct-{i:05d}"), _preload_content=False)
 
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(create, range(jobs)))
-    created = time.perf_counter() - begin
-    try:
-        total = watch.wait(timeout) - begin
-    finally:
-        watch.stop()
-    return {"jobs": jobs, "threads": threads, "create_s": created, "total_s": total, "pods_per_s": jobs / total}
+    return {"jobs": jobs, **timed_creates(api, namespace, jobs, threads, timeout, create)}
 
 
 # --- (b) the same Pods through gpush ---------------------------------------------------------------------
