@@ -18,12 +18,12 @@ import pytest
 from a2wsgi import ASGIMiddleware
 from sqlalchemy import Engine
 
-from broker import auth
-from broker.api import create_app
-from broker.client import GpushClient
-from broker.db import session_factory
-from broker.local import open_database
-from broker.schemas import Role
+from broker.api.app import create_app
+from broker.client.embedded import open_database
+from broker.client.sdk import GpushClient
+from broker.core import auth
+from broker.core.db import session_factory
+from broker.core.schemas import Role
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +142,7 @@ class Result:
 @pytest.fixture
 def gpush(capsys):
     """Run ``gpush ARGS...`` in this process (embedded broker); returns exit code, stdout, stderr."""
-    from broker.cli import main
+    from broker.cli.main import main
 
     def run(*args: Any) -> Result:
         capsys.readouterr()

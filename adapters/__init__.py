@@ -1,1 +1,1 @@
-"""Cluster adapters: one folder per backend, each implementing broker.adapter.ClusterAdapter."""
+"""Cluster adapters: one folder per backend, each implementing broker.core.adapter.ClusterAdapter."""

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from broker.errors import InvalidRequest
+from broker.core.errors import InvalidRequest
 
 Settings = TypeVar("Settings", bound=BaseModel)
 

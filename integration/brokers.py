@@ -8,10 +8,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from broker import queue
-from broker.auth import Principal
-from broker.models import Job
-from broker.schemas import JobSpec, Role
+from broker.core.auth import Principal
+from broker.core.models import Job
+from broker.core.schemas import JobSpec, Role
+from broker.intake import queue
 
 ADMIN = Principal(user="root", tenant="ops", role=Role.ADMIN)
 

@@ -25,15 +25,15 @@ import pytest
 from kubernetes import client, config
 from sqlalchemy import select
 
-from broker import policystore
-from broker.agent import collect
-from broker.auth import Principal
-from broker.clusters import AdapterPool, ClusterInfo, add_cluster, cluster_views, list_clusters
-from broker.gpus import gpu_model, mig_layout_problem
-from broker.models import Job
-from broker.nvml import RecordedLibrary
-from broker.scheduler import Scheduler
-from broker.schemas import Role
+from broker.core.auth import Principal
+from broker.core.gpus import gpu_model, mig_layout_problem
+from broker.core.models import Job
+from broker.core.schemas import Role
+from broker.nodeagent.agent import collect
+from broker.nodeagent.nvml import RecordedLibrary
+from broker.routing import versions as policystore
+from broker.scheduling.clusters import AdapterPool, ClusterInfo, add_cluster, cluster_views, list_clusters
+from broker.scheduling.cycle import Scheduler
 from integration.brokers import QueueAccess
 from integration.k8s import apiserver, simulator
 from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool, node_devices, node_manifest
@@ -391,7 +391,7 @@ def t4_report_matches_the_pool() -> dict[str, Any]:
 def test_a_time_slicing_config_the_device_plugin_has_not_picked_up_is_drift(broker: Broker, k8s: K8sCluster):
     add_k8s(broker, k8s)
     k8s.install_gpu_operator_api()
-    broker.agent("t4-0", t4_report_matches_the_pool())
+    broker.nodeagent.agent("t4-0", t4_report_matches_the_pool())
     applied = broker.run("k8s", "timeslice", "apply", K8S, "--replicas", "4")
     assert applied, applied
 

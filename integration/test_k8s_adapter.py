@@ -27,8 +27,8 @@ from kubernetes import client, config  # noqa: E402
 import adapters.k8s.adapter as k8s_adapter  # noqa: E402
 from adapters.k8s import KubernetesAdapter  # noqa: E402
 from adapters.k8s.states import OOM_REASON  # noqa: E402
-from broker.adapter import BackendJob, BackendState, Placement, Rejected, Sharing  # noqa: E402
-from broker.schemas import JobSpec  # noqa: E402
+from broker.core.adapter import BackendJob, BackendState, Placement, Rejected, Sharing  # noqa: E402
+from broker.core.schemas import JobSpec  # noqa: E402
 from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool  # noqa: E402
 
 T4 = GpuPool("t4", count=1, product="Tesla-T4", gpus_per_node=2, replicas=4, cpu="32", memory="128Gi")

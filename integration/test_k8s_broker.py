@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from broker import policystore, queue
-from broker.auth import Principal
-from broker.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
-from broker.scaling import scale_job
-from broker.scheduler import Scheduler
-from broker.schemas import Role
+from broker.core.auth import Principal
+from broker.core.schemas import Role
+from broker.intake import queue
+from broker.routing import versions as policystore
+from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
+from broker.scheduling.cycle import Scheduler
+from broker.scheduling.scaling import scale_job
 from integration.brokers import QueueAccess
 from integration.k8s import apiserver, simulator
 from integration.k8s.gpu_nodes import GpuPool

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tests.test_cli import *  # noqa: F401,F403
-from tests.test_routing_cli import *  # noqa: F401,F403
+from tests.cli.test_cli import *  # noqa: F401,F403
+from tests.routing.test_routing_cli import *  # noqa: F401,F403
 
 
 @pytest.fixture(autouse=True)

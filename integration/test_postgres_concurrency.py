@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import func, select
 
-from broker import queue
-from broker.auth import Principal
-from broker.errors import StateConflict
-from broker.models import Job, JobEvent
-from broker.schemas import JobSpec, Role
-from broker.states import JobState, set_state
+from broker.core.auth import Principal
+from broker.core.errors import StateConflict
+from broker.core.models import Job, JobEvent
+from broker.core.schemas import JobSpec, Role
+from broker.core.states import JobState, set_state
+from broker.intake import queue
 
 ALICE = Principal(user="alice", tenant="ml", role=Role.USER)
 SPEC = JobSpec(kind="training", gpus=1, command=["python", "train.py"])

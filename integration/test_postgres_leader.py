@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.leader import Leadership
+from broker.scheduling.leader import Leadership
 
 
 def test_one_leader_and_takeover_when_it_dies(engine):

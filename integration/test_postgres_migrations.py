@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.test_migrations import *  # noqa: F401,F403
+from tests.core.test_migrations import *  # noqa: F401,F403
 
 
 @pytest.fixture

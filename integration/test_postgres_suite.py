@@ -4,6 +4,6 @@ The tests are the same functions; integration/conftest.py swaps the database
 under them (a fresh clone of a migrated template per test).
 """
 
-from tests.test_api import *  # noqa: F401,F403
-from tests.test_scheduler import *  # noqa: F401,F403
-from tests.test_states import *  # noqa: F401,F403
+from tests.api.test_api import *  # noqa: F401,F403
+from tests.scheduling.test_cycle import *  # noqa: F401,F403
+from tests.core.test_states import *  # noqa: F401,F403

@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.client import GpushClient
-from broker.ray_workers import LABEL_CLUSTER, LABEL_NODE_IP
+from broker.client.sdk import GpushClient
+from broker.ray.workers import LABEL_CLUSTER, LABEL_NODE_IP
 from integration.ray.harness import GPUSH, GpushBroker, RayHead, cluster_yaml, free_port, wait_for
 
 TOKEN_ENV = "GPUSH_RAY_TOKEN"

@@ -8,8 +8,8 @@ the plain ``alembic`` command reads ``sqlalchemy.url`` from alembic.ini or
 from alembic import context
 from sqlalchemy import create_engine
 
-from broker.config import database_url
-from broker.models import Base
+from broker.core.config import database_url
+from broker.core.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -1,4 +1,4 @@
-"""The Kubernetes adapter: gpush's adapter protocol (broker.adapter) over a Kubernetes API.
+"""The Kubernetes adapter: gpush's adapter protocol (broker.core.adapter) over a Kubernetes API.
 
 It turns placements into Jobs and Deployments (adapters.k8s.render), follows them by
 watch (adapters.k8s.states says what each object state means), reads the node pool's
@@ -69,7 +69,7 @@ from adapters.k8s.timeslice import (
     render_timeslice,
 )
 from adapters.settings import key_value_pairs, load_settings
-from broker.adapter import (
+from broker.core.adapter import (
     AdapterError,
     BackendJob,
     BackendState,
@@ -80,8 +80,8 @@ from broker.adapter import (
     StatusPage,
     submit_each,
 )
-from broker.gpus import gpu_model
-from broker.schemas import JobSpec
+from broker.core.gpus import gpu_model
+from broker.core.schemas import JobSpec
 
 WATCHED = ("pods", "jobs", "deployments")
 _CURSOR_VERSION = 1

@@ -9,10 +9,10 @@ which cost more to build than the request itself and drop fields they do not kno
 What callers may assume:
 
 - **Typed failures.** A refusal that retrying will not fix raises a
-  :class:`broker.adapter.Rejected` with the API server's own message (422 Invalid,
+  :class:`broker.core.adapter.Rejected` with the API server's own message (422 Invalid,
   400 BadRequest, 403 Forbidden, 404 for a missing namespace); a server that does not
   answer, answers 5xx or 429, or refuses the credentials (401: a token that expired
-  may be renewed) raises :class:`broker.adapter.Unreachable`. Three answers have their
+  may be renewed) raises :class:`broker.core.adapter.Unreachable`. Three answers have their
   own types because callers act on them: :class:`NotFound` (404),
   :class:`AlreadyExists` (409 on create) and :class:`Gone` (410: a watch or a list
   continuation too old to resume).
@@ -24,7 +24,7 @@ What callers may assume:
   resourceVersion the server no longer has raises :class:`Gone`.
 - **Lazy configuration.** The kubeconfig is read on the first call, so a broker
   process starts whatever the state of the file; a missing file or context raises
-  :class:`broker.adapter.Unreachable` naming it.
+  :class:`broker.core.adapter.Unreachable` naming it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from urllib.parse import quote
 import urllib3
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from broker.adapter import Rejected, Unreachable
+from broker.core.adapter import Rejected, Unreachable
 
 # Where each kind the adapter touches lives in the REST API: (group path, plural, namespaced).
 RESOURCES: dict[str, tuple[str, str, bool]] = {

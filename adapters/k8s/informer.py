@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from adapters.k8s.client import Gone, KubeClient, WatchEvent
-from broker.adapter import AdapterError
+from broker.core.adapter import AdapterError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ What callers may assume of :func:`node_units`:
   broker counts its own jobs' memory per node).
 - **MIG** (the GPU Operator's mixed strategy): one k8s/mig record per
   ``nvidia.com/mig-<profile>`` resource, worth its compute share of the parent GPU
-  (broker.gpus). A node under the single strategy advertises its slices as
+  (broker.core.gpus). A node under the single strategy advertises its slices as
   ``nvidia.com/gpu``, which gpush cannot ask for by profile: its record is ``broken``.
 - **Whole GPUs**: nodes that do not share get one k8s/exclusive record. MPS nodes
   (``sharing-strategy=mps``) offer nothing to gpush.
@@ -48,8 +48,8 @@ from adapters.k8s.render import (
     MIG_RESOURCE_PREFIX,
     model_of_product,
 )
-from broker.adapter import CapacityUnit, Sharing
-from broker.gpus import MODELS, GpuModel, gpu_model
+from broker.core.adapter import CapacityUnit, Sharing
+from broker.core.gpus import MODELS, GpuModel, gpu_model
 
 _MIG_PRODUCT = re.compile(r"^(?P<parent>.+)-MIG-(?P<profile>\d+g\.\d+gb)$")
 _FINISHED = ("Succeeded", "Failed")

@@ -42,9 +42,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.adapter import Placement, Rejected, Sharing
-from broker.gpus import MODELS, gpu_model
-from broker.schemas import JobSpec, parse_memory_mib, parse_time_limit
+from broker.core.adapter import Placement, Rejected, Sharing
+from broker.core.gpus import MODELS, gpu_model
+from broker.core.schemas import JobSpec, parse_memory_mib, parse_time_limit
 
 DOMAIN = "gpush.io"
 LABEL_BROKER = f"{DOMAIN}/broker"  # the registration's tag: whose objects these are

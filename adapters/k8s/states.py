@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from broker.adapter import BackendJob, BackendState
+from broker.core.adapter import BackendJob, BackendState
 
 OOM_REASON = "OOMKilled: the job used more GPU or host memory than its limit"
 _WAITING = {

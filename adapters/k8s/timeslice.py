@@ -35,7 +35,7 @@ import yaml
 
 from adapters.k8s.client import AlreadyExists, KubeClient, NotFound
 from adapters.k8s.render import DEVICE_PLUGIN_CONFIG, GPU_RESOURCE
-from broker.adapter import Rejected
+from broker.core.adapter import Rejected
 
 CLUSTER_POLICY = ("nvidia.com", "v1", "clusterpolicies")
 DEFAULT_CONFIG = "gpu-operator/time-slicing-config"

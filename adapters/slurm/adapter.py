@@ -1,4 +1,4 @@
-"""The Slurm adapter: gpush's adapter protocol (broker.adapter) over a real Slurm.
+"""The Slurm adapter: gpush's adapter protocol (broker.core.adapter) over a real Slurm.
 
 It turns placements into typed GRES requests (adapters.slurm.render), follows gpush's
 jobs through squeue and, once they have left it, accounting or the job completion log
@@ -50,7 +50,7 @@ from adapters.settings import key_value_pairs, load_settings
 from adapters.slurm.client import SlurmClient, make_client
 from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode
 from adapters.slurm.render import job_id_of, render
-from broker.adapter import (
+from broker.core.adapter import (
     AdapterError,
     BackendJob,
     BackendState,
@@ -61,8 +61,8 @@ from broker.adapter import (
     StatusPage,
     submit_each,
 )
-from broker.gpus import MODELS, GpuModel, gpu_model
-from broker.schemas import JobSpec
+from broker.core.gpus import MODELS, GpuModel, gpu_model
+from broker.core.schemas import JobSpec
 
 MIG_TYPE = re.compile(r"^\d+g\.\d+gb$")
 _FINAL = FINAL_STATES

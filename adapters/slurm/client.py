@@ -6,9 +6,9 @@ Both backends answer the same five questions in version-independent records
 have left squeue. What callers may assume:
 
 - **Typed failures.** A refusal by Slurm that retrying will not fix (a GRES no node
-  has, an unknown partition or account) raises :class:`broker.adapter.Rejected` with
+  has, an unknown partition or account) raises :class:`broker.core.adapter.Rejected` with
   Slurm's own message; a controller or slurmrestd that does not answer raises
-  :class:`broker.adapter.Unreachable`. Calls are retried only where they are safe to
+  :class:`broker.core.adapter.Unreachable`. Calls are retried only where they are safe to
   repeat (reads, cancel), never a submission.
 - **Slurm's versions.** The REST backend asks the server which OpenAPI versions it
   serves and takes the newest it knows (:data:`REST_VERSIONS`: v0.0.38 in Slurm 22.05
@@ -40,7 +40,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from adapters.slurm.records import FinishedRecord, SlurmJob, SlurmNode, Submission, exit_code, states, timestamp
 from adapters.slurm.render import DEFAULT_PATH
-from broker.adapter import Rejected, Unreachable
+from broker.core.adapter import Rejected, Unreachable
 
 # Newest first: the REST backend takes the first the server offers.
 REST_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")

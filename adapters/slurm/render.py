@@ -32,8 +32,8 @@ import shlex
 from collections.abc import Mapping
 
 from adapters.slurm.records import Submission
-from broker.adapter import Placement, Rejected, Sharing
-from broker.schemas import JobSpec, parse_memory_mib, parse_time_limit
+from broker.core.adapter import Placement, Rejected, Sharing
+from broker.core.schemas import JobSpec, parse_memory_mib, parse_time_limit
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 

@@ -1,4 +1,4 @@
-"""Inventory reconciliation at fleet scale: ``broker.inventory.reconcile`` on 10,000 nodes.
+"""Inventory reconciliation at fleet scale: ``broker.inventory.reconcile.reconcile`` on 10,000 nodes.
 
 What it builds (not timed), from the adapters' own code so the units are the ones a
 real inventory read gives:
@@ -53,9 +53,9 @@ if str(ROOT) not in sys.path:
 from adapters.k8s.inventory import node_units  # noqa: E402
 from adapters.slurm.adapter import SlurmAdapter  # noqa: E402
 from adapters.slurm.records import SlurmJob, SlurmNode, parse_gres  # noqa: E402
-from broker.adapter import CapacityUnit  # noqa: E402
-from broker.inventory import ClusterInventory, mark_broken, reconcile  # noqa: E402
-from broker.nodereport import GpuReport, MigInstance, NodeReport  # noqa: E402
+from broker.core.adapter import CapacityUnit  # noqa: E402
+from broker.inventory.agent_report import GpuReport, MigInstance, NodeReport  # noqa: E402
+from broker.inventory.reconcile import ClusterInventory, mark_broken, reconcile  # noqa: E402
 
 NOW = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
 GPUS_PER_NODE = 8

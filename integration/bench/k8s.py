@@ -322,11 +322,11 @@ class Broker:
         self, url: str, kubeconfig: Path, threads: int, informers: bool = True, namespace: str = "bench-gpush"
     ):
         self.namespace = namespace
-        from broker import policystore
-        from broker.clusters import AdapterPool, add_cluster, cluster_views
-        from broker.db import session_factory
-        from broker.local import open_database
-        from broker.scheduler import Scheduler
+        from broker.client.embedded import open_database
+        from broker.core.db import session_factory
+        from broker.routing import versions as policystore
+        from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views
+        from broker.scheduling.cycle import Scheduler
 
         self.engine = open_database(url, auto_upgrade=True)
         self.sessions = session_factory(self.engine)
@@ -355,9 +355,9 @@ class Broker:
         self.engine.dispose()
 
     def submit(self, n: int) -> list[int]:
-        from broker import queue
-        from broker.auth import Principal
-        from broker.schemas import JobSpec, Role
+        from broker.core.auth import Principal
+        from broker.core.schemas import JobSpec, Role
+        from broker.intake import queue
 
         admin = Principal(user="root", tenant="bench", role=Role.ADMIN)
         spec = {"kind": "inference", "isolation": "none", "gpu_memory_gb": 2, "command": ["sleep", "infinity"]}
@@ -368,7 +368,7 @@ class Broker:
     def count(self, state: str) -> int:
         from sqlalchemy import func, select
 
-        from broker.models import Job
+        from broker.core.models import Job
 
         with self.sessions() as session:
             return session.execute(select(func.count()).select_from(Job).where(Job.state == state)).scalar_one()
@@ -394,7 +394,7 @@ def bench_gpush(api: Any, broker: Broker, pods: int, interval: float, timeout: f
                     f"errors: {errors[-3:]})"
                 )
             started = time.perf_counter()
-            report = broker.scheduler.run_cycle()
+            report = broker.scheduling.cycle.run_cycle()
             cycles.append(
                 {
                     "start_s": round(started - begin, 3),

@@ -8,7 +8,7 @@ GPU jobs only):
   the GPU pods in a random order, then pods drawn from them with replacement until
   the arrived GPU demand reaches 130% of capacity; nothing leaves, a pod that fits
   nowhere is dropped. Each arrival sequence is placed by gpush's fragmentation-aware
-  placement (``broker.fragmentation``, FGD), by best fit (``broker.capacity``'s rule
+  placement (``broker.placement.fragmentation``, FGD), by best fit (``broker.placement.capacity``'s rule
   on the same GPU-sharing nodes) and with whole GPUs (every pod one whole GPU per GPU
   it touches, best fit). Reported: GPU allocation (GPU demand placed over capacity)
   when the arrived demand reaches 100% of capacity, and when the first pod is
@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker import traces
-from broker.errors import InvalidRequest
-from broker.replay import InflationRun, inflation_experiment, replay_shared
+from broker.core.errors import InvalidRequest
+from broker.simulation import traces
+from broker.simulation.replay import InflationRun, inflation_experiment, replay_shared
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba-openb-2023"
 FIRST_SEED = 42  # the paper's artifact scripts use seeds 42..51

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from broker.ray_provider import GpushNodeProvider
+    from broker.ray.provider import GpushNodeProvider
 
     state = Path(tempfile.mkdtemp(prefix="gpush-slurm-raybench-"))
     os.chmod(state, 0o755)

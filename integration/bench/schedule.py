@@ -1,7 +1,7 @@
 """Scheduling-cycle throughput at scale, on PostgreSQL against a simulated fleet.
 
 What it measures, on a database of its own (created for the run, dropped at the end)
-with two simulated clusters (broker/simfleet.py) registered under the names the
+with two simulated clusters (broker/simulation/fleet.py) registered under the names the
 shipped policy routes to, ``slurm-a`` and ``k8s-a``, and ``policies/default.yaml``
 active:
 
@@ -39,7 +39,7 @@ the shipped policy routes to: Slurm nodes with A100s in MIG mode (1g.5gb, 2g.10g
 batch, over six tenants with fair-share weights and one quota, three priorities, and
 a few jobs no node can ever hold (held).
 
-Loaded jobs go through ``broker.queue.submit_jobs`` in batches (``COPY``), as a batch
+Loaded jobs go through ``broker.intake.queue.submit_jobs`` in batches (``COPY``), as a batch
 submission does, then ``VACUUM ANALYZE jobs``, which autovacuum does after any bulk load,
 and a ``CHECKPOINT``, so that no checkpoint of the load lands in the measured cycles.
 
@@ -211,7 +211,7 @@ class Workload:
         self._prio_w = [p[0] for p in PRIORITIES]
 
     def pick(self):
-        from broker.schemas import JobSpec
+        from broker.core.schemas import JobSpec
 
         rng = self.rng
         tenant = rng.choices(self._tenants, self._tenant_w)[0]
@@ -240,10 +240,10 @@ class Workload:
 
 def _load_worker(url: str, worker: int, workers: int, total: int, seed: int) -> None:
     """Child process: submit this worker's share of ``total`` jobs in batches."""
-    from broker.auth import Principal
-    from broker.db import make_engine, session_factory
-    from broker.queue import submit_jobs
-    from broker.schemas import Role
+    from broker.core.auth import Principal
+    from broker.core.db import make_engine, session_factory
+    from broker.core.schemas import Role
+    from broker.intake.queue import submit_jobs
 
     admin = Principal(user="bench", tenant="ops", role=Role.ADMIN)
     engine = make_engine(url, pool_size=1)
@@ -287,9 +287,10 @@ class FrozenClock:
 def setup_broker(url: str, fleet_file: Path):
     """Register the two simulated clusters (no state file: nothing persisted between
     calls), apply the shipped policy, set the tenants; returns (engine, AdapterPool)."""
-    from broker import policystore, tenants
-    from broker.clusters import AdapterPool, add_cluster, cluster_views
-    from broker.db import make_engine, session_factory
+    from broker.core.db import make_engine, session_factory
+    from broker.placement import tenants
+    from broker.routing import versions as policystore
+    from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views
 
     clock = FrozenClock()
     engine = make_engine(url)
@@ -322,7 +323,7 @@ def settle(conninfo: str) -> None:
 
 
 def states(engine) -> dict[str, int]:
-    from broker.models import Job
+    from broker.core.models import Job
 
     with engine.connect() as conn:
         return dict(conn.execute(select(Job.state, func.count()).group_by(Job.state)).all())
@@ -380,7 +381,7 @@ class Result:
 
 
 def fill(url: str, conninfo: str, args: argparse.Namespace, fleet_file: Path) -> tuple[list[Result], dict[str, Any]]:
-    from broker.scheduler import Scheduler
+    from broker.scheduling.cycle import Scheduler
 
     engine, pool, clock = setup_broker(url, fleet_file)
     console.print(f"  loading {args.jobs:,} queued jobs")
@@ -459,7 +460,7 @@ def _rate_row(scenario: str, cycles: list[Cycle], queued: int, args: argparse.Na
 
 
 def million(url: str, conninfo: str, args: argparse.Namespace, fleet_file: Path) -> tuple[list[Result], dict[str, Any]]:
-    from broker.scheduler import Scheduler
+    from broker.scheduling.cycle import Scheduler
 
     engine, pool, clock = setup_broker(url, fleet_file)
     console.print(f"  loading {args.million_jobs:,} queued jobs")

@@ -29,7 +29,7 @@ def scratch_database(pg_url: str, name: str, *, migrate: bool = False) -> Iterat
     url = scratch.render_as_string(hide_password=False)
     try:
         if migrate:
-            from broker.db import make_engine, upgrade
+            from broker.core.db import make_engine, upgrade
 
             engine = make_engine(url, pool_size=1)
             upgrade(engine)

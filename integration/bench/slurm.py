@@ -46,13 +46,14 @@ sys.path.insert(0, str(ROOT))
 
 from scratch import scratch_database  # noqa: E402
 
-from broker import policystore, queue  # noqa: E402
-from broker.auth import Principal  # noqa: E402
-from broker.clusters import AdapterPool, add_cluster, cluster_views  # noqa: E402
-from broker.db import make_engine, session_factory  # noqa: E402
-from broker.models import Job  # noqa: E402
-from broker.scheduler import Scheduler  # noqa: E402
-from broker.schemas import JobSpec, Role  # noqa: E402
+from broker.core.auth import Principal  # noqa: E402
+from broker.core.db import make_engine, session_factory  # noqa: E402
+from broker.core.models import Job  # noqa: E402
+from broker.core.schemas import JobSpec, Role  # noqa: E402
+from broker.intake import queue  # noqa: E402
+from broker.routing import versions as policystore  # noqa: E402
+from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views  # noqa: E402
+from broker.scheduling.cycle import Scheduler  # noqa: E402
 from integration.slurm.cluster import SlurmTestCluster, start  # noqa: E402
 
 ADMIN = Principal(user="root", tenant="bench", role=Role.ADMIN)
@@ -153,7 +154,7 @@ def bench_gpush(broker: Broker, jobs: int, interval: float) -> dict:
     cycles = 0
     while broker.count("succeeded") < jobs:
         started = time.perf_counter()
-        broker.scheduler.run_cycle()
+        broker.scheduling.cycle.run_cycle()
         cycles += 1
         # The leader's loop: a cycle, then the rest of the interval (gpush server's default is 1 s).
         time.sleep(max(0.0, interval - (time.perf_counter() - started)))
@@ -169,7 +170,7 @@ def bench_latency(broker: Broker, cluster: SlurmTestCluster, n: int, interval: f
 
     def loop() -> None:
         while not stop.is_set():
-            broker.scheduler.run_cycle()
+            broker.scheduling.cycle.run_cycle()
             stop.wait(interval)
 
     thread = threading.Thread(target=loop, daemon=True)

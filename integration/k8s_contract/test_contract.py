@@ -43,8 +43,8 @@ from kubernetes.client.rest import ApiException
 
 from adapters.k8s.client import AlreadyExists, Gone, KubeClient, NotFound
 from adapters.k8s.render import LABEL_BROKER, LABEL_JOB_ID, LABEL_TENANT, RenderOptions, render, selector
-from broker.adapter import Placement, Sharing
-from broker.schemas import JobSpec
+from broker.core.adapter import Placement, Sharing
+from broker.core.schemas import JobSpec
 from integration.k8s_contract.conftest import Kube
 
 TAG = "gcontract"

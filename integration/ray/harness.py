@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import yaml
 
-from broker.client import GpushClient
+from broker.client.sdk import GpushClient
 
 BIN = Path(sys.executable).parent
 GPUSH = str(BIN / "gpush")

@@ -1,6 +1,6 @@
 """Node reports: the newest report of each node's GPU agent.
 
-Why: the reconciled inventory (broker.inventory) compares what Slurm and Kubernetes
+Why: the reconciled inventory (broker.inventory.reconcile) compares what Slurm and Kubernetes
 say about a node's GPUs with what the GPUs themselves say through NVML; ``gpush
 agent`` posts that view every interval, and the broker keeps the newest one per node
 (a row per node, replaced), so every broker process and ``gpush inventory drift``

@@ -4,7 +4,7 @@
 
 Each machine below is a short description of real hardware in a real state; a small
 stand-in NVML (:class:`SpecLibrary`) answers the agent's calls from it as the real
-driver does (the same structures, the same errors), and broker.nvml.record writes
+driver does (the same structures, the same errors), and broker.nodeagent.nvml.record writes
 the answers down. Tests read only the JSON files; this script is how they were made
 and how to make another. A recording from a real GPU (integration/gpu/run_agent.py
 --record) replaces the stand-in altogether.
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import pynvml  # noqa: E402
 
-from broker.nvml import VALUE_NOT_AVAILABLE_UINT, dump_recording, record  # noqa: E402
+from broker.nodeagent.nvml import VALUE_NOT_AVAILABLE_UINT, dump_recording, record  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MIB = 1024 * 1024

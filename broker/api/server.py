@@ -1,0 +1,76 @@
+"""``gpush server``: the broker process: the REST API and, on the elected leader, the
+scheduling loop.
+
+Several server processes may share one PostgreSQL: the API keeps no state of its
+own, and leader election (broker.scheduling.leader) lets one of them schedule at a time. On
+SQLite (the embedded default) the schema is upgraded at start.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy import Engine
+
+from broker.api.app import create_app, utcnow
+from broker.client.embedded import open_database
+from broker.core.config import database_url
+from broker.scheduling.cycle import Scheduler
+from broker.scheduling.leader import run_scheduler_loop
+
+
+def attach_scheduler(app: FastAPI, engine: Engine, *, interval: float) -> None:
+    """Run the scheduling loop in a thread for the app's lifetime (it schedules only
+    while this process holds leadership)."""
+    stop = threading.Event()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        thread = threading.Thread(
+            target=run_scheduler_loop,
+            args=(engine, lambda: Scheduler(engine, app.state.adapters, clock=utcnow), stop),
+            kwargs={"interval": interval},
+            name="gpush-scheduler",
+            daemon=True,
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+
+    app.router.lifespan_context = lifespan
+
+
+def app_from_env() -> FastAPI:
+    """ASGI factory for uvicorn's worker processes; reads GPUSH_DATABASE_URL and
+    GPUSH_SCHEDULER (0 turns the scheduling loop off in this process)."""
+    engine = open_database(database_url())
+    app = create_app(engine)
+    if os.environ.get("GPUSH_SCHEDULER", "1") != "0":
+        attach_scheduler(app, engine, interval=float(os.environ.get("GPUSH_CYCLE_INTERVAL", "1")))
+    return app
+
+
+def serve(url: str, *, host: str, port: int, workers: int, log_level: str, scheduler: bool, interval: float) -> None:
+    # Open (and on SQLite upgrade) once here, so a bad URL or an old schema fails
+    # with a clear message before any worker starts.
+    open_database(url).dispose()
+    os.environ["GPUSH_DATABASE_URL"] = url
+    os.environ["GPUSH_SCHEDULER"] = "1" if scheduler else "0"
+    os.environ["GPUSH_CYCLE_INTERVAL"] = str(interval)
+    uvicorn.run(
+        "broker.api.server:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers if workers > 1 else None,
+        log_level=log_level,
+        access_log=log_level == "debug",
+    )

@@ -1,0 +1,10 @@
+"""The ``gpush`` command line: click commands (broker.cli.main) over logic free of click
+(broker.cli.commands), rendered for a terminal by broker.cli.console.
+
+``broker.cli:main`` is the console script's entry point (pyproject.toml), so ``main``
+is importable from here.
+"""
+
+from broker.cli.main import main
+
+__all__ = ["main"]

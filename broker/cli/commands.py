@@ -1,0 +1,596 @@
+"""What each ``gpush`` command does, free of the argument parser.
+
+Each function takes a client (or a database URL), plain arguments and an
+:class:`~broker.cli.console.Output`, and returns the exit code. ``broker.cli.main`` only
+parses arguments and calls these; tests and other front ends call them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from broker.cli import console
+from broker.cli.console import Output
+from broker.client.sdk import GpushClient
+from broker.core.errors import (
+    EXIT_ERROR,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    GpushError,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+)
+from broker.intake.jobfile import build_specs, load_documents
+
+ClientFactory = Callable[[], GpushClient]
+
+
+def submit(client: GpushClient, out: Output, *, file: str | None, file_text: str | None, fields: dict[str, Any]) -> int:
+    """Submit the job(s) of ``file`` (if any) with ``fields`` laid over them; print the ids."""
+    docs = load_documents(file_text, source=file or "-") if file_text is not None else None
+    specs = build_specs(docs, fields, source=file or "")
+    if len(specs) == 1:
+        job = client.submit(specs[0])
+        if out.json_mode:
+            out.json(job)
+        else:
+            out.line(str(job.id))
+        return EXIT_OK
+    result = client.submit_batch(specs)
+    if out.json_mode:
+        out.json(result)
+    else:
+        for item in result["jobs"]:
+            out.line(str(item["id"]))
+    return EXIT_OK
+
+
+def submit_ray_job(out: Output, address: str, command: list[str], *, submission_id: str | None = None) -> int:
+    """Run ``command`` as a Ray job on the Ray cluster at ``address`` and follow it to its end."""
+    import shlex
+
+    from broker.ray.jobs import run_ray_job
+
+    if not command:
+        raise InvalidRequest("gpush submit --ray needs the job's entrypoint after --, such as -- python app.py")
+    lines: list[str] = []
+    try:
+        status = run_ray_job(
+            address,
+            shlex.join(command),
+            submission_id=submission_id,
+            write=lines.append if out.json_mode else out.line,
+        )
+    except (RuntimeError, ConnectionError) as exc:  # Ray missing, or its job server unreachable
+        raise Unavailable(
+            f"{str(exc).rstrip('.')}: is the Ray head's dashboard at {address}? Check --ray / GPUSH_RAY_ADDRESS"
+        ) from None
+    if out.json_mode:
+        out.json({"status": status, "logs": "\n".join(lines)})
+    else:
+        out.note(f"Ray job {status.lower()}")
+    return EXIT_OK if status == "SUCCEEDED" else EXIT_ERROR
+
+
+def status(client: GpushClient, out: Output, job_id: int) -> int:
+    job = client.get(job_id)
+    if out.json_mode:
+        out.json(job)
+        return EXIT_OK
+    out.print(console.job_detail(job))
+    events = client.events(job_id)
+    if events:
+        out.line("")
+        out.print(console.events_table(events[-5:]))
+    return EXIT_OK
+
+
+def list_jobs(
+    client: GpushClient,
+    out: Output,
+    *,
+    states: list[str],
+    tenant: str | None,
+    user: str | None,
+    kind: str | None,
+    limit: int,
+    cursor: str | None,
+    all_pages: bool,
+    labels: dict[str, str] | None = None,
+) -> int:
+    filters = {"states": states, "tenant": tenant, "user": user, "kind": kind, "labels": labels}
+    if all_pages:
+        jobs = list(client.iter_jobs(limit=min(max(limit, 1), 1000), **filters))
+        next_cursor = None
+    else:
+        page = client.list(limit=limit, cursor=cursor, **filters)
+        jobs, next_cursor = page.jobs, page.next_cursor
+    if out.json_mode:
+        out.json({"jobs": jobs, "next_cursor": next_cursor})
+        return EXIT_OK
+    if not jobs:
+        out.note(
+            "no jobs match"
+            if any(v for v in filters.values())
+            else "no jobs yet: `gpush submit --help` shows how to add one"
+        )
+        return EXIT_OK
+    out.print(console.jobs_table(jobs))
+    if next_cursor:
+        out.note(f"more jobs: gpush list --cursor {next_cursor}  (or --all)")
+    return EXIT_OK
+
+
+def events(client: GpushClient, out: Output, job_id: int) -> int:
+    items = client.events(job_id)
+    if out.json_mode:
+        out.json(items)
+    else:
+        out.print(console.events_table(items))
+    return EXIT_OK
+
+
+def cancel(client: GpushClient, out: Output, job_ids: list[int]) -> int:
+    """Cancel every job given; go on past one that is missing and exit 3 at the end."""
+    results: list[dict[str, Any]] = []
+    code = EXIT_OK
+    for job_id in job_ids:
+        try:
+            result = client.cancel(job_id)
+        except NotFound as exc:
+            code = EXIT_NOT_FOUND
+            results.append({"id": job_id, "outcome": "not_found", "error": exc.message})
+            if not out.json_mode:
+                out.note(f"[red]error:[/] {exc.message}")
+            continue
+        job = result["job"]
+        results.append({"id": job_id, "outcome": result["outcome"], "state": job.state.value})
+        if not out.json_mode:
+            out.line(_cancel_message(job_id, result["outcome"], job.state.value))
+    if out.json_mode:
+        out.json(results)
+    return code
+
+
+def _cancel_message(job_id: int, outcome: str, state: str) -> str:
+    return {
+        "cancelled": f"job {job_id} cancelled",
+        "cancel_requested": (
+            f"job {job_id} is {state} on a cluster: cancel requested, it stops when the cluster confirms"
+        ),
+        "already_requested": f"job {job_id}: cancel already requested, waiting for the cluster",
+        "already_finished": f"job {job_id} had already ended ({state}); nothing to cancel",
+    }[outcome]
+
+
+def whoami(client: GpushClient, out: Output) -> int:
+    me = client.whoami()
+    if out.json_mode:
+        out.json(me)
+    else:
+        out.line(f"{me.user} (tenant {me.tenant}, role {me.role.value}) at {client.url}")
+    return EXIT_OK
+
+
+def token_create(
+    client: GpushClient, out: Output, *, user: str, tenant: str, role: str, description: str | None
+) -> int:
+    created = client.create_token(user=user, tenant=tenant, role=role, description=description)
+    if out.json_mode:
+        out.json(created)
+    else:
+        out.line(created.token)
+        out.note(
+            f"token {created.id} for {created.user} (tenant {created.tenant}, role {created.role.value}); "
+            "it is shown only now: give it to its user, who sets GPUSH_TOKEN"
+        )
+    return EXIT_OK
+
+
+def token_list(client: GpushClient, out: Output) -> int:
+    tokens = client.list_tokens()
+    if out.json_mode:
+        out.json(tokens)
+    else:
+        out.print(console.tokens_table(tokens))
+    return EXIT_OK
+
+
+def token_revoke(client: GpushClient, out: Output, token_ids: list[int]) -> int:
+    revoked = [client.revoke_token(token_id) for token_id in token_ids]
+    if out.json_mode:
+        out.json(revoked)
+    else:
+        for t in revoked:
+            out.line(f"token {t.id} ({t.user}, tenant {t.tenant}) revoked")
+    return EXIT_OK
+
+
+def db_upgrade(database_url: str, out: Output) -> int:
+    from broker.core.db import current_revision, head_revision, make_engine, upgrade
+
+    engine = make_engine(database_url)
+    before = current_revision(engine)
+    upgrade(engine)
+    after = current_revision(engine)
+    shown = engine.url.render_as_string(hide_password=True)
+    if out.json_mode:
+        out.json({"database": shown, "from": before, "to": after, "head": head_revision()})
+    elif before == after:
+        out.line(f"{shown}: already at {after} (head)")
+    else:
+        out.line(f"{shown}: upgraded from {before or 'empty'} to {after}")
+    return EXIT_OK
+
+
+def db_current(database_url: str, out: Output) -> int:
+    from sqlalchemy.engine import make_url
+
+    from broker.core.db import current_revision, head_revision, make_engine
+
+    parsed = make_url(database_url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
+        # Reading the version of a database that does not exist must not create it.
+        current, head, shown = None, head_revision(), database_url
+        if out.json_mode:
+            out.json({"database": shown, "current": None, "head": head, "up_to_date": False})
+        else:
+            out.line(f"{shown}: does not exist yet; the first gpush command creates it")
+        return EXIT_OK
+    engine = make_engine(database_url)
+    current, head = current_revision(engine), head_revision()
+    shown = engine.url.render_as_string(hide_password=True)
+    if out.json_mode:
+        out.json({"database": shown, "current": current, "head": head, "up_to_date": current == head})
+    else:
+        state = "up to date" if current == head else "behind: run `gpush db upgrade`"
+        out.line(f"{shown}: at {current or 'empty'}, head is {head} ({state})")
+    return EXIT_OK
+
+
+def cluster_add(
+    client: GpushClient, out: Output, *, name: str, kind: str, config: dict[str, Any], replace: bool
+) -> int:
+    summary = client.add_cluster(name, kind, config, replace=replace)
+    if out.json_mode:
+        out.json(summary)
+    else:
+        out.line(f"cluster {name} ({kind}) registered: {_capacity_line(summary)}")
+    return EXIT_OK
+
+
+def cluster_list(client: GpushClient, out: Output) -> int:
+    summaries = client.list_clusters()
+    if out.json_mode:
+        out.json(summaries)
+        return EXIT_OK
+    if not summaries:
+        out.note("no clusters: an admin adds one with `gpush cluster add NAME --kind sim|slurm|k8s ...`")
+        return EXIT_OK
+    out.print(console.clusters_table(summaries))
+    return EXIT_OK
+
+
+def _capacity_line(summary: dict[str, Any]) -> str:
+    health = summary["health"]
+    state = "healthy" if health["ok"] else f"UNHEALTHY ({health['detail']})"
+    return f"{state}, {summary['nodes']} nodes, {summary['gpu_free']:.1f} of {summary['gpu_total']:.1f} GPUs free"
+
+
+def tenant_set(client: GpushClient, out: Output, name: str, **fields: Any) -> int:
+    row = client.set_tenant(name, **fields)
+    if out.json_mode:
+        out.json(row)
+    else:
+        quota = "no quota" if row["gpu_quota"] is None else f"quota {row['gpu_quota']:g} GPU"
+        out.line(f"tenant {name}: weight {row['weight']:g}, {quota}")
+    return EXIT_OK
+
+
+def tenant_list(client: GpushClient, out: Output) -> int:
+    rows = client.list_tenants()
+    if out.json_mode:
+        out.json(rows)
+    else:
+        out.print(console.tenants_table(rows))
+    return EXIT_OK
+
+
+def policy_validate(client: GpushClient, out: Output, *, text: str, source: str) -> int:
+    report = client.validate_policy(text, source=source)
+    if out.json_mode:
+        out.json(report)
+    else:
+        out.line(report["describe"])
+    return EXIT_OK if report["ok"] else EXIT_USAGE
+
+
+def policy_apply(client: GpushClient, out: Output, *, text: str, source: str, comment: str, base: int | None) -> int:
+    if base is None:
+        # Apply on top of the version active now: if another admin applies between this
+        # read and our write, the broker refuses ours instead of silently replacing theirs.
+        try:
+            base = client.show_policy()["version"]
+        except NotFound:
+            base = None
+    result = client.apply_policy(text, comment=comment, base_version=base, source=source)
+    if out.json_mode:
+        out.json(result)
+    else:
+        out.line(f"policy version {result['version']} is active ({comment})")
+        for warning in result["warnings"]:
+            out.note(f"[yellow]warning:[/] {warning['message']}")
+    return EXIT_OK
+
+
+def policy_rollback(client: GpushClient, out: Output, *, version: int, comment: str) -> int:
+    result = client.rollback_policy(version, comment=comment)
+    if out.json_mode:
+        out.json(result)
+    else:
+        out.line(f"policy version {result['version']} is active: {result['comment']}")
+    return EXIT_OK
+
+
+def policy_show(client: GpushClient, out: Output, *, version: int | None) -> int:
+    shown = client.show_policy(version)
+    if out.json_mode:
+        out.json(shown)
+    else:
+        state = "active" if shown["active"] else "not active"
+        out.note(
+            f"# version {shown['version']} ({state}) by {shown['author']} at {shown['created_at']}: {shown['comment']}"
+        )
+        out.stdout.write(shown["text"] if shown["text"].endswith("\n") else shown["text"] + "\n")
+    return EXIT_OK
+
+
+def policy_history(client: GpushClient, out: Output) -> int:
+    rows = client.policy_history()
+    if out.json_mode:
+        out.json(rows)
+    elif not rows:
+        out.note("no policy applied yet: `gpush policy apply policies/default.yaml -m 'first policy'`")
+    else:
+        out.print(console.policy_history_table(rows))
+    return EXIT_OK
+
+
+def policy_diff(client: GpushClient, out: Output, a: int, b: int) -> int:
+    text = client.policy_diff(a, b)
+    if out.json_mode:
+        out.json({"a": a, "b": b, "diff": text})
+    else:
+        out.stdout.write(text)
+    return EXIT_OK
+
+
+def policy_explain(client: GpushClient, out: Output, *, job_id: int | None, spec: Any, version: int | None) -> int:
+    result = client.explain(job_id=job_id, spec=spec, version=version)
+    if out.json_mode:
+        out.json(result)
+        return EXIT_OK
+    out.line(f"policy version {result['policy_version']}")
+    out.line(result["explain"])
+    for step in result["placement"]:
+        if step["fits"]:
+            p = step["placement"]
+            where = f" on node {p['node']}" if p.get("node") else ""
+            profile = f" {p['mig_profile']}" if p.get("mig_profile") else ""
+            out.line(
+                f"placement: {step['route']}{profile}{where}: fits now ({p['gpu_equivalents']:.3g} GPU-equivalents)"
+            )
+        else:
+            out.line(f"placement: {step['route']}: {step['reason']}")
+    return EXIT_OK
+
+
+def scheduler_run(
+    database_url: str, out: Output, *, cycles: int | None, interval: float, metrics_port: int | None = None
+) -> int:
+    """Run cycles in this process while it leads; report each cycle that did something."""
+    import time
+
+    from broker.api.app import utcnow
+    from broker.client.embedded import open_database
+    from broker.core.errors import Conflict
+    from broker.scheduling.clusters import AdapterPool
+    from broker.scheduling.cycle import Scheduler
+    from broker.scheduling.leader import Leadership
+
+    engine = open_database(database_url)
+    leadership = Leadership(engine)
+    if not leadership.try_acquire():
+        raise Conflict("another broker process is the scheduler now: this one would only wait (stop it, or let it be)")
+    scheduler = Scheduler(engine, AdapterPool(utcnow), clock=utcnow)
+    if metrics_port is not None:
+        from broker.core.metrics import serve
+
+        serve(engine, metrics_port)
+        out.note(f"metrics on http://127.0.0.1:{metrics_port}/metrics")
+    done = 0
+    try:
+        while cycles is None or done < cycles:
+            if done:
+                time.sleep(interval)
+            if not leadership.still_held():
+                raise Conflict("lost scheduler leadership (the database connection broke)")
+            report = scheduler.run_cycle()
+            done += 1
+            if out.json_mode:
+                out.json({"cycle": done, **report.__dict__})
+            elif any((report.placed, report.held, report.synced, report.recovered, report.failed, report.errors)):
+                out.line(
+                    f"cycle {done}: placed {report.placed}, held {report.held}, waiting {report.waiting}, "
+                    f"status changes {report.synced}, recovered {report.recovered}, failed {report.failed}"
+                )
+                for error in report.errors:
+                    out.note(f"[yellow]warning:[/] {error}")
+    finally:
+        leadership.release()
+    return EXIT_OK
+
+
+def simulate(
+    out: Output,
+    *,
+    fleet: str | None,
+    workload: str | None,
+    trace: str | None,
+    policy: str | None,
+    compare: str | None,
+    report: str,
+    seed: int,
+    placement: str,
+) -> int:
+    """Replay a workload or a trace in virtual time and write the report (no broker needed)."""
+    from broker.simulation.replay import run_simulation, summary_lines
+
+    result = run_simulation(fleet, workload, trace, policy, compare, report, seed, placement=placement)
+    if out.json_mode:
+        out.json(result)
+        return EXIT_OK
+    for line in summary_lines(result):
+        out.line(line)
+    out.line(f"report: {Path(report) / 'report.md'} (with results.json and PNG plots)")
+    return EXIT_OK
+
+
+def read_job_file(path: str, stdin_text: Callable[[], str]) -> str:
+    if path == "-":
+        return stdin_text()
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise InvalidRequest(f"job file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"cannot read job file {path}: {exc}") from None
+
+
+__all__ = ["GpushError"]
+
+
+# -- inventory, drift, gres.conf, MIG plan -------------------------------------------------
+
+SEVERITIES = ("critical", "warning", "info")
+
+
+def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bool) -> int:
+    """The reconciled inventory: per cluster and sharing mode, then per node (and GPU)."""
+    view = client.inventory(cluster)
+    if out.json_mode:
+        out.json(view)
+        return EXIT_OK
+    if not view["clusters"] and not view.get("unscheduled"):
+        out.note("no clusters and no agent reports: add a cluster (gpush cluster add) or run `gpush agent` on a node")
+        return EXIT_OK
+    out.print(console.inventory_clusters_table(view))
+    out.line("")
+    out.print(console.inventory_nodes_table(view, gpus=gpus))
+    counts = view.get("findings_by_severity", {})
+    if any(counts.values()):
+        summary = ", ".join(f"{counts[s]} {s}" for s in SEVERITIES if counts.get(s))
+        out.note(f"drift: {summary}; `gpush inventory drift` says what is wrong and how to fix it")
+    return EXIT_OK
+
+
+def drift(client: GpushClient, out: Output, *, cluster: str | None, severity: str, fail_on: str | None) -> int:
+    """Drift findings at ``severity`` or worse, worst first. With ``fail_on``, exit 1 when
+    a finding of that severity or worse exists (for monitoring scripts)."""
+    keep = SEVERITIES[: SEVERITIES.index(severity) + 1]
+    findings = [f for f in client.drift(cluster) if f["severity"] in keep]
+    if out.json_mode:
+        out.json(findings)
+    elif not findings:
+        out.note("no drift: the clusters and the GPUs agree" + ("" if severity == "info" else f" (at {severity})"))
+    else:
+        for i, finding in enumerate(findings):
+            if i:
+                out.line("")
+            out.print(console.finding_text(finding))
+    if fail_on is not None:
+        worst = SEVERITIES[: SEVERITIES.index(fail_on) + 1]
+        if any(f["severity"] in worst for f in findings):
+            return EXIT_ERROR
+    return EXIT_OK
+
+
+def gres_conf(client: GpushClient, out: Output, *, node: str, style: str) -> int:
+    """The gres.conf block and slurm.conf Gres= field matching what the node's agent sees."""
+    conf = client.gres_conf(node, style)
+    if out.json_mode:
+        out.json(conf)
+        return EXIT_OK
+    out.line(f"# gres.conf for {node}, from what its agent sees (gpush slurm gres-conf {node})")
+    out.line(conf["text"].rstrip("\n"))
+    out.line("")
+    out.line(f"# slurm.conf: on the NodeName={node} line")
+    out.line(f"Gres={conf['gres']}")
+    out.note("then on the head node: scontrol reconfigure (or restart slurmd on the node if its GRES count changed)")
+    return EXIT_OK
+
+
+def mig_plan(
+    client: GpushClient, out: Output, *, cluster: str | None, repartition_busy: bool, enable_mig: bool, show: str
+) -> int:
+    """MIG layouts per GPU for the waiting MIG work: the summary, mig-parted config, gres.conf."""
+    plan = client.mig_plan(cluster, repartition_busy=repartition_busy, enable_mig=enable_mig)
+    if out.json_mode:
+        out.json(plan)
+        return EXIT_OK
+    if not plan["nodes"]:
+        where = f"cluster {cluster}" if cluster else "any node"
+        out.note(f"no agent reports GPUs of {where}: run `gpush agent` on the GPU nodes, then plan again")
+        return EXIT_NOT_FOUND
+    if show in ("all", "summary"):
+        for line in plan["summary"]:
+            out.line(line)
+        if plan["missing_agents"]:
+            out.note(f"not planned (no agent reports them): {', '.join(plan['missing_agents'])}")
+    if show in ("all", "mig-parted"):
+        if show == "all":
+            out.line("")
+        out.line(plan["mig_parted"].rstrip("\n"))
+    if show in ("all", "gres"):
+        changed = {g["node"] for g in plan["gpus"] if g["action"] != "keep"}
+        for node, text in plan["gres_conf"].items():
+            if text and node in changed:
+                out.line("")
+                out.line(f"# gres.conf for {node} after the plan")
+                out.line(text.rstrip("\n"))
+    return EXIT_OK
+
+
+def agent(settings: Any, out: Output, *, node: str | None, interval: float, once: bool, recording: str | None) -> int:
+    """``gpush agent``: report this node's GPUs to the broker until stopped (or once).
+
+    With ``--url`` it posts to that broker with ``--token`` (an agent token); without, into
+    the embedded broker's database (a one-machine setup, the demo, tests)."""
+    import socket
+
+    from broker.client.sdk import EMBEDDED_URL
+    from broker.nodeagent.agent import run_agent
+    from broker.nodeagent.nvml import RecordedLibrary
+
+    node = node or socket.gethostname().split(".")[0]
+    library = RecordedLibrary(Path(recording)) if recording else None
+    if settings.url:
+        if not settings.token:
+            raise InvalidRequest(
+                "gpush agent needs a token to report to the broker: an admin creates one with "
+                "`gpush admin token create --role agent --user <node> --tenant agents`; set it as GPUSH_TOKEN"
+            )
+        delivered = run_agent(settings.url, settings.token, node, interval, library, once)
+    else:
+        client = settings.client()
+        delivered = run_agent(EMBEDDED_URL, client.token, node, interval, library, once, client=client.http)
+    if once:
+        if not delivered:
+            out.note(f"node {node}: the broker did not take the report (see the messages above)")
+            return EXIT_ERROR
+        out.note(f"node {node}: report taken by the broker")
+    return EXIT_OK

@@ -1,0 +1,105 @@
+"""The embedded default: open the database, upgrade SQLite, keep a local admin token.
+
+With no ``--url``, the CLI runs the broker's API in its own process on the local
+database, so a first look needs no server and no configuration. On first use it
+creates an admin token and keeps it in the user's config directory, readable by
+the user alone (mode 0600).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from broker.core import auth
+from broker.core.config import config_dir
+from broker.core.db import (
+    check_schema,
+    current_revision,
+    head_revision,
+    is_sqlite,
+    make_engine,
+    session_factory,
+    upgrade,
+)
+from broker.core.errors import Unauthenticated
+from broker.core.schemas import Role
+
+LOCAL_TENANT = "default"
+
+
+def open_database(url: str, *, auto_upgrade: bool | None = None) -> Engine:
+    """An engine on ``url`` whose schema is at head.
+
+    SQLite (embedded, one user) is upgraded on open; a shared PostgreSQL is upgraded
+    only by ``gpush db upgrade``, an admin's deliberate step, unless asked.
+    """
+    engine = make_engine(url)
+    if auto_upgrade if auto_upgrade is not None else is_sqlite(engine):
+        if current_revision(engine) != head_revision():
+            upgrade(engine)
+    else:
+        check_schema(engine)
+    return engine
+
+
+def credentials_path() -> Path:
+    return config_dir() / "credentials.json"
+
+
+def _database_key(engine: Engine) -> str:
+    return hashlib.sha256(engine.url.render_as_string(hide_password=True).encode()).hexdigest()[:16]
+
+
+def _read_credentials() -> dict[str, dict[str, str]]:
+    try:
+        return json.loads(credentials_path().read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_credentials(data: dict[str, dict[str, str]]) -> None:
+    path = credentials_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def local_admin_token(engine: Engine) -> str:
+    """The local admin token for this database, created on first use."""
+    key = _database_key(engine)
+    creds = _read_credentials()
+    sessions = session_factory(engine)
+    stored = creds.get(key, {}).get("token")
+    if stored:
+        with sessions() as session:
+            try:
+                auth.authenticate(session, stored)
+                return stored
+            except Unauthenticated:
+                pass  # the database was reset or the token revoked: make a new one
+    with sessions() as session, session.begin():
+        from broker.api.app import utcnow
+
+        _row, secret = auth.create_token(
+            session,
+            user=getpass.getuser(),
+            tenant=LOCAL_TENANT,
+            role=Role.ADMIN,
+            description="local admin, created on first start of the embedded broker",
+            now=utcnow(),
+        )
+    creds[key] = {"token": secret, "database": engine.url.render_as_string(hide_password=True)}
+    _write_credentials(creds)
+    return secret

@@ -1,0 +1,263 @@
+"""The adapter protocol: the one boundary between the broker and a cluster.
+
+Every cluster kind (the simulated fleet, Slurm, Kubernetes) implements
+:class:`ClusterAdapter`. The broker imports adapters only through
+:func:`adapter_class`, which maps a cluster's ``kind`` to its class.
+
+What callers may assume of every adapter:
+
+- **Idempotent by gpush job id.** ``submit(job, placement)`` twice for the same job
+  id creates one backend job and returns the same backend id. Every backend job
+  carries the gpush job id (a label, a name, a comment), so ``find(job_id)`` answers
+  after a broker crash, and the broker never submits a job twice.
+- **Asynchronous and eventually consistent.** ``submit`` returns once the cluster has
+  accepted the job, not when it runs. ``statuses`` and ``inventory`` are the
+  cluster's view at the time of the call and may lag the broker's own decisions.
+- **Typed failures.** :class:`Rejected` means the cluster refused this job for a
+  reason retrying will not fix (the job fails); :class:`Unreachable` means the call
+  may be retried later (the job goes back to the queue, or the cycle skips the
+  cluster). Anything else is a bug.
+- **No user work in the broker.** Adapters talk to a cluster; they never run jobs.
+- **Optional batching.** An adapter may also offer ``submit_many(items)``, items being
+  ``(job_id, spec, placement)``, returning per item the backend id or the
+  :class:`AdapterError` it met, with ``submit``'s guarantees for each; the scheduler
+  uses it when present, so a cluster that serves submissions in parallel (Slurm) gets
+  a cycle's jobs at once rather than one after another.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from broker.core.schemas import JobSpec
+
+
+class Sharing(StrEnum):
+    """How a job shares a GPU on a cluster: the ``sharing`` of a routing rule."""
+
+    SLURM_EXCLUSIVE = "slurm/exclusive"  # whole GPUs as typed GRES
+    SLURM_MIG = "slurm/mig"  # a MIG instance as typed GRES (gpu:1g.5gb)
+    SLURM_MPS = "slurm/mps"  # a share of an MPS GPU (gres/mps)
+    K8S_TIMESLICE = "k8s/timeslice"  # a time-slicing replica of nvidia.com/gpu
+    K8S_MIG = "k8s/mig"  # nvidia.com/mig-<profile> under the mixed strategy
+    K8S_EXCLUSIVE = "k8s/exclusive"  # whole nvidia.com/gpu on a node without time-slicing
+
+    @property
+    def flavor(self) -> str:
+        """The cluster kind that offers this mode: ``slurm`` or ``k8s``."""
+        return self.value.split("/", 1)[0]
+
+    @property
+    def isolation(self) -> str:
+        """The isolation class this mode gives (broker.core.schemas.Isolation values)."""
+        return {
+            "exclusive": "exclusive",
+            "mig": "hardware",
+            "mps": "process",
+            "timeslice": "none",
+        }[self.value.split("/", 1)[1]]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the broker decided a job runs. ``units`` is per replica: whole GPUs,
+    MIG instances, time-slice replicas, or MPS shares (percent of one GPU).
+
+    ``gpus``: device indexes on ``node`` the broker chose, when it chose them. For MPS
+    shares and time-slice replicas there is one index per replica (a replica's units
+    all live on one physical GPU; two replicas may name the same GPU); a cluster that
+    honours them runs each replica on its GPU, or keeps the job waiting until that GPU
+    has room. Empty: the cluster picks the devices (always so for whole GPUs and MIG
+    instances, whose devices the broker does not track, and for replicas spread over
+    several nodes). Placements stored before this field existed load with it empty.
+    """
+
+    cluster: str
+    sharing: Sharing
+    units: int
+    gpu_equivalents: float  # physical GPU-equivalents the whole job holds
+    node: str | None = None  # the node the broker fitted it on (clusters may choose another)
+    mig_profile: str | None = None
+    gpu_model: str | None = None
+    gpu_memory_gb: float | None = None  # the job's memory limit per unit (time-slicing, MPS)
+    replicas: int = 1
+    partition: str | None = None
+    gpus: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: (v.value if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
+        out["gpus"] = list(self.gpus)  # JSON has no tuples; from_dict turns it back
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Placement:
+        # A stored placement is JSON: ``gpus`` comes back as a list (a tuple keeps the
+        # placement hashable) or, from before the field existed, not at all.
+        return cls(**{**data, "sharing": Sharing(data["sharing"]), "gpus": tuple(data.get("gpus") or ())})
+
+
+class BackendState(StrEnum):
+    PENDING = "pending"  # accepted, waiting in the cluster
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    # The cluster no longer has the job and it never started there (a controller that
+    # crashed before saving it): the broker puts it back in the queue.
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class BackendJob:
+    """A cluster's view of one gpush job."""
+
+    job_id: int
+    backend_id: str
+    state: BackendState
+    reason: str | None = None  # in the user's terms: "waiting for a 1g.5gb slice: all 7 busy"
+    node: str | None = None
+    exit_code: int | None = None
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class StatusPage:
+    """Status changes since a cursor; pass ``cursor`` back to get only newer ones."""
+
+    jobs: list[BackendJob]
+    cursor: str | None
+
+
+@dataclass(frozen=True)
+class CapacityUnit:
+    """One kind of schedulable GPU unit on one node, as a cluster reports it.
+
+    For whole GPUs and MIG instances a unit is one device; for time-slicing it is one
+    replica (``gpu_equivalent`` = 1/replicas); for MPS it is one percent of a GPU
+    (``capacity`` = 100 per GPU, ``gpu_equivalent`` = 0.01).
+
+    What an adapter should report:
+
+    - **Whole GPUs and MIG instances:** one record per node and kind (model, MIG
+      profile), ``capacity`` counting the devices, ``gpus`` listing the GPUs they are on.
+    - **Time-slice replicas and MPS shares:** one record *per physical GPU* when the
+      cluster can say which GPU holds what: ``gpus=(index,)``, ``capacity`` the GPU's
+      replicas (or 100 for MPS), ``allocated`` what is taken on that GPU, and for
+      time-slicing ``memory_allocated_gb``, the GPU memory its jobs asked for. A replica
+      or a share lives on one GPU, so only per-GPU counts tell whether a job fits, and
+      the broker then fits each job on a GPU (fragmentation-aware) and names it in
+      ``Placement.gpus``. A cluster that knows only per-node counts (a device plugin
+      that does not say which GPU a replica is on) reports one record per node with
+      ``capacity`` over all its GPUs and ``gpus`` listing them; the broker then fits by
+      node, as the cluster itself will.
+    """
+
+    cluster: str
+    node: str
+    sharing: Sharing
+    gpu_model: str
+    unit_memory_gb: float  # memory one unit may use (a slice's memory; a whole GPU's)
+    capacity: int
+    allocated: int
+    gpu_equivalent: float  # physical GPU-equivalents of one unit
+    mig_profile: str | None = None
+    gpus: tuple[int, ...] = ()  # device indexes on the node this unit lives on
+    gpu_memory_gb: float | None = None  # memory of the physical GPU (time-slicing guard)
+    # GPU memory the jobs on this unit's GPU(s) asked for, when the cluster knows it
+    # (time-slicing guard); None: the broker counts its own jobs' memory per node.
+    memory_allocated_gb: float | None = None
+    in_mig_mode: bool = False
+    broken: str | None = None  # why nothing may be placed here (a drift finding), or None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        return max(self.capacity - self.allocated, 0)
+
+
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    detail: str
+    version: str | None = None
+
+
+class AdapterError(Exception):
+    """Base of the errors an adapter raises on purpose."""
+
+
+class Rejected(AdapterError):
+    """The cluster refused the job for a reason that retrying will not fix."""
+
+
+class Unreachable(AdapterError):
+    """The cluster did not answer; the call may be retried later."""
+
+
+@runtime_checkable
+class ClusterAdapter(Protocol):
+    """What every cluster kind implements (see the module docstring for guarantees)."""
+
+    name: str
+
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+        """Hand the job to the cluster; returns the backend id. Idempotent by ``job_id``."""
+
+    def cancel(self, job_id: int) -> None:
+        """Stop the job if the cluster has it; no error if it does not."""
+
+    def find(self, job_id: int) -> BackendJob | None:
+        """The cluster's job tagged with this gpush id, finished ones included, or None."""
+
+    def statuses(self, cursor: str | None = None) -> StatusPage:
+        """Jobs whose state changed since ``cursor`` (all known jobs when None)."""
+
+    def inventory(self) -> list[CapacityUnit]:
+        """What the cluster offers now, per node and unit kind."""
+
+    def health(self) -> Health:
+        """Whether the cluster answers, and its version."""
+
+
+def submit_each(
+    adapter: ClusterAdapter, items: Sequence[tuple[int, JobSpec, Placement]], *, threads: int = 1
+) -> list[str | AdapterError]:
+    """``adapter.submit`` for each ``(job_id, spec, placement)`` on up to ``threads`` threads:
+    per item the backend id or the :class:`AdapterError` it raised, in order. What the
+    scheduler does for an adapter without ``submit_many``, and what adapters that have
+    one run after their own preparation."""
+
+    def one(item: tuple[int, JobSpec, Placement]) -> str | AdapterError:
+        try:
+            return adapter.submit(*item)
+        except AdapterError as exc:
+            return exc
+
+    if min(threads, len(items)) <= 1:
+        return [one(item) for item in items]
+    with ThreadPoolExecutor(min(threads, len(items))) as pool:
+        return list(pool.map(one, items))
+
+
+# The one place the broker names adapter modules: kind -> "module:Class".
+ADAPTERS: dict[str, str] = {
+    "sim": "broker.simulation.fleet:SimulatedCluster",
+    "slurm": "adapters.slurm:SlurmAdapter",
+    "k8s": "adapters.k8s:KubernetesAdapter",
+}
+
+
+def adapter_class(kind: str) -> type:
+    """The adapter class for a cluster kind, imported on first use (SDKs stay optional)."""
+    try:
+        target = ADAPTERS[kind]
+    except KeyError:
+        raise ValueError(f"unknown cluster kind {kind!r}: use one of {', '.join(ADAPTERS)}") from None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,232 @@
+"""SQLAlchemy ORM models: the tables of the global queue.
+
+Schemas that cross the API live in ``broker.core.schemas``; these classes are storage.
+Every schema change is an Alembic revision in ``migrations/versions`` and a test
+proves that ``upgrade head`` equals this metadata on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    types,
+)
+from sqlalchemy import text as sql_text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Big integer keys on PostgreSQL (a queue may see billions of events); SQLite's
+# INTEGER PRIMARY KEY is already 64-bit and is the only type it autoincrements.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+Document = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UTCDateTime(types.TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Job(Base):
+    """One GPU job of the global queue: what the user asked for and where it stands."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str | None] = mapped_column(String(128))
+    tenant: Mapped[str] = mapped_column(String(64))
+    user: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    isolation: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16))
+    state_reason: Mapped[str | None] = mapped_column(Text)
+    # The validated, normalised job spec (broker.core.schemas.JobSpec) as submitted.
+    spec: Mapped[dict[str, Any]] = mapped_column(Document)
+    # sha256 of the canonical spec, to tell an idempotent retry from a reused key.
+    spec_hash: Mapped[str] = mapped_column(String(64))
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))
+    # Set when a user cancels a job the cluster already has; the adapter acts on it.
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Where the scheduler placed it (broker.core.adapter.Placement as a dict) and what the
+    # cluster calls it; gpu_equivalents is what it counts in its tenant's ledger.
+    cluster: Mapped[str | None] = mapped_column(String(64))
+    placement: Mapped[dict[str, Any] | None] = mapped_column(Document)
+    backend_id: Mapped[str | None] = mapped_column(String(128))
+    gpu_equivalents: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        # The scheduler claims queued jobs by priority then age.
+        Index("ix_jobs_state_priority_created", "state", "priority", "created_at"),
+        # A tenant's view of its queue, and fair-share counting per tenant.
+        Index("ix_jobs_tenant_state", "tenant", "state"),
+        Index("ix_jobs_tenant_id", "tenant", "id"),
+        Index("ix_jobs_user_id", "user", "id"),
+        # Status sync and capacity: a cluster's jobs by state.
+        Index("ix_jobs_cluster_state", "cluster", "state"),
+        # The claim: a tenant's queued jobs of one priority, oldest first (migration 0003).
+        Index(
+            "ix_jobs_queued_claim",
+            "tenant",
+            "priority",
+            "created_at",
+            "id",
+            postgresql_where=sql_text("state = 'queued'"),
+            sqlite_where=sql_text("state = 'queued'"),
+        ),
+        # Cancel requests for jobs a cluster still runs: the few rows that have one.
+        Index(
+            "ix_jobs_cancel_requested",
+            "id",
+            postgresql_where=sql_text("cancel_requested_at IS NOT NULL"),
+            sqlite_where=sql_text("cancel_requested_at IS NOT NULL"),
+        ),
+        # Idempotent submission: one job per key within a tenant.
+        UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
+    )
+
+
+class JobEvent(Base):
+    """One entry of a job's history: a state change, or an intent such as a cancel request."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(BigId, ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # "transition" for a state change, "cancel_requested" for a recorded intent.
+    type: Mapped[str] = mapped_column(String(32))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    actor: Mapped[str | None] = mapped_column(String(128))
+
+
+class ApiToken(Base):
+    """An API token: only its sha256 is stored; the secret is shown once, at creation."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # The first characters of the token, so an admin can tell tokens apart.
+    prefix: Mapped[str] = mapped_column(String(16))
+    user: Mapped[str] = mapped_column(String(64))
+    tenant: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    description: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Cluster(Base):
+    """A cluster an admin registered: its kind picks the adapter, its config feeds it."""
+
+    __tablename__ = "clusters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    config: Mapped[dict[str, Any]] = mapped_column(Document)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Where the status sync left off (the adapter's StatusPage cursor).
+    status_cursor: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class PolicyVersion(Base):
+    """One immutable version of the routing policy, as its author wrote it."""
+
+    __tablename__ = "policy_versions"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    text: Mapped[str] = mapped_column(Text)
+    author: Mapped[str] = mapped_column(String(64))
+    comment: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ActivePolicy(Base):
+    """The one active policy version (a single row, id 1), changed by compare-and-set."""
+
+    __tablename__ = "active_policy"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(Integer, ForeignKey("policy_versions.version"))
+    activated_by: Mapped[str] = mapped_column(String(64))
+    activated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Tenant(Base):
+    """A tenant's fair-share weight and GPU quota, in physical GPU-equivalents."""
+
+    __tablename__ = "tenants"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    gpu_quota: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class NodeReport(Base):
+    """The newest report of each node's agent (broker.inventory.agent_report): what NVML saw there.
+
+    One row per node, replaced by each report; broker.inventory.reconcile merges them with what
+    the clusters say. ``reported_by`` is the agent token's user, for the audit trail.
+    Agents report every half minute with mostly the same facts; ``changed_at`` moves only
+    when the facts do (see broker.inventory.report_store.facts_of)."""
+
+    __tablename__ = "node_reports"
+
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    report: Mapped[dict[str, Any]] = mapped_column(Document)
+    collected_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # When what the report says of the GPUs last changed (not its time or process list):
+    # the scheduler reconciles again when this moves, not on every report.
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    reported_by: Mapped[str] = mapped_column(String(64))

@@ -1,0 +1,1 @@
+"""Job intake: submitting to the global queue, the job store, job files."""

@@ -1,0 +1,3 @@
+"""What a job sees: its environment (one owner, both renderers call it), and the helpers
+that run inside it.
+"""

@@ -1,0 +1,1110 @@
+"""Free GPU capacity as the scheduler sees it, and fitting a job onto it.
+
+This module owns :class:`CapacityView`: built once per scheduling cycle from each
+cluster's inventory (what it reports allocated) and the broker's own placements the
+cluster has not started yet, then changed by every fit the cycle makes. A job's units
+are taken whole or not at all. What callers may assume:
+
+- **Route filters.** ``fit(..., gpu_model=)`` considers only units of that model;
+  names compare by gpush's canonical model name (:func:`broker.core.gpus.gpu_model`, so
+  aliases match), names gpush does not know by exact string. :meth:`CapacityView.take`
+  and :meth:`CapacityView.give_back` charge and refund the unit a placement names (its
+  node, model, MIG profile and, for MPS and time-slicing, its GPU) or nothing: never
+  another unit that happens to have room.
+- **Whole GPUs and MIG instances: best fit.** Of the nodes where the job fits now,
+  the one it leaves with the least free room, so large free blocks stay whole for
+  large jobs.
+- **MPS shares and time-slice replicas: per physical GPU, fragmentation-aware.** A
+  share or a replica lives on one GPU, so an inventory that reports these modes per
+  GPU (``CapacityUnit.gpus`` of one index) is fitted per GPU, and the placement names
+  the GPU (``Placement.gpus``). Among the GPUs where the job fits, the choice is
+  FGD's (:func:`broker.placement.fragmentation.choose`, after Weng et al., ATC '23): the GPU
+  whose use raises its node's fragmentation least, with FGD's tolerance band
+  (:data:`broker.placement.fragmentation.TOLERANCE_MILLI`) across nodes and best fit by the
+  node's free shared GPU among near-equals. Fragmentation is measured against the
+  view's ``workload`` (its one-GPU shapes, :func:`broker.placement.fragmentation.single_gpu`:
+  nothing else lands on a shared GPU). Without one, each cluster and mode learns its
+  own: the shares of the jobs the view was asked to fit there so far (placed or not:
+  a job that waits is demand too), plus one pseudo-job each of 1/8, 1/4, 1/2 and a
+  whole GPU. The pseudo-jobs are the shares time-slicing (2, 4 or 8 replicas) and
+  memory-sized MPS shares usually come in; the whole GPU among them keeps fresh GPUs
+  whole for the jobs that ask a full share until the jobs actually seen say
+  otherwise, and four of them weigh little once a cycle has fitted a few dozen jobs.
+  The replicas of an elastic time-sliced job go to one node when one holds them all
+  (the placement then names a GPU per replica), else GPU by GPU over several nodes
+  (the placement names no node; give_back of it still returns exactly what it took).
+- **Per-node units still work.** A cluster that only knows per-node counts for these
+  modes (a unit spanning several GPUs) is fitted by node, by best fit, as before;
+  the placement then names no GPU and the cluster picks one.
+- **Time-slice memory guard per GPU.** Time-slicing has no memory isolation: a job
+  fits a GPU only if the ``gpu_memory_gb`` of the jobs on it stays within its memory.
+  A per-GPU unit's memory in use is what the cluster reports for it
+  (``memory_allocated_gb``), else the caller's per-node figure spread over the node's
+  GPUs by the replicas allocated on each (exact when the node's jobs ask alike).
+
+Fitting is fast. A cycle fits thousands of jobs against thousands of nodes, so no fit
+scans every node. The slots of one cluster and sharing mode are grouped by *shape*
+(model, MIG profile, unit memory, capacity, GPU memory, per GPU or per node:
+everything the per-job filters look at). Each shape keeps its slots sorted. Per-node
+slots by (free units, node, inventory order), so a shape's best fit is the first slot
+with enough free units, found by bisection. Per-GPU slots as one entry per node and
+free level (free units, the node's free shared milli-GPU, node order), so a node's
+change moves one entry per level it has, not one per GPU. FGD scores a bounded
+candidate set: one node per distinct free level of each shape (at most
+:data:`_LEVELS` levels from the fullest up, each found by bisection; the first node
+of a level is the one with the least free, FGD's tie-break; at most
+:data:`_PER_LEVEL` looked at for one whose GPU passes the memory guard), then the
+GPUs of the chosen node; the increase of a level is computed once per workload and
+cached. Within those bounds the result is :func:`~broker.placement.fragmentation.choose`'s over
+every node: MPS (101 levels) and time-slicing with up to 127 replicas a GPU always
+are. Running totals per shape give the "n of m free" of a waiting job without a
+scan. Every change of a slot's free units goes through the view, which keeps that
+order.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cache
+
+from broker.core.adapter import CapacityUnit, Placement, Sharing
+from broker.core.gpus import gpu_model
+from broker.core.schemas import JobSpec
+from broker.placement.fragmentation import (
+    MILLI,
+    TOLERANCE_MILLI,
+    TaskShape,
+    WorkloadDistribution,
+    gpu_increase,
+    single_gpu,
+)
+
+_SHARED = (Sharing.SLURM_MPS, Sharing.K8S_TIMESLICE)  # fitted per physical GPU when reported so
+# The shares (milli-GPU) a learned workload starts from, one pseudo-job each: see the module docstring.
+DEFAULT_SHARES = (125, 250, 500, 1000)
+_LEVELS = 128  # distinct free levels of one shape that FGD scores per pick
+_PER_LEVEL = 32  # slots of one level looked at for one that passes the job's filters
+_MEMORY_SLACK = 1e-9  # GB: sums of memory limits that equal a GPU's memory fit it
+_REFRESH = 32  # jobs between refreshes of a learned workload, at least
+
+
+@cache
+def canonical_model(name: str) -> str:
+    """gpush's canonical name of a GPU model, or ``name`` itself if gpush does not know it."""
+    try:
+        return gpu_model(name).name
+    except ValueError:
+        return name
+
+
+def _milli(units: int, capacity: int) -> int:
+    """``units`` of a GPU divided into ``capacity`` units, in milli-GPU."""
+    return units * MILLI // capacity if capacity > 0 else 0
+
+
+@dataclass(slots=True)  # thousands per cycle: no per-instance dict
+class Slot:
+    """One CapacityUnit with what is still free this cycle."""
+
+    unit: CapacityUnit
+    free: int
+    # Time-slicing has no memory isolation: the GPU memory still unclaimed on the
+    # unit's GPU (a per-GPU unit) or on its node (a per-node unit).
+    memory_free_gb: float | None = None
+
+
+@dataclass(frozen=True)
+class Fit:
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class NoFit:
+    """Why a route cannot take the job: now (``never`` False) or ever (``never`` True)."""
+
+    reason: str
+    never: bool
+    # What the job waits for, so jobs queued behind it can be counted:
+    # (cluster, sharing, MIG profile, canonical GPU model of the route).
+    waiting_for: tuple[str, str, str | None, str | None] | None = None
+
+
+@dataclass
+class Demand:
+    """What one replica of a job needs under one sharing mode."""
+
+    units: int
+    unit_memory_gb: float | None  # each unit must have at least this much memory
+    replicas: int
+
+
+def replicas_of(spec: JobSpec) -> int:
+    return max(spec.elastic.min_replicas, 1) if spec.elastic else 1
+
+
+def mps_share(gpu_memory_gb: float | None, gpu_memory: float) -> int:
+    """MPS share (percent of one GPU) sized from the job's memory, at least 1."""
+    if not gpu_memory_gb:
+        return 100
+    return max(1, math.ceil(gpu_memory_gb / gpu_memory * 100))
+
+
+class _Shape:
+    """Slots of one cluster and sharing mode that every fitting filter treats alike,
+    in fitting order (see the module docstring), with their free and total units summed."""
+
+    __slots__ = (
+        "model",
+        "model_name",
+        "profile",
+        "unit_memory_gb",
+        "capacity",
+        "gpu_memory_gb",
+        "per_gpu",
+        "first",
+        "order",
+        "free",
+        "total",
+    )
+
+    def __init__(self, unit: CapacityUnit, first: int, per_gpu: bool):
+        self.model = canonical_model(unit.gpu_model)
+        self.model_name = unit.gpu_model  # as the inventory names it, for reasons
+        self.profile = unit.mig_profile
+        self.unit_memory_gb = unit.unit_memory_gb
+        self.capacity = unit.capacity
+        self.gpu_memory_gb = unit.gpu_memory_gb
+        self.per_gpu = per_gpu
+        self.first = first  # the position of its first slot in the inventory
+        # Per node: (free, node, position), or (free, "", position) under MPS, where
+        # ties go to inventory order. Per GPU: (free, node's free milli, node number),
+        # one entry per node and free level above 0 (_Group.node_levels counts its GPUs).
+        self.order: list[tuple] = []
+        self.free = 0
+        self.total = 0
+
+    def first_with(self, need: int, slots: list[Slot], ok: Callable[[Slot], bool] | None = None) -> tuple | None:
+        """The best-fit entry among slots with at least ``need`` free that pass ``ok``."""
+        order = self.order
+        for i in range(bisect_left(order, (need,)), len(order)):
+            entry = order[i]
+            if ok is None or ok(slots[entry[-1]]):
+                return entry
+        return None
+
+    @property
+    def most_free(self) -> int:
+        return self.order[-1][0] if self.order else 0
+
+
+class _Fragmentation:
+    """FGD's measure for the shared GPUs of one cluster and mode: the increase of
+    placing a share on a GPU, per (GPU capacity, free units, units), cached until the
+    workload it is measured against changes."""
+
+    __slots__ = ("given", "seen", "fitted", "refresh_at", "distribution", "known")
+
+    def __init__(self, workload: WorkloadDistribution | None):
+        self.given = single_gpu(workload) if workload is not None else None
+        self.seen: Counter[int] = Counter()  # milli-GPU share -> replicas fitted here
+        self.fitted = 0
+        self.refresh_at = 0
+        self.distribution = self.given or self._learned()
+        self.known: dict[tuple[int, int, int], float] = {}  # increases computed so far
+
+    def _learned(self) -> WorkloadDistribution:
+        counts = Counter(DEFAULT_SHARES)
+        counts.update(self.seen)
+        total = sum(counts.values())
+        shares = sorted(counts)
+        return WorkloadDistribution(tuple(TaskShape(m) for m in shares), tuple(counts[m] / total for m in shares))
+
+    def observe(self, share_milli: int, replicas: int) -> None:
+        """Count a job about to be fitted into the learned workload."""
+        if self.given is not None:
+            return
+        seen = self.seen
+        new = share_milli not in seen
+        seen[share_milli] += replicas
+        self.fitted += replicas
+        # Weights move little between refreshes: refresh on a new share, and when the
+        # count has grown by a quarter (and by _REFRESH at least), so that cached
+        # increases serve many fits.
+        if new or self.fitted >= self.refresh_at:
+            self.distribution = self._learned()
+            self.known.clear()
+            self.refresh_at = self.fitted + max(self.fitted // 4, _REFRESH)
+
+    def increase(self, capacity: int, free: int, units: int) -> float:
+        key = (capacity, free, units)
+        value = self.known.get(key)
+        if value is None:
+            before = _milli(free, capacity)
+            value = gpu_increase(before, before - _milli(free - units, capacity), self.distribution)
+            self.known[key] = value
+        return value
+
+
+class _Group:
+    """The slots of one cluster under one sharing mode, indexed for fitting."""
+
+    __slots__ = (
+        "slots",
+        "keys",
+        "shapes",
+        "shape_at",
+        "by_model",
+        "by_node",
+        "offered",
+        "node_of",
+        "node_free",
+        "node_slots",
+        "node_levels",
+        "fragmentation",
+        "able",
+    )
+
+    def __init__(self, slots: list[Slot], sharing: Sharing, workload: WorkloadDistribution | None):
+        self.slots = slots
+        shared = sharing in _SHARED
+        by_node_order = sharing != Sharing.SLURM_MPS
+        self.keys = [s.unit.node if by_node_order else "" for s in slots]
+        # Per-GPU slots of shared modes: their node's number (in inventory order), each
+        # node's free milli-GPU over its shared GPUs, its per-GPU slots, and how many of
+        # them each (shape, free units) has: a shape's order holds one entry per node
+        # and free level, not per GPU, so a node's change moves few entries.
+        self.node_of = [-1] * len(slots)
+        self.node_free: list[int] = []
+        self.node_slots: list[list[int]] = []
+        self.node_levels: list[dict[tuple[_Shape, int], int]] = []
+        numbers: dict[str, int] = {}
+        for position, slot in enumerate(slots):
+            unit = slot.unit
+            if shared and len(unit.gpus) == 1:
+                k = numbers.get(unit.node)
+                if k is None:
+                    k = numbers[unit.node] = len(self.node_free)
+                    self.node_free.append(0)
+                    self.node_slots.append([])
+                    self.node_levels.append({})
+                self.node_of[position] = k
+                self.node_free[k] += _milli(slot.free, unit.capacity)
+                self.node_slots[k].append(position)
+        self.shapes: dict[tuple, _Shape] = {}
+        self.shape_at: list[_Shape] = []
+        self.by_model: dict[str | None, list[_Shape]] = defaultdict(list)
+        self.by_node: dict[str, list[int]] = defaultdict(list)
+        # MIG profiles on offer and their memory, per model and in all (None), as the
+        # inventory lists them (the last wins).
+        self.offered: dict[str | None, dict[str, float]] = defaultdict(dict)
+        for position, slot in enumerate(slots):
+            unit = slot.unit
+            per_gpu = self.node_of[position] >= 0
+            model = canonical_model(unit.gpu_model)
+            key = (model, unit.mig_profile, unit.unit_memory_gb, unit.capacity, unit.gpu_memory_gb, per_gpu)
+            shape = self.shapes.get(key)
+            if shape is None:
+                shape = self.shapes[key] = _Shape(unit, position, per_gpu)
+                self.by_model[None].append(shape)
+                self.by_model[model].append(shape)
+            self.shape_at.append(shape)
+            k = self.node_of[position]
+            if k < 0:
+                shape.order.append((slot.free, self.keys[position], position))
+            else:
+                levels = self.node_levels[k]
+                level = (shape, slot.free)
+                levels[level] = levels.get(level, 0) + 1
+                if slot.free and levels[level] == 1:
+                    shape.order.append((slot.free, self.node_free[k], k))
+            shape.free += slot.free
+            shape.total += unit.capacity
+            self.by_node[unit.node].append(position)
+            if unit.mig_profile:
+                self.offered[None][unit.mig_profile] = unit.unit_memory_gb
+                self.offered[model][unit.mig_profile] = unit.unit_memory_gb
+        for shape in self.shapes.values():
+            shape.order.sort()
+        self.fragmentation = _Fragmentation(workload) if shared else None
+        # What a job's filters leave of the shapes, by the job's fields: shapes never change.
+        self.able: dict[tuple, tuple] = {}
+
+    def shapes_of(self, model: str | None) -> list[_Shape]:
+        return self.by_model.get(model, [])
+
+    def set_free(self, position: int, free: int) -> None:
+        slot = self.slots[position]
+        old = slot.free
+        if free == old:
+            return
+        shape = self.shape_at[position]
+        shape.free += free - old
+        slot.free = free
+        k = self.node_of[position]
+        if k < 0:
+            order = shape.order
+            key = self.keys[position]
+            del order[bisect_left(order, (old, key, position))]
+            insort(order, (free, key, position))
+            return
+        # A per-GPU slot: the node's entries are (free level, node's free milli, node),
+        # one per shape and level it has GPUs at (a full GPU is never a candidate: none
+        # for level 0). Its node's free changes, so they all move: a few, not a GPU each.
+        capacity = slot.unit.capacity
+        before = self.node_free[k]
+        after = before + free * MILLI // capacity - old * MILLI // capacity
+        self.node_free[k] = after
+        levels = self.node_levels[k]
+        if after != before:
+            for other, level in levels:
+                if level:
+                    order = other.order
+                    del order[bisect_left(order, (level, before, k))]
+        elif levels[(shape, old)] == 1 and old:
+            del shape.order[bisect_left(shape.order, (old, before, k))]
+        leaving = (shape, old)
+        if levels[leaving] == 1:
+            del levels[leaving]
+        else:
+            levels[leaving] -= 1
+        arriving = (shape, free)
+        levels[arriving] = levels.get(arriving, 0) + 1
+        if after != before:
+            for other, level in levels:
+                if level:
+                    insort(other.order, (level, after, k))
+        elif levels[arriving] == 1 and free:
+            insort(shape.order, (free, after, k))
+
+    def positions(self, node: str | None) -> Iterable[int]:
+        """Positions of the slots on ``node`` (every slot when None), in inventory order."""
+        return range(len(self.slots)) if node is None else self.by_node.get(node, ())
+
+
+@dataclass
+class CapacityView:
+    """Free units per cluster, mutable within one cycle as the scheduler places jobs.
+
+    ``slots`` is for reading; change free units through :meth:`take`, :meth:`give_back`
+    and :meth:`fit`, which keep the fitting index in step. ``workload``: what MPS and
+    time-slice placement measures fragmentation against (None: learned, see the
+    module docstring).
+    """
+
+    slots: dict[str, dict[Sharing, list[Slot]]] = field(default_factory=dict)
+    workload: WorkloadDistribution | None = None
+    # Clusters whose inventory could not be read this cycle, and why (their adapter's error).
+    unavailable: dict[str, str] = field(default_factory=dict)
+    _groups: dict[tuple[str, Sharing], _Group] = field(default_factory=dict, repr=False, compare=False)
+    # Where the replicas of multi-replica fits of shared modes went, so that they come
+    # back exactly: (position, units) per replica, by the placement as one replica on
+    # that replica's node (what give_back receives when a caller returns them node by
+    # node), and the nodes of each placement whose replicas went to several nodes.
+    _replicas: dict[tuple, list[tuple[int, int]]] = field(default_factory=dict, repr=False, compare=False)
+    _spread: dict[Placement, list[list[str]]] = field(default_factory=dict, repr=False, compare=False)
+    # Units marked broken (a drift finding, or the adapter), by cluster: never placed on.
+    # A job only they could hold waits for the repair instead of being held for good,
+    # so ``_mended`` (the same inventory, nothing broken; made on first need) is fitted too.
+    broken: dict[str, list[CapacityUnit]] = field(default_factory=dict)
+    _inventory: dict[str, list[CapacityUnit]] = field(default_factory=dict, repr=False, compare=False)
+    _mended: CapacityView | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def build(
+        cls,
+        inventory: Mapping[str, Iterable[CapacityUnit]],
+        not_yet_started: Iterable[Placement] = (),
+        timeslice_memory_used: Mapping[tuple[str, str], float] | None = None,
+        *,
+        workload: WorkloadDistribution | None = None,
+        unavailable: Mapping[str, str] | None = None,
+    ) -> CapacityView:
+        """``not_yet_started``: placements the broker made that clusters do not count yet.
+        ``timeslice_memory_used``: GPU memory of gpush's active time-sliced jobs per
+        (cluster, node), the placements not yet started included (as the scheduler
+        counts it); used for units that do not report ``memory_allocated_gb``.
+        ``workload``: see the class docstring. ``unavailable``: clusters that did not
+        answer, with why; jobs routed there wait with that reason."""
+        view = cls(workload=workload, unavailable=dict(unavailable or {}))
+        pending = list(not_yet_started)
+        memory_used = timeslice_memory_used or {}
+        pending_memory: dict[tuple[str, str], float] = defaultdict(float)
+        for p in pending:
+            if p.sharing == Sharing.K8S_TIMESLICE and p.node and p.gpu_memory_gb:
+                pending_memory[(p.cluster, p.node)] += p.gpu_memory_gb * p.units * p.replicas
+        for cluster, units in inventory.items():
+            # A drift finding marks a unit broken: never place there.
+            units = list(units)
+            live = [unit for unit in units if not unit.broken]
+            if len(live) < len(units):
+                view.broken[cluster] = [unit for unit in units if unit.broken]
+                view._inventory[cluster] = units
+
+            def running(node: str, cluster: str = cluster) -> float:
+                # The caller's figure counts placements not started yet; take() charges
+                # those to their own GPU below.
+                return max(memory_used.get((cluster, node), 0.0) - pending_memory.get((cluster, node), 0.0), 0.0)
+
+            memory_free = _timeslice_memory_free(live, running)
+            by_sharing: dict[Sharing, list[Slot]] = defaultdict(list)
+            for unit, memory in zip(live, memory_free, strict=True):
+                by_sharing[unit.sharing].append(Slot(unit, unit.free, memory))
+            view.slots[cluster] = dict(by_sharing)
+            for sharing, slots in by_sharing.items():
+                view._groups[(cluster, sharing)] = _Group(slots, sharing, workload)
+        for placement in pending:
+            view.take(placement)
+        return view
+
+    def clusters(self) -> list[str]:
+        return list(self.slots)
+
+    def total_gpu_equivalents(self) -> float:
+        return sum(
+            s.unit.capacity * s.unit.gpu_equivalent for c in self.slots.values() for ss in c.values() for s in ss
+        )
+
+    def free_gpu_equivalents(self) -> float:
+        return sum(s.free * s.unit.gpu_equivalent for c in self.slots.values() for ss in c.values() for s in ss)
+
+    def take(self, placement: Placement) -> None:
+        """Count ``placement`` against free capacity: on its node (any node, best effort,
+        when it names none), on a unit of its model and MIG profile, and on the GPU it
+        names; nothing when no such unit is left (never on another unit)."""
+        group = self._group(placement.cluster, Sharing(placement.sharing))
+        if group is None:
+            return
+        for gpu, units in _charges(placement):
+            position = self._slot_for(group, placement, gpu, units, refund=False)
+            if position is not None:
+                slot = group.slots[position]
+                group.set_free(position, max(slot.free - units, 0))
+                if slot.memory_free_gb is not None and placement.gpu_memory_gb:
+                    slot.memory_free_gb -= placement.gpu_memory_gb * units
+
+    def give_back(self, placement: Placement) -> None:
+        """Return what a fit took when the job cannot use it after all (its tenant's
+        quota), or what a placement held once it ended: to the unit on its node with its
+        model and MIG profile, on the GPU(s) it names. The replicas of a multi-replica
+        fit of this view come back from exactly where the fit put them, whether the
+        placement is given back whole or node by node (``replace(placement, node=n,
+        replicas=k)``: k of the replicas it put on node n)."""
+        sharing = Sharing(placement.sharing)
+        group = self._group(placement.cluster, sharing)
+        if group is None:
+            return
+        memory = placement.gpu_memory_gb or 0
+        if sharing in _SHARED and (self._replicas or placement.node is None):
+            nodes = [placement.node] * placement.replicas
+            if placement.node is None:
+                spread = self._spread.get(placement)
+                if not spread:
+                    return  # where its units are is unknown: refunding a guess could free a busy GPU
+                nodes = spread.pop()
+            refunded = False
+            for node in nodes:
+                held = self._replicas.get(_replica_key(placement, node))
+                if held:
+                    position, units = held.pop()
+                    self._refund(group, position, units, memory * units)
+                    refunded = True
+            if refunded:
+                return
+        for gpu, units in _charges(placement):
+            position = self._slot_for(group, placement, gpu, units, refund=True)
+            if position is not None:
+                self._refund(group, position, units, memory * units)
+
+    def _slots(self, cluster: str, sharing: Sharing) -> list[Slot]:
+        return self.slots.get(cluster, {}).get(sharing, [])
+
+    def _group(self, cluster: str, sharing: Sharing) -> _Group | None:
+        """The index of ``slots[cluster][sharing]``, made on first use for a view built by hand."""
+        group = self._groups.get((cluster, sharing))
+        if group is None:
+            slots = self._slots(cluster, sharing)
+            if not slots:
+                return None
+            group = self._groups[(cluster, sharing)] = _Group(slots, Sharing(sharing), self.workload)
+        return group
+
+    @staticmethod
+    def _slot_for(group: _Group, placement: Placement, gpu: int | None, units: int, *, refund: bool) -> int | None:
+        """The slot ``placement`` holds (or takes) ``units`` on: its node, model and MIG
+        profile, and the unit on device ``gpu`` when it names one; among several, the
+        first with room for the change."""
+        model = canonical_model(placement.gpu_model) if placement.gpu_model else None
+        found = None
+        for position in group.positions(placement.node):
+            slot = group.slots[position]
+            unit = slot.unit
+            if unit.mig_profile != placement.mig_profile:
+                continue
+            if model is not None and group.shape_at[position].model != model:
+                continue
+            if gpu is not None and unit.gpus:
+                if gpu in unit.gpus:
+                    return position
+                continue
+            room = unit.capacity - slot.free if refund else slot.free
+            if room >= units:
+                return position
+            if found is None:
+                found = position
+        return found
+
+    @staticmethod
+    def _refund(group: _Group, position: int, units: int, memory_gb: float) -> None:
+        slot = group.slots[position]
+        group.set_free(position, min(slot.free + units, slot.unit.capacity))
+        if slot.memory_free_gb is not None and memory_gb:
+            slot.memory_free_gb += memory_gb
+
+    def fit(
+        self,
+        spec: JobSpec,
+        cluster: str,
+        sharing: Sharing,
+        *,
+        partition: str | None = None,
+        gpu_model: str | None = None,
+    ) -> Fit | NoFit:
+        """Place the job on ``cluster`` under ``sharing`` (on ``gpu_model`` GPUs only,
+        when the route names a model) now, or say why not. A job that fits only units
+        marked broken waits (``never`` False) with their reason, not held: they come back
+        once repaired (a drift finding goes away; the adapter stops saying so)."""
+        fit = self._fit(spec, cluster, sharing, partition=partition, gpu_model=gpu_model)
+        if isinstance(fit, NoFit) and fit.never and cluster in self.broken:
+            return self._wait_for_repair(spec, cluster, sharing, partition, gpu_model) or fit
+        return fit
+
+    def _wait_for_repair(self, spec, cluster, sharing, partition, gpu_model) -> NoFit | None:
+        """Why the job waits when the broken units of ``cluster`` could hold it; None if not even they could."""
+        if self._mended is None:
+            mended = {
+                c: [replace(u, broken=None) if u.broken else u for u in units] for c, units in self._inventory.items()
+            }
+            self._mended = CapacityView.build(mended, workload=self.workload)
+        # Fitting takes from the mended view: a later job finding it full still gets never=False.
+        fit = self._mended.fit(spec, cluster, sharing, partition=partition, gpu_model=gpu_model)
+        if isinstance(fit, NoFit) and fit.never:
+            return None
+        broken = [u for u in self.broken[cluster] if u.sharing is sharing]
+        if isinstance(fit, Fit):
+            p = fit.placement
+            broken = [u for u in broken if u.node == p.node and u.mig_profile == p.mig_profile] or broken
+        profile = next((u.mig_profile for u in broken if u.mig_profile), None)
+        what = profile or sharing.value
+        reasons = "; ".join(dict.fromkeys(str(u.broken) for u in broken))
+        return NoFit(
+            f"waiting for the {what} units of {cluster} marked broken to be repaired ({reasons}; "
+            "`gpush inventory drift` says how)",
+            never=False,
+            waiting_for=(cluster, sharing.value, profile, canonical_model(gpu_model) if gpu_model else None),
+        )
+
+    def _fit(
+        self,
+        spec: JobSpec,
+        cluster: str,
+        sharing: Sharing,
+        *,
+        partition: str | None = None,
+        gpu_model: str | None = None,
+    ) -> Fit | NoFit:
+        if cluster not in self.slots:
+            if cluster in self.unavailable:
+                return NoFit(f"waiting for {cluster}, which does not answer: {self.unavailable[cluster]}", never=False)
+            return NoFit(f"cluster {cluster} reports no capacity (down, disabled, or not registered)", never=False)
+        if not self._slots(cluster, sharing):
+            return NoFit(f"{cluster} offers no {sharing.value} GPUs", never=True)
+        group = self._group(cluster, sharing)
+        model = canonical_model(gpu_model) if gpu_model else None
+        shapes = group.shapes_of(model)
+        if not shapes:
+            return NoFit(f"{cluster} has no {gpu_model} GPUs offering {sharing.value}", never=True)
+        of = f" of {shapes[0].model_name}" if model else ""
+        if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG):
+            return self._fit_mig(spec, cluster, sharing, group, shapes, model, of, partition)
+        if sharing == Sharing.SLURM_MPS:
+            return self._fit_mps(spec, cluster, group, shapes, model, of, partition)
+        if sharing == Sharing.K8S_TIMESLICE:
+            return self._fit_timeslice(spec, cluster, group, shapes, model, of, partition)
+        return self._fit_whole(spec, cluster, sharing, group, shapes, model, partition)
+
+    # -- per sharing mode ----------------------------------------------------------
+
+    def _fit_whole(self, spec, cluster, sharing, group: _Group, shapes, model, partition) -> Fit | NoFit:
+        memory = spec.gpu_memory_gb or 0
+        able = [s for s in shapes if s.unit_memory_gb >= memory and s.capacity >= spec.gpus]
+        kind = f"{shapes[0].model_name} GPU" if model else "GPU"
+        what = f"{spec.gpus} whole {kind}{'s' if spec.gpus > 1 else ''}" + (f" with {memory:g} GB" if memory else "")
+        if not able:
+            largest = max((s.capacity for s in shapes if s.unit_memory_gb >= memory), default=0)
+            return NoFit(f"needs {what} on one node; the most {cluster} has is {largest}", never=True)
+        return self._take_best(spec, cluster, sharing, group, able, spec.gpus, None, model, what, partition)
+
+    def _fit_mig(self, spec, cluster, sharing, group: _Group, shapes, model, of, partition) -> Fit | NoFit:
+        memory = spec.gpu_memory_gb or 0
+        offered = sorted(group.offered.get(model, {}).items(), key=lambda item: (item[1], item[0]))
+        profiles = [p for p, mem in offered if mem >= memory]
+        if not profiles:
+            largest = ", ".join(p for p, _ in offered[-1:]) or "none"
+            return NoFit(f"no MIG slice{of} on {cluster} has {memory:g} GB (largest: {largest})", never=True)
+        smallest = profiles[0]
+        for profile in profiles:  # the smallest profile that covers the memory first
+            able = [s for s in shapes if s.profile == profile and s.capacity >= spec.gpus]
+            fit = self._take_best(
+                spec, cluster, sharing, group, able, spec.gpus, profile, model, f"{profile} slice{of}", partition
+            )
+            if isinstance(fit, Fit):
+                return fit
+        if not any(s.capacity >= spec.gpus for s in shapes if s.profile in profiles):
+            return NoFit(f"needs {spec.gpus} MIG slices{of} of {memory:g} GB on one node of {cluster}", never=True)
+        able = [s for s in shapes if s.profile == smallest]
+        free = sum(s.free for s in able)
+        total = sum(s.total for s in able)
+        return NoFit(
+            f"waiting for a {smallest} slice{of} on {cluster} ({free} of {total} free)",
+            never=False,
+            waiting_for=(cluster, sharing.value, smallest, model),
+        )
+
+    def _fit_mps(self, spec, cluster, group: _Group, shapes, model, of, partition) -> Fit | NoFit:
+        if spec.gpus > 1:
+            return NoFit("MPS shares one GPU among processes: a job with gpus > 1 cannot use it", never=True)
+        key = ("mps", model, spec.gpu_memory_gb)
+        cached = group.able.get(key)
+        if cached is None:
+            able: list[tuple[_Shape, int]] = []
+            for shape in shapes:
+                gpu_memory = shape.gpu_memory_gb or shape.unit_memory_gb * 100
+                share = mps_share(spec.gpu_memory_gb, gpu_memory)
+                if share <= 100:
+                    able.append((shape, share))
+            cached = group.able[key] = (able, {shape: share for shape, share in able if shape.per_gpu})
+        able, per_gpu = cached
+        if not able:
+            return NoFit(f"needs {spec.gpu_memory_gb:g} GB; no MPS GPU{of} on {cluster} has that much", never=True)
+        # One share per job, as before elastic replicas existed for MPS: Slurm runs it as one job.
+        if per_gpu:
+            picks = self._pick(group, per_gpu, 1, 0.0)
+            if picks is not None:
+                return Fit(self._shared_placement(spec, cluster, Sharing.SLURM_MPS, group, picks, 1, partition))
+        # Per-node units: best fit, the least free after taking the share; ties go to inventory order.
+        best = None
+        for shape, share in able:
+            if shape.per_gpu:
+                continue
+            entry = shape.first_with(share, group.slots)
+            if entry is not None and (best is None or (entry[0] - share, entry[-1]) < best[0]):
+                best = ((entry[0] - share, entry[-1]), share)
+        if best is not None:
+            (_, position), share = best
+            return self._commit(spec, cluster, Sharing.SLURM_MPS, group, position, share, None, 1, partition)
+        share = min(able, key=lambda item: item[0].first)[1]
+        free = max(shape.most_free for shape, _ in able)
+        return NoFit(
+            f"waiting for an MPS share of {share}%{of} on {cluster} (at most {free}% free on one GPU)",
+            never=False,
+            waiting_for=(cluster, Sharing.SLURM_MPS.value, None, model),
+        )
+
+    def _fit_timeslice(self, spec, cluster, group: _Group, shapes, model, of, partition) -> Fit | NoFit:
+        memory = spec.gpu_memory_gb or 0
+        units = spec.gpus
+        key = ("timeslice", model, memory, units)
+        cached = group.able.get(key)
+        if cached is None:
+            # A replica's units live on one GPU: per GPU, their memory adds up there.
+            able = [
+                s
+                for s in shapes
+                if s.capacity >= units and (s.gpu_memory_gb or 0) >= (memory * units if s.per_gpu else memory)
+            ]
+            per_gpu = {shape: units for shape in able if shape.per_gpu}
+            cached = group.able[key] = (able, per_gpu, [shape for shape in able if not shape.per_gpu])
+        able, per_gpu, by_node = cached
+        if not able:
+            if not any(s.capacity >= units for s in shapes):
+                most = max(s.capacity for s in shapes)
+                return NoFit(
+                    f"needs {units} time-slice replicas on one GPU; the GPUs{of} of {cluster} are split "
+                    f"at most {most} ways",
+                    never=True,
+                )
+            largest = max((s.gpu_memory_gb or 0 for s in shapes), default=0)
+            need = memory * units if all(s.per_gpu for s in shapes) else memory
+            return NoFit(
+                f"needs {need:g} GB of GPU memory; the largest time-sliced GPU{of} on {cluster} has {largest:g} GB",
+                never=True,
+            )
+        replicas = replicas_of(spec)
+        if per_gpu:
+            picks = self._pick(group, per_gpu, replicas, memory * units)
+            if picks is not None:
+                return Fit(
+                    self._shared_placement(spec, cluster, Sharing.K8S_TIMESLICE, group, picks, replicas, partition)
+                )
+        if by_node:
+            fit = self._timeslice_by_node(spec, cluster, group, by_node, replicas, partition)
+            if fit is not None:
+                return fit
+        free = sum(s.free for s in able)
+        return NoFit(
+            f"waiting for {replicas * units} time-slice replica(s) with {memory:g} GB{of} on {cluster} "
+            f"({free} replicas free; GPU memory is not over-committed, to avoid OOM kills)",
+            never=False,
+            waiting_for=(cluster, Sharing.K8S_TIMESLICE.value, None, model),
+        )
+
+    def _timeslice_by_node(self, spec, cluster, group: _Group, able, replicas, partition) -> Fit | None:
+        """Per-node time-slice units: best fit for each replica, the memory guard per node."""
+        need_memory = (spec.gpu_memory_gb or 0) * spec.gpus
+        slots = group.slots
+
+        def has_memory(s: Slot) -> bool:
+            return s.memory_free_gb is None or s.memory_free_gb >= need_memory - _MEMORY_SLACK
+
+        def best() -> tuple | None:
+            found = None
+            for shape in able:
+                entry = shape.first_with(spec.gpus, slots, has_memory)
+                if entry is not None and (found is None or entry < found):
+                    found = entry
+            return found
+
+        if not self._replicas_fit(able, slots, spec.gpus, need_memory, replicas, has_memory):
+            return None
+        # Replicas of a Deployment may land on different nodes: best fit for each.
+        first = None
+        for _ in range(replicas):
+            position = best()[-1]
+            slot = slots[position]
+            group.set_free(position, slot.free - spec.gpus)
+            if slot.memory_free_gb is not None:
+                slot.memory_free_gb -= need_memory
+            first = first or slot
+        unit = first.unit
+        return Fit(
+            Placement(
+                cluster=cluster,
+                sharing=Sharing.K8S_TIMESLICE,
+                units=spec.gpus,
+                gpu_equivalents=spec.gpus * unit.gpu_equivalent * replicas,
+                node=unit.node if replicas == 1 else None,
+                gpu_model=unit.gpu_model,
+                gpu_memory_gb=spec.gpu_memory_gb,
+                replicas=replicas,
+                partition=partition,
+            )
+        )
+
+    @staticmethod
+    def _replicas_fit(able, slots, gpus, need_memory, replicas, has_memory) -> bool:
+        """Whether the slots with room for one replica hold ``replicas`` of them together."""
+        room = 0
+        for shape in able:
+            order = shape.order
+            for i in range(bisect_left(order, (gpus,)), len(order)):
+                s = slots[order[i][-1]]
+                if not has_memory(s):
+                    continue
+                room += min(
+                    s.free // gpus,
+                    int(s.memory_free_gb // need_memory) if need_memory and s.memory_free_gb else 10**9,
+                )
+                if room >= replicas:
+                    return True
+        return False
+
+    # -- shared GPUs: FGD over a bounded candidate set ----------------------------------
+
+    def _pick(
+        self, group: _Group, able: dict[_Shape, int], replicas: int, memory_gb: float
+    ) -> list[tuple[int, int]] | None:
+        """A per-GPU slot for each replica, chosen by FGD and taken; (position, units)
+        per replica, or None (nothing taken) when they do not all fit now. ``able``:
+        the shapes the job may use and the units a replica takes on each;
+        ``memory_gb``: what a replica needs of its GPU's memory (time-slicing).
+
+        Replicas go to one node when one can hold them all (FGD's choice among those),
+        so that the placement names their GPUs and a cluster runs them there, as the
+        simulator does; else each goes where FGD puts it, over several nodes."""
+        for shape, units in able.items():
+            # TaskShape's range: a share too small to count in milli-GPU counts as 1.
+            group.fragmentation.observe(max(units * MILLI // shape.capacity, 1), replicas)
+            break
+        if replicas == 1:  # the common case, without the bookkeeping of several
+            position = self._fgd(group, able, memory_gb)
+            if position is None:
+                return None
+            units = able[group.shape_at[position]]
+            slot = group.slots[position]
+            group.set_free(position, slot.free - units)
+            if memory_gb and slot.memory_free_gb is not None:
+                slot.memory_free_gb -= memory_gb
+            return [(position, units)]
+        picks: list[tuple[int, int]] = []
+        node = None
+        if replicas > 1:
+            node = self._fgd(group, able, memory_gb, replicas)
+            node = None if node is None else group.node_of[node]
+        for _ in range(replicas):
+            if node is not None:
+                position = _on_node(group, able, memory_gb, node)
+            else:
+                position = self._fgd(group, able, memory_gb)
+            if position is None:
+                for taken, units in reversed(picks):
+                    self._refund(group, taken, units, memory_gb)
+                return None
+            units = able[group.shape_at[position]]
+            slot = group.slots[position]
+            group.set_free(position, slot.free - units)
+            if slot.memory_free_gb is not None and memory_gb:
+                slot.memory_free_gb -= memory_gb
+            picks.append((position, units))
+        return picks
+
+    @staticmethod
+    def _fgd(group: _Group, able: dict[_Shape, int], memory_gb: float, replicas: int = 1) -> int | None:
+        """FGD's choice among the per-GPU slots of ``able`` shapes with ``memory_gb`` of
+        GPU memory unclaimed (on nodes with room for ``replicas`` such replicas): the
+        least increase of fragmentation; within :data:`TOLERANCE_MILLI` of it, the node
+        left with the least free shared GPU, then the earlier node; on that node, its
+        GPU of least increase, then least left free, then lowest index. Scores one node
+        per free level of a shape (the first of a level is the node with the least
+        free: the tie-break's choice), looking at a few for one that passes the filters."""
+        fragmentation = group.fragmentation
+        known = fragmentation.known
+        need = memory_gb - _MEMORY_SLACK
+        found: list[tuple[float, int, int]] = []  # (increase, node's free milli after, node)
+        least = math.inf
+        for shape, units in able.items():
+            order = shape.order
+            size = len(order)
+            capacity = shape.capacity
+            demand = units * MILLI // capacity
+            i = bisect_left(order, (units,))
+            levels = 0
+            while i < size and levels < _LEVELS:
+                entry = order[i]
+                free = entry[0]
+                end = bisect_left(order, (free + 1,), i)
+                if memory_gb or replicas > 1:
+                    # The first node at this level whose GPU there has the memory (a few looked at).
+                    j, stop = i, min(end, i + _PER_LEVEL)
+                    while j < stop and not (
+                        (not memory_gb or _has_memory(group, order[j][2], shape, free, need))
+                        and (replicas == 1 or _holds(group, order[j][2], able, memory_gb, replicas))
+                    ):
+                        j += 1
+                    if j == stop:
+                        i = end
+                        levels += 1
+                        continue
+                    entry = order[j]
+                increase = known.get((capacity, free, units))
+                if increase is None:
+                    increase = fragmentation.increase(capacity, free, units)
+                found.append((increase, entry[1] - demand, entry[2]))
+                if increase < least:
+                    least = increase
+                i = end
+                levels += 1
+        if not found:
+            return None
+        limit = least + TOLERANCE_MILLI
+        node = None
+        for increase, after, k in found:
+            if increase <= limit and (node is None or (after, k) < node):
+                node = (after, k)
+        return _on_node(group, able, memory_gb, node[1])
+
+    def _shared_placement(self, spec, cluster, sharing, group: _Group, picks, replicas, partition) -> Placement:
+        slots = group.slots
+        first = slots[picks[0][0]].unit
+        units = picks[0][1]
+        one_node = replicas == 1 or all(slots[p].unit.node == first.node for p, _ in picks)
+        placement = Placement(
+            cluster=cluster,
+            sharing=sharing,
+            units=units,
+            gpu_equivalents=units * first.gpu_equivalent * replicas,
+            node=first.node if one_node else None,
+            gpu_model=first.gpu_model,
+            gpu_memory_gb=spec.gpu_memory_gb,
+            replicas=replicas,
+            partition=partition,
+            gpus=tuple(slots[p].unit.gpus[0] for p, _ in picks) if one_node else (),
+        )
+        if replicas > 1:
+            for position, units in picks:
+                node = slots[position].unit.node
+                self._replicas.setdefault(_replica_key(placement, node), []).append((position, units))
+            if not one_node:
+                self._spread.setdefault(placement, []).append([slots[p].unit.node for p, _ in picks])
+        return placement
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _take_best(
+        self, spec, cluster, sharing, group: _Group, able, units, profile, model, what, partition
+    ) -> Fit | NoFit:
+        replicas = replicas_of(spec)
+        need = units * replicas
+        best = None
+        for shape in able:
+            entry = shape.first_with(need, group.slots)
+            if entry is not None and (best is None or entry < best):
+                best = entry
+        if best is None:
+            free = sum(s.free for s in able)
+            total = sum(s.total for s in able)
+            return NoFit(
+                f"waiting for {what} on {cluster} ({free} of {total} free)",
+                never=False,
+                waiting_for=(cluster, sharing.value, profile, model),
+            )
+        return self._commit(spec, cluster, sharing, group, best[-1], units, profile, replicas, partition)
+
+    def _commit(self, spec, cluster, sharing, group: _Group, position, units, profile, replicas, partition) -> Fit:
+        slot = group.slots[position]
+        group.set_free(position, slot.free - units * replicas)
+        unit = slot.unit
+        return Fit(
+            Placement(
+                cluster=cluster,
+                sharing=sharing,
+                units=units,
+                gpu_equivalents=units * unit.gpu_equivalent * replicas,
+                node=unit.node,
+                mig_profile=profile,
+                gpu_model=unit.gpu_model,
+                gpu_memory_gb=spec.gpu_memory_gb,
+                replicas=replicas,
+                partition=partition,
+            )
+        )
+
+
+def _on_node(group: _Group, able: dict[_Shape, int], memory_gb: float, k: int) -> int | None:
+    """FGD's GPU on node ``k``: of the per-GPU slots of ``able`` shapes with room and
+    ``memory_gb`` unclaimed, the least increase, then least left free, then lowest index."""
+    fragmentation = group.fragmentation
+    known = fragmentation.known
+    slots, shape_at = group.slots, group.shape_at
+    need = memory_gb - _MEMORY_SLACK
+    best = None
+    for position in group.node_slots[k]:
+        slot = slots[position]
+        free = slot.free
+        units = able.get(shape_at[position])
+        if units is None or free < units:
+            continue
+        if memory_gb and slot.memory_free_gb is not None and slot.memory_free_gb < need:
+            continue
+        capacity = slot.unit.capacity
+        increase = known.get((capacity, free, units))
+        if increase is None:
+            increase = fragmentation.increase(capacity, free, units)
+        key = (increase, (free - units) * MILLI // capacity, slot.unit.gpus[0], position)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[-1]
+
+
+def _holds(group: _Group, k: int, able: dict[_Shape, int], memory_gb: float, replicas: int) -> bool:
+    """Whether node ``k`` has room for ``replicas`` replicas (each on one GPU)."""
+    slots, shape_at = group.slots, group.shape_at
+    room = 0
+    for position in group.node_slots[k]:
+        units = able.get(shape_at[position])
+        if units is None:
+            continue
+        slot = slots[position]
+        fit = slot.free // units
+        if memory_gb and slot.memory_free_gb is not None:
+            fit = min(fit, int((slot.memory_free_gb + _MEMORY_SLACK) // memory_gb))
+        room += fit
+        if room >= replicas:
+            return True
+    return False
+
+
+def _has_memory(group: _Group, k: int, shape: _Shape, free: int, need: float) -> bool:
+    """Whether node ``k`` has a GPU of ``shape`` with ``free`` units and ``need`` GB unclaimed."""
+    slots, shape_at = group.slots, group.shape_at
+    for position in group.node_slots[k]:
+        slot = slots[position]
+        if slot.free == free and shape_at[position] is shape:
+            memory = slot.memory_free_gb
+            if memory is None or memory >= need:
+                return True
+    return False
+
+
+def _replica_key(placement: Placement, node: str | None) -> tuple:
+    """What identifies one replica of ``placement`` on ``node``: every field but the node
+    and the replica count, so ``replace(placement, node=n, replicas=k)`` finds it."""
+    p = placement
+    return (p.cluster, p.sharing, node, p.units, p.gpu_equivalents, p.gpu_model, p.gpu_memory_gb, p.partition, p.gpus)
+
+
+def _charges(placement: Placement) -> list[tuple[int | None, int]]:
+    """What ``placement`` holds, as (device index or None, units): one entry per replica
+    when it names a GPU per replica (or per replica of a shared mode, GPU unknown)."""
+    gpus = placement.gpus
+    if gpus and len(gpus) == placement.replicas:
+        return [(gpu, placement.units) for gpu in gpus]
+    if len(gpus) == 1:
+        return [(gpus[0], placement.units * placement.replicas)]
+    if Sharing(placement.sharing) in _SHARED:
+        return [(None, placement.units)] * placement.replicas
+    return [(None, placement.units * placement.replicas)]
+
+
+def _timeslice_memory_free(units: list[CapacityUnit], running: Callable[[str], float]) -> list[float | None]:
+    """Per unit, the GPU memory still unclaimed: of its GPU for a per-GPU time-slice
+    unit, of its node for a per-node one; None for units without a memory guard.
+    ``running(node)``: memory of gpush's started time-sliced jobs on the node, for
+    units that do not report their own."""
+    out: list[float | None] = [None] * len(units)
+    spread: dict[str, list[int]] = defaultdict(list)  # node -> per-GPU units that share its figure
+    for i, unit in enumerate(units):
+        if unit.sharing != Sharing.K8S_TIMESLICE or not unit.gpu_memory_gb:
+            continue
+        per_gpu = len(unit.gpus) == 1
+        physical = unit.gpu_memory_gb if per_gpu else unit.capacity * unit.gpu_equivalent * unit.gpu_memory_gb
+        if unit.memory_allocated_gb is not None:
+            out[i] = physical - unit.memory_allocated_gb
+        elif per_gpu:
+            out[i] = physical
+            spread[unit.node].append(i)
+        else:
+            out[i] = physical - running(unit.node)
+    for node, members in spread.items():
+        used = running(node)
+        if used <= 0:
+            continue
+        # Which GPU holds which job is not known: spread the node's figure by the
+        # replicas each GPU has allocated (evenly if the cluster shows none yet).
+        weights = [units[i].allocated for i in members]
+        total = sum(weights)
+        if not total:
+            weights, total = [1] * len(members), len(members)
+        for i, weight in zip(members, weights, strict=True):
+            out[i] -= used * weight / total
+    return out
+
+
+def model_memory(name: str) -> float | None:
+    try:
+        return gpu_model(name).memory_gb
+    except ValueError:
+        return None

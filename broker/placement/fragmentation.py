@@ -1,0 +1,582 @@
+"""Fragmentation of GPU-sharing nodes, and placement that keeps it low.
+
+This module owns gpush's fragmentation-aware placement, after Weng et al., "Beware
+of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient
+Descent" (FGD, USENIX ATC '23), on a model where every GPU has 1000 milli-GPU that
+whole-GPU tasks take whole and fractional tasks take in part:
+
+- **The measure** (:func:`node_fragmentation`). A node's fragmentation against a
+  workload is the expected amount of its free GPU, in milli-GPU, that a task drawn
+  from the workload cannot use: all of it when the task cannot run on the node at
+  all (too little CPU, too few GPUs with room), else the free parts of the GPUs that
+  are smaller than the task's per-GPU share. The workload is a
+  :class:`WorkloadDistribution`: the task shapes and how often each comes (all of
+  them by default; FGD's "typical pods" keep the most frequent).
+- **The choice** (:func:`choose`). On each node where the task fits, the GPU whose
+  placement raises the node's fragmentation least; across nodes, those whose
+  increase is within :data:`TOLERANCE_MILLI` of the least are treated as equal and
+  the one left with the least free GPU wins (best fit), then the earlier candidate.
+  The band is FGD's own resolution: the paper's scheduler scores a node
+  ``int(100 * sigmoid(-increase / 1000))``, one point per ~40 milli-GPU near zero,
+  and takes any top-scoring node. Chasing smaller differences spreads tasks over
+  many nodes; packing among near-equals keeps whole GPUs and CPU free together. On
+  the openb trace with CPU counted (median of 10 seeds, 100% arrived demand): 95.3%
+  allocation, against 94.7% for exact FGD (94.1% with FGD's 95% typical pods) and
+  94.3% for best fit; the first task is refused at 95.1% instead of 93.5%.
+  Candidates are plain :class:`NodeState` records, so the caller decides how its
+  inventory maps to per-GPU free milli. :func:`best_fit` is the rule
+  :mod:`broker.placement.capacity` uses for whole GPUs and MIG instances, on the same model,
+  for comparison.
+- **One GPU at a time** (:func:`single_gpu`, :func:`gpu_increase`). When every
+  shape of the workload takes one GPU and CPU is not counted, a node's fragmentation
+  is the sum of its GPUs' (a task fits a GPU's free part or it does not), so the
+  increase of placing a task on a GPU depends on that GPU's free milli alone. This is
+  how :mod:`broker.placement.capacity` runs :func:`choose`'s rule for MPS shares and
+  time-slice replicas across a whole fleet without scoring every node.
+- **Placement at trace scale** (:class:`SharedGpuNodes`). The same rules over
+  thousands of nodes, fast enough to replay a production trace: each node's score
+  for every task shape is kept and only the node a placement changed is scored
+  again (FGD's score of a node depends on that node alone).
+
+Quantities are integers in milli-GPU, milli-CPU and MiB, as in the Alibaba trace, so
+that equal states compare equal and ties are exact.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MILLI = 1000  # milli-GPU in one GPU
+PLACEMENTS = ("fgd", "best-fit")
+# Fragmentation increases this close (milli-GPU) count as equal; see the module docstring.
+TOLERANCE_MILLI = 40.0
+# Fragmentation differences are sums of products of probabilities and integers;
+# rounding them keeps two placements that are equal in exact arithmetic equal here.
+_DECIMALS = 6
+_UNTRACKED = 1 << 60  # CPU or memory a node does not account: room for any task
+
+
+@dataclass(frozen=True, order=True)
+class TaskShape:
+    """What one task asks of one node: ``gpus`` GPUs with ``gpu_milli`` of each
+    (below 1000 only for a fractional task on one GPU), CPU and host memory."""
+
+    gpu_milli: int
+    gpus: int = 1
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_milli <= MILLI:
+            raise ValueError(f"gpu_milli {self.gpu_milli} is outside 1..{MILLI} (the share of one GPU)")
+        if self.gpus < 1:
+            raise ValueError(f"gpus {self.gpus}: a task on GPU-sharing nodes takes at least one GPU")
+        if self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ValueError("cpu_milli and memory_mib cannot be negative")
+
+    @property
+    def demand_milli(self) -> int:
+        """The GPU the task asks for, in milli-GPU (the trace's "GPU demand")."""
+        return self.gpu_milli * self.gpus
+
+    @property
+    def fractional(self) -> bool:
+        return self.gpu_milli < MILLI
+
+    def whole(self) -> TaskShape:
+        """The same task taking whole GPUs: what Slurm and Kubernetes give without sharing."""
+        return TaskShape(MILLI, self.gpus, self.cpu_milli, self.memory_mib)
+
+
+@dataclass(frozen=True)
+class WorkloadDistribution:
+    """Task shapes and the probability of each: what the measure expects to arrive.
+
+    Memory is not part of a shape here: FGD's fragmentation counts GPU and CPU only.
+    """
+
+    shapes: tuple[TaskShape, ...]
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.shapes or len(self.shapes) != len(self.weights):
+            raise ValueError("a workload distribution needs one weight per shape, and at least one shape")
+
+    @classmethod
+    def of(cls, tasks: Iterable[TaskShape], coverage: float = 1.0) -> WorkloadDistribution:
+        """The shapes of ``tasks`` and how often each comes. With ``coverage`` below 1,
+        only the most frequent shapes that together cover that share, renormalised
+        (FGD's "typical pods"; its experiments keep 95%, which on openb drops every
+        multi-GPU shape, so nothing keeps whole nodes free for them)."""
+        if not 0 < coverage <= 1:
+            raise ValueError(f"coverage {coverage} must be in (0, 1]")
+        counts = Counter(TaskShape(t.gpu_milli, t.gpus, t.cpu_milli) for t in tasks)
+        if not counts:
+            raise ValueError("no GPU tasks to learn a workload distribution from")
+        total = sum(counts.values())
+        kept: list[tuple[TaskShape, int]] = []
+        covered = 0
+        # Most frequent first; equal counts in shape order, so the result does not
+        # depend on the order the tasks came in.
+        for shape, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+            if covered >= coverage * total:
+                break
+            kept.append((shape, count))
+            covered += count
+        return cls(tuple(s for s, _ in kept), tuple(c / covered for _, c in kept))
+
+    def __iter__(self):
+        return iter(zip(self.shapes, self.weights, strict=True))
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One candidate node as placement sees it: free milli-GPU per GPU (by device
+    index), and free CPU and memory (None: not accounted, so never short)."""
+
+    name: str
+    gpu_free: tuple[int, ...]
+    cpu_free: int | None = None
+    memory_free: int | None = None
+
+    @property
+    def free_milli(self) -> int:
+        return sum(self.gpu_free)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a task goes: the node, the GPUs it takes there, and how much the node's
+    fragmentation rises (milli-GPU; None when no workload distribution was given)."""
+
+    node: NodeState
+    gpus: tuple[int, ...]
+    fragmentation_increase: float | None = None
+
+
+def node_fragmentation(gpu_free: Sequence[int], cpu_free: int | None, distribution: WorkloadDistribution) -> float:
+    """Expected free milli-GPU of a node that a task of ``distribution`` cannot use."""
+    total = sum(gpu_free)
+    expected = 0.0
+    for shape, weight in distribution:
+        if cpu_free is not None and cpu_free < shape.cpu_milli:
+            expected += weight * total
+            continue
+        room = [free for free in gpu_free if free >= shape.gpu_milli]
+        # Enough GPUs with room: only the GPUs too small for the task's share are lost.
+        expected += weight * (total if len(room) < shape.gpus else total - sum(room))
+    return expected
+
+
+def single_gpu(distribution: WorkloadDistribution) -> WorkloadDistribution | None:
+    """The shapes of ``distribution`` that take one GPU, CPU dropped, renormalised; None
+    when it has none. What lands on a shared GPU (an MPS share, time-slice replicas)
+    is a one-GPU task, so only those shapes can use a shared GPU's free part."""
+    weights: dict[int, float] = {}
+    for shape, weight in distribution:
+        if shape.gpus == 1:
+            weights[shape.gpu_milli] = weights.get(shape.gpu_milli, 0.0) + weight
+    total = sum(weights.values())
+    if not total:
+        return None
+    shapes = sorted(weights)
+    return WorkloadDistribution(tuple(TaskShape(m) for m in shapes), tuple(weights[m] / total for m in shapes))
+
+
+def gpu_increase(free_milli: int, demand_milli: int, distribution: WorkloadDistribution) -> float:
+    """How much placing ``demand_milli`` on one GPU with ``free_milli`` free raises its
+    node's fragmentation, when every shape of ``distribution`` takes one GPU and CPU is
+    not counted (:func:`single_gpu`): then it is the same on any node, and equal to
+    what :func:`choose` computes for that GPU (rounded the same way)."""
+    before = node_fragmentation((free_milli,), None, distribution)
+    after = node_fragmentation((free_milli - demand_milli,), None, distribution)
+    return round(after - before, _DECIMALS)
+
+
+def fits(node: NodeState, task: TaskShape) -> bool:
+    """Whether ``task`` can start on ``node`` now."""
+    if node.cpu_free is not None and node.cpu_free < task.cpu_milli:
+        return False
+    if node.memory_free is not None and node.memory_free < task.memory_mib:
+        return False
+    return sum(free >= task.gpu_milli for free in node.gpu_free) >= task.gpus
+
+
+def _gpu_options(node: NodeState, task: TaskShape) -> list[tuple[int, ...]]:
+    """The GPU choices that differ for ``task`` on ``node``, lowest index first among equals."""
+    if not fits(node, task):
+        return []
+    if task.gpus == 1:
+        first_of_each: dict[int, int] = {}
+        for index, free in enumerate(node.gpu_free):
+            if free >= task.gpu_milli:
+                first_of_each.setdefault(free, index)
+        return [(index,) for index in sorted(first_of_each.values())]
+    # Several GPUs: the fullest ones that still have room (best fit), which for
+    # whole-GPU tasks are simply the lowest-indexed idle GPUs.
+    able = sorted((free, index) for index, free in enumerate(node.gpu_free) if free >= task.gpu_milli)
+    return [tuple(sorted(index for _, index in able[: task.gpus]))]
+
+
+def _after(node: NodeState, task: TaskShape, gpus: tuple[int, ...]) -> NodeState:
+    gpu_free = list(node.gpu_free)
+    for index in gpus:
+        gpu_free[index] -= task.gpu_milli
+    return NodeState(
+        node.name,
+        tuple(gpu_free),
+        None if node.cpu_free is None else node.cpu_free - task.cpu_milli,
+        None if node.memory_free is None else node.memory_free - task.memory_mib,
+    )
+
+
+def choose(
+    candidates: Iterable[NodeState],
+    demand: TaskShape,
+    distribution: WorkloadDistribution,
+    *,
+    tolerance_milli: float = TOLERANCE_MILLI,
+) -> Choice | None:
+    """Where FGD places ``demand``, or None when it fits nowhere.
+
+    On each node, the GPUs whose placement raises the node's fragmentation least
+    (then the GPU left with the least free, lowest index). Across nodes, those whose
+    least increase is within ``tolerance_milli`` of the smallest compete by best fit:
+    the node left with the least free GPU, then the earlier candidate.
+    """
+    per_node: list[tuple[float, int, int, Choice]] = []
+    for order, node in enumerate(candidates):
+        options = _gpu_options(node, demand)
+        if not options:
+            continue
+        before = node_fragmentation(node.gpu_free, node.cpu_free, distribution)
+        best: tuple | None = None
+        for gpus in options:
+            after = _after(node, demand, gpus)
+            increase = round(node_fragmentation(after.gpu_free, after.cpu_free, distribution) - before, _DECIMALS)
+            key = (increase, min(after.gpu_free[i] for i in gpus), gpus)
+            if best is None or key < best[0]:
+                best = (key, Choice(node, gpus, increase))
+        per_node.append((best[0][0], node.free_milli - demand.demand_milli, order, best[1]))
+    if not per_node:
+        return None
+    least = min(increase for increase, *_ in per_node)
+    near = [entry for entry in per_node if entry[0] <= least + tolerance_milli]
+    return min(near, key=lambda entry: (entry[1], entry[2]))[3]
+
+
+def best_fit(candidates: Iterable[NodeState], demand: TaskShape) -> Choice | None:
+    """Best fit, the rule of :mod:`broker.placement.capacity` for whole GPUs: the node left with the least
+    free GPU, then the earlier candidate; on it, the GPU left with the least free."""
+    best: tuple | None = None
+    for order, node in enumerate(candidates):
+        for gpus in _gpu_options(node, demand):
+            after = _after(node, demand, gpus)
+            key = (after.free_milli, order, min(after.gpu_free[i] for i in gpus), gpus)
+            if best is None or key < best[0]:
+                best = (key, Choice(node, gpus))
+    return None if best is None else best[1]
+
+
+# -- placement at trace scale -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SharedNode:
+    """A node whose GPUs take whole-GPU and fractional tasks alike (GPU sharing by
+    milli-GPU, as in Alibaba's cluster). ``cpu_milli``/``memory_mib`` None: not accounted."""
+
+    name: str
+    gpus: int
+    model: str = ""
+    gpu_memory_gb: float | None = None
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A task placed on :class:`SharedGpuNodes`: node index, GPU indexes, the shape it took."""
+
+    node: int
+    gpus: tuple[int, ...]
+    task: TaskShape
+
+
+@dataclass
+class _Classes:
+    """The distribution folded for vectorised scoring: per (per-GPU share, GPU count)
+    class, the probability of its shapes as a step function of the node's free CPU."""
+
+    mu: np.ndarray  # (K,) per-GPU share of each class
+    num: np.ndarray  # (K,) GPUs each class needs
+    thresholds: np.ndarray  # (L,) sorted CPU requests of the distribution's shapes
+    probability: np.ndarray = field(repr=False)  # (L+1, K): P[level(cpu), k]
+
+    @classmethod
+    def of(cls, distribution: WorkloadDistribution) -> _Classes:
+        keys = sorted({(s.gpu_milli, s.gpus) for s in distribution.shapes})
+        column = {key: k for k, key in enumerate(keys)}
+        thresholds = sorted({s.cpu_milli for s in distribution.shapes})
+        level = {cpu: i for i, cpu in enumerate(thresholds)}
+        probability = np.zeros((len(thresholds) + 1, len(keys)))
+        for shape, weight in distribution:
+            # A node with at least this shape's CPU free may host it: every level above.
+            probability[level[shape.cpu_milli] + 1 :, column[(shape.gpu_milli, shape.gpus)]] += weight
+        return cls(
+            np.array([mu for mu, _ in keys], dtype=np.float64),
+            np.array([num for _, num in keys], dtype=np.int64),
+            np.array(thresholds, dtype=np.int64),
+            probability,
+        )
+
+    def weights_at(self, cpu: np.ndarray | int) -> np.ndarray:
+        return self.probability[np.searchsorted(self.thresholds, cpu, side="right")]
+
+
+class SharedGpuNodes:
+    """GPU-sharing nodes with per-GPU free milli, and placement on them by ``placement``:
+
+    - ``fgd``: :func:`choose`'s rule (against ``distribution``, with ``tolerance_milli``).
+    - ``best-fit``: the node left with the least free GPU, then the lower node index
+      (:mod:`broker.placement.capacity`'s rule for whole GPUs).
+
+    On the chosen node a fractional task takes the GPU that FGD prefers (best fit on
+    ties), a multi-GPU task the fullest GPUs with room. Each node's score for every
+    task shape is cached and recomputed only for the node a placement or a release
+    changed, so one placement costs one node's scoring plus a pass over one row.
+    With a ``distribution``, :meth:`fragmentation_milli` reports the cluster's
+    fragmentation whatever the placement rule.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[SharedNode],
+        *,
+        placement: str = "fgd",
+        distribution: WorkloadDistribution | None = None,
+        shapes: Iterable[TaskShape] = (),
+        tolerance_milli: float = TOLERANCE_MILLI,
+    ) -> None:
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
+        if placement == "fgd" and distribution is None:
+            raise ValueError("fgd placement needs the workload distribution it measures fragmentation against")
+        if not nodes:
+            raise ValueError("no GPU nodes to place on")
+        self.nodes = tuple(nodes)
+        self.placement = placement
+        self.distribution = distribution
+        self.tolerance_milli = tolerance_milli
+        self._classes = _Classes.of(distribution) if distribution is not None else None
+        count, width = len(nodes), max(node.gpus for node in nodes)
+        self.free = np.zeros((count, width), dtype=np.int64)  # absent GPUs stay 0: nothing fits there
+        for i, node in enumerate(nodes):
+            self.free[i, : node.gpus] = MILLI
+        self.cpu = np.array([_UNTRACKED if n.cpu_milli is None else n.cpu_milli for n in nodes], dtype=np.int64)
+        self.memory = np.array([_UNTRACKED if n.memory_mib is None else n.memory_mib for n in nodes], dtype=np.int64)
+        self.capacity_milli = int(self.free.sum())
+        self._total_free = self.free.sum(axis=1)
+        self._frag = np.zeros(count)
+        self._keys: list[tuple[int, int, int]] = []  # scoring shapes: (gpu_milli, gpus, cpu_milli)
+        self._key_index: dict[tuple[int, int, int], int] = {}
+        self._memo: dict[tuple[bytes, int], tuple[np.ndarray, np.ndarray, float]] = {}
+        self._allowed: dict[frozenset[str], np.ndarray] = {}
+        self._holdable: dict[tuple[TaskShape, frozenset[str]], bool] = {}
+        for shape in shapes:
+            self._register(shape, rebuild=False)
+        self._rebuild()
+
+    # -- what callers read ------------------------------------------------------------
+
+    @property
+    def held_milli(self) -> int:
+        """Milli-GPU taken by placed tasks."""
+        return self.capacity_milli - int(self._total_free.sum())
+
+    def fragmentation_milli(self) -> float:
+        """The cluster's fragmentation (sum over nodes) against the distribution, or 0 without one."""
+        return float(self._frag.sum())
+
+    def state(self, index: int) -> NodeState:
+        node = self.nodes[index]
+        return NodeState(
+            node.name,
+            tuple(int(f) for f in self.free[index, : node.gpus]),
+            None if node.cpu_milli is None else int(self.cpu[index]),
+            None if node.memory_mib is None else int(self.memory[index]),
+        )
+
+    def could_ever_hold(self, task: TaskShape, models: Iterable[str] = ()) -> bool:
+        """Whether some node, empty, could run ``task`` (else it would wait forever)."""
+        allowed = frozenset(models)
+        known = self._holdable.get((task, allowed))
+        if known is None:
+            known = self._holdable[(task, allowed)] = any(
+                node.gpus >= task.gpus
+                and (node.cpu_milli is None or node.cpu_milli >= task.cpu_milli)
+                and (node.memory_mib is None or node.memory_mib >= task.memory_mib)
+                and (not allowed or node.model in allowed)
+                for node in self.nodes
+            )
+        return known
+
+    # -- placing and releasing --------------------------------------------------------
+
+    def place(self, task: TaskShape, models: Iterable[str] = ()) -> Slot | None:
+        """Place ``task`` (only on nodes of ``models`` when given), or None if it fits nowhere now."""
+        s = self._key_index.get((task.gpu_milli, task.gpus, task.cpu_milli))
+        if s is None:
+            s = self._register(task, rebuild=True)
+        row = self._score[s]
+        mask = None
+        if task.memory_mib:
+            mask = self.memory >= task.memory_mib
+        wanted = frozenset(models)
+        if wanted:
+            allowed = self._allowed.get(wanted)
+            if allowed is None:
+                allowed = np.array([node.model in wanted for node in self.nodes])
+                self._allowed[wanted] = allowed
+            mask = allowed if mask is None else mask & allowed
+        if mask is not None:
+            row = np.where(mask, row, np.inf)
+        i = int(row.argmin())
+        best = row[i]
+        if best == np.inf:
+            return None
+        if self.placement == "fgd":
+            near = np.flatnonzero(row <= best + self.tolerance_milli)
+            if len(near) > 1:  # best fit among near-equals; argmin keeps the lowest index on ties
+                i = int(near[self._total_free[near].argmin()])
+        if task.gpus == 1:
+            gpus = (int(self._pick[s, i]),)
+        else:
+            gpus = _fullest_with_room(self.free[i], task)
+        slot = Slot(i, gpus, task)
+        self._apply(slot, -1)
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        """Give back what ``slot`` took (the task ended)."""
+        self._apply(slot, +1)
+
+    def _apply(self, slot: Slot, sign: int) -> None:
+        i, task = slot.node, slot.task
+        for g in slot.gpus:
+            self.free[i, g] += sign * task.gpu_milli
+        self.cpu[i] += sign * task.cpu_milli
+        self.memory[i] += sign * task.memory_mib
+        self._total_free[i] += sign * task.demand_milli
+        self._refresh(i)
+
+    # -- scoring ----------------------------------------------------------------------
+
+    def _register(self, shape: TaskShape, *, rebuild: bool) -> int:
+        key = (shape.gpu_milli, shape.gpus, shape.cpu_milli)
+        if key in self._key_index:
+            return self._key_index[key]
+        self._key_index[key] = len(self._keys)
+        self._keys.append(key)
+        if rebuild:
+            self._rebuild()
+        return self._key_index[key]
+
+    def _rebuild(self) -> None:
+        keys = np.array(self._keys, dtype=np.int64).reshape(-1, 3)
+        self._d, self._k, self._c = keys[:, 0], keys[:, 1], keys[:, 2]
+        self._single = np.flatnonzero(self._k == 1)
+        self._multi = [int(s) for s in np.flatnonzero(self._k > 1)]
+        self._memo.clear()
+        count = len(self.nodes)
+        self._score = np.full((len(self._keys), count), np.inf)
+        self._pick = np.full((len(self._keys), count), -1, dtype=np.int64)
+        for i in range(count):
+            self._refresh(i)
+
+    def _refresh(self, i: int) -> None:
+        cpu = int(self.cpu[i])
+        key = (self.free[i].tobytes(), cpu)
+        column = self._memo.get(key)
+        if column is None:
+            if len(self._memo) > 200_000:  # states seen once rarely come back: keep memory bounded
+                self._memo.clear()
+            column = self._column(self.free[i].astype(np.float64), cpu)
+            self._memo[key] = column
+        self._score[:, i], self._pick[:, i], self._frag[i] = column
+
+    def _usable(self, v: np.ndarray) -> np.ndarray:
+        """Per class: the free milli on GPUs big enough for it, if enough such GPUs."""
+        classes = self._classes
+        ge = v[:, None] >= classes.mu[None, :]
+        usable = (v[:, None] * ge).sum(axis=0)
+        return usable * (ge.sum(axis=0) >= classes.num)
+
+    def _column(self, v: np.ndarray, cpu: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """One node's score for every task shape, the GPU each would take, and the
+        node's fragmentation. Scores: fragmentation increase (fgd) or free milli left
+        (best fit); inf where the shape does not fit."""
+        d, k, c = self._d, self._k, self._c
+        size = len(d)
+        score = np.full(size, np.inf)
+        pick = np.full(size, -1, dtype=np.int64)
+        total = float(v.sum())
+        cpu_after = cpu - c
+        cpu_ok = cpu_after >= 0
+        classes = self._classes
+        frag = 0.0
+        if classes is not None:
+            ge = v[:, None] >= classes.mu[None, :]  # (G, K)
+            v_ge = v[:, None] * ge
+            usable, count = v_ge.sum(axis=0), ge.sum(axis=0)
+            frag = total - float((usable * (count >= classes.num)) @ classes.weights_at(cpu))
+        fgd = self.placement == "fgd"
+
+        single = self._single
+        if len(single):
+            ds = d[single].astype(np.float64)
+            after = v[None, :] - ds[:, None]  # (S1, G): each GPU's free after taking the share
+            ok = (after >= 0) & cpu_ok[single][:, None]
+            if fgd:
+                ge_after = after[:, :, None] >= classes.mu  # (S1, G, K)
+                usable_after = usable - v_ge[None] + after[:, :, None] * ge_after
+                count_after = count - ge[None] + ge_after
+                kept = usable_after * (count_after >= classes.num)
+                expected = np.einsum("sgk,sk->sg", kept, classes.weights_at(cpu_after[single]))
+                increase = np.round((total - ds[:, None] - expected) - frag, _DECIMALS)
+                increase = np.where(ok, increase, np.inf)
+                best = increase.min(axis=1)
+                # Among GPUs with the least increase, the one left fullest (best fit).
+                tied = (increase == best[:, None]) & ok
+                score[single] = best
+                pick[single] = np.where(tied, after, np.inf).argmin(axis=1)
+            else:
+                left = np.where(ok, after, np.inf)
+                pick[single] = left.argmin(axis=1)
+                score[single] = np.where(np.isfinite(left.min(axis=1)), total - ds, np.inf)
+
+        for s in self._multi:
+            if not cpu_ok[s]:
+                continue
+            gpus = _fullest_with_room(v, TaskShape(int(d[s]), int(k[s])))
+            if len(gpus) < k[s]:
+                continue
+            if fgd:
+                after = v.copy()
+                after[list(gpus)] -= d[s]
+                expected = float(self._usable(after) @ classes.weights_at(int(cpu_after[s])))
+                score[s] = round((total - d[s] * k[s] - expected) - frag, _DECIMALS)
+            else:
+                score[s] = total - d[s] * k[s]
+        return score, pick, frag
+
+
+def _fullest_with_room(free: np.ndarray, task: TaskShape) -> tuple[int, ...]:
+    """The ``task.gpus`` GPUs with room for its share that are fullest (lowest index
+    among equals); fewer when not enough have room."""
+    able = sorted((float(f), g) for g, f in enumerate(free) if f >= task.gpu_milli)
+    return tuple(sorted(g for _, g in able[: task.gpus]))

@@ -1,0 +1,83 @@
+"""Tenants' fair-share weights and GPU quotas, and what they use now.
+
+Usage counts physical GPU-equivalents of every job a cluster holds or is about to
+hold (routed, submitting, submitted, running) across both tiers, in one ledger: a
+1g MIG slice of a 7-slice GPU is 1/7, a time-slice replica of a GPU split 4 ways 1/4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.core.errors import InvalidRequest
+from broker.core.models import Job, Tenant
+from broker.core.states import JobState
+
+HOLDING = (JobState.ROUTED.value, JobState.SUBMITTING.value, JobState.SUBMITTED.value, JobState.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class TenantUsage:
+    name: str
+    weight: float
+    gpu_quota: float | None
+    gpu_used: float
+    jobs_running: int
+    jobs_queued: int
+
+
+def set_tenant(
+    session: Session, name: str, *, weight: float | None, gpu_quota: float | None, clear_quota: bool, now: datetime
+) -> Tenant:
+    if weight is not None and weight <= 0:
+        raise InvalidRequest(f"weight {weight:g} must be more than 0 (1 is the default share)")
+    if gpu_quota is not None and gpu_quota < 0:
+        raise InvalidRequest(f"gpu quota {gpu_quota:g} must be 0 or more GPU-equivalents")
+    row = session.get(Tenant, name)
+    if row is None:
+        row = Tenant(name=name, weight=1.0, gpu_quota=None, updated_at=now)
+        session.add(row)
+    if weight is not None:
+        row.weight = weight
+    if gpu_quota is not None:
+        row.gpu_quota = gpu_quota
+    if clear_quota:
+        row.gpu_quota = None
+    row.updated_at = now
+    session.flush()
+    return row
+
+
+def tenant_usage(session: Session) -> list[TenantUsage]:
+    used = dict(
+        session.execute(
+            select(Job.tenant, func.coalesce(func.sum(Job.gpu_equivalents), 0.0))
+            .where(Job.state.in_(HOLDING))
+            .group_by(Job.tenant)
+        ).all()
+    )
+    counts: dict[tuple[str, str], int] = {
+        (t, s): n
+        for t, s, n in session.execute(
+            select(Job.tenant, Job.state, func.count())
+            .where(Job.state.in_([JobState.RUNNING.value, JobState.QUEUED.value]))
+            .group_by(Job.tenant, Job.state)
+        )
+    }
+    configured = {t.name: t for t in session.execute(select(Tenant)).scalars()}
+    names = sorted(set(configured) | set(used) | {t for t, _ in counts})
+    return [
+        TenantUsage(
+            name=n,
+            weight=configured[n].weight if n in configured else 1.0,
+            gpu_quota=configured[n].gpu_quota if n in configured else None,
+            gpu_used=float(used.get(n, 0.0)),
+            jobs_running=counts.get((n, JobState.RUNNING.value), 0),
+            jobs_queued=counts.get((n, JobState.QUEUED.value), 0),
+        )
+        for n in names
+    ]

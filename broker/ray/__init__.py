@@ -1,0 +1,1 @@
+"""Ray: the autoscaler node provider backed by gpush, its workers, and Ray jobs."""

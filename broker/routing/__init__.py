@@ -1,0 +1,1 @@
+"""Routing policies: the rules, their evaluation and validation, and their stored versions."""

@@ -1,0 +1,3 @@
+"""The scheduling cycle: orchestration, claim, status sync, submission, leader election,
+clusters, scaling.
+"""

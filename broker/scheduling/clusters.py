@@ -1,0 +1,219 @@
+"""Registered clusters and the adapters that talk to them.
+
+An admin registers a cluster (`gpush cluster add NAME --kind sim|slurm|k8s ...`);
+its kind picks the adapter class (broker.core.adapter.adapter_class) and its config is
+handed to the adapter. :class:`AdapterPool` keeps one adapter per cluster and
+process, rebuilt when the cluster's config changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from broker.core.adapter import ADAPTERS, AdapterError, ClusterAdapter, adapter_class
+from broker.core.config import data_dir
+from broker.core.errors import Conflict, InvalidRequest, NotFound
+from broker.core.metrics import instrument
+from broker.core.models import Cluster
+
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    name: str
+    kind: str
+    config: dict[str, Any]
+    enabled: bool
+    created_by: str
+    created_at: datetime
+
+    @classmethod
+    def of(cls, row: Cluster) -> ClusterInfo:
+        return cls(row.name, row.kind, dict(row.config), row.enabled, row.created_by, row.created_at)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ADAPTERS:
+        raise InvalidRequest(
+            f"cluster kind {kind!r} is not one gpush knows: use {', '.join(ADAPTERS)}",
+            details=[{"field": "kind", "value": kind}],
+        )
+
+
+def make_adapter(name: str, kind: str, config: dict[str, Any], clock: Clock) -> ClusterAdapter:
+    """Build the adapter; a config it refuses is the admin's error (InvalidRequest)."""
+    _check_kind(kind)
+    try:
+        cls = adapter_class(kind)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidRequest(
+            f"the {kind} adapter is not available in this installation ({exc}): "
+            "reinstall gpush with its dependencies (pip install gpush)"
+        ) from None
+    if kind == "sim":
+        # The pool applies a simulated cluster's speed to its clock (AdapterPool._clock_for).
+        config = {k: v for k, v in config.items() if k != "speed"}
+    return cls(name, config, clock=clock)
+
+
+def add_cluster(
+    session: Session,
+    *,
+    name: str,
+    kind: str,
+    config: dict[str, Any],
+    actor: str,
+    now: datetime,
+    replace: bool = False,
+    check: Callable[[ClusterAdapter], None] | None = None,
+) -> ClusterInfo:
+    """Register (or with ``replace`` re-configure) a cluster after its adapter accepts the config.
+
+    A real cluster's jobs carry a tag that names this gpush installation (the
+    adapter's ``tag``): unless the admin sets one, a new registration gets its own
+    (``gpush`` and four hex digits) and a re-configuration keeps the one it had, so
+    two brokers sharing a cluster never take each other's jobs for theirs.
+    """
+    row = session.get(Cluster, name)
+    if kind != "sim" and "tag" not in config:
+        old_tag = (row.config or {}).get("tag") if row is not None else None
+        config = {**config, "tag": old_tag or f"gpush{secrets.token_hex(2)}"}
+    adapter = make_adapter(name, kind, config, clock=lambda: now)
+    if check is not None:
+        check(adapter)
+    if row is not None and not replace:
+        raise Conflict(f"cluster {name} is already registered: pass --replace to change its configuration")
+    if row is None:
+        row = Cluster(name=name, created_by=actor, created_at=now, enabled=True)
+        session.add(row)
+    else:
+        row.status_cursor = None  # another backend, another cursor
+    row.kind, row.config, row.updated_at = kind, config, now
+    session.flush()
+    return ClusterInfo.of(row)
+
+
+def remove_cluster(session: Session, name: str) -> None:
+    row = session.get(Cluster, name)
+    if row is None:
+        raise NotFound(f"no cluster {name}: `gpush cluster list` shows them")
+    session.delete(row)
+    session.flush()
+
+
+def list_clusters(session: Session, *, enabled_only: bool = False) -> list[ClusterInfo]:
+    query = select(Cluster).order_by(Cluster.name)
+    if enabled_only:
+        query = query.where(Cluster.enabled.is_(True))
+    return [ClusterInfo.of(row) for row in session.execute(query).scalars()]
+
+
+def summarize(info: ClusterInfo, adapter: ClusterAdapter) -> dict[str, Any]:
+    """Health and capacity of one cluster, for `gpush cluster list` and GET /v1/clusters."""
+    out: dict[str, Any] = {"name": info.name, "kind": info.kind, "enabled": info.enabled}
+    try:
+        health = adapter.health()
+        out["health"] = {"ok": health.ok, "detail": health.detail, "version": health.version}
+        units = adapter.inventory() if health.ok else []
+    except AdapterError as exc:
+        out["health"] = {"ok": False, "detail": str(exc), "version": None}
+        units = []
+    by_sharing: dict[str, dict[str, float]] = {}
+    for unit in units:
+        row = by_sharing.setdefault(unit.sharing.value, {"gpu_total": 0.0, "gpu_free": 0.0, "units": 0, "free": 0})
+        row["gpu_total"] += unit.capacity * unit.gpu_equivalent
+        row["gpu_free"] += unit.free * unit.gpu_equivalent
+        row["units"] += unit.capacity
+        row["free"] += unit.free
+    out["capacity"] = by_sharing
+    out["gpu_total"] = sum(r["gpu_total"] for r in by_sharing.values())
+    out["gpu_free"] = sum(r["gpu_free"] for r in by_sharing.values())
+    out["nodes"] = len({u.node for u in units})
+    return out
+
+
+def cluster_views(session: Session, pool: AdapterPool) -> dict[str, Any]:
+    """Every registered cluster's view for policy validation (broker.routing.policy.cluster_view),
+    from its adapter's inventory; a cluster that does not answer has an unknown inventory
+    (None), not an empty one, so checks that need it become warnings."""
+    from broker.routing.policy import cluster_view
+
+    views = {}
+    for info in list_clusters(session):
+        try:
+            units = pool.get(info).inventory()
+        except Exception:  # unreachable, whatever the adapter raised: unknown, not empty
+            units = None
+        views[info.name] = cluster_view(info.name, info.kind, units)
+    return views
+
+
+class AdapterPool:
+    """One adapter per registered cluster in this process, rebuilt when its config changes."""
+
+    def __init__(self, clock: Clock, overrides: dict[str, ClusterAdapter] | None = None):
+        self.clock = clock
+        self._adapters: dict[str, tuple[str, ClusterAdapter]] = {}
+        self._overrides = dict(overrides or {})
+        self._lock = threading.Lock()
+
+    def _clock_for(self, info: ClusterInfo) -> Clock:
+        """Simulated clusters may run faster than the wall clock (config ``speed``): virtual
+        time counts from the cluster's registration, so every process agrees on it."""
+        speed = float(info.config.get("speed", 1.0)) if info.kind == "sim" else 1.0
+        if speed == 1.0:
+            return self.clock
+        epoch = info.created_at
+        return lambda: epoch + (self.clock() - epoch) * speed
+
+    def _config_for(self, info: ClusterInfo, fingerprint: str) -> dict[str, Any]:
+        config = dict(info.config)
+        if info.kind == "sim" and "state_file" not in config:
+            # A simulated cluster keeps its jobs across broker restarts and CLI runs, as a
+            # real one would; a new configuration starts a new simulation.
+            state = data_dir() / "sim" / f"{info.name}-{fingerprint[:8]}.json"
+            state.parent.mkdir(parents=True, exist_ok=True)
+            config["state_file"] = str(state)
+        if info.kind == "sim" and config.get("state_file") is None:
+            config.pop("state_file", None)
+        return config
+
+    def close(self) -> None:
+        """Close every adapter this pool built (their watches, connections)."""
+        with self._lock:
+            built, self._adapters = list(self._adapters.values()), {}
+        for _, adapter in built:
+            if hasattr(adapter, "close"):
+                adapter.close()
+
+    def override(self, name: str, adapter: ClusterAdapter) -> None:
+        """Use ``adapter`` for cluster ``name`` in this process (tests, embedded tools)."""
+        with self._lock:
+            self._overrides[name] = adapter
+
+    def get(self, info: ClusterInfo) -> ClusterAdapter:
+        """The cluster's adapter, its calls measured (broker.core.metrics), overrides included."""
+        if info.name in self._overrides:
+            return instrument(self._overrides[info.name], info.name, info.kind)
+        fingerprint = hashlib.sha256(json.dumps([info.kind, info.config], sort_keys=True).encode()).hexdigest()
+        with self._lock:
+            cached = self._adapters.get(info.name)
+            if cached is None or cached[0] != fingerprint:
+                if cached is not None and hasattr(cached[1], "close"):
+                    cached[1].close()  # the old configuration's watches and connections
+                config = self._config_for(info, fingerprint)
+                adapter = make_adapter(info.name, info.kind, config, self._clock_for(info))
+                cached = (fingerprint, instrument(adapter, info.name, info.kind))
+                self._adapters[info.name] = cached
+            return cached[1]

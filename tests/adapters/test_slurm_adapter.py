@@ -1,0 +1,1049 @@
+"""The Slurm adapter on Slurm's own answers: recorded on Slurm 22.05, built from the
+24.11 schema (tests/data/slurm/README.md says which is which).
+
+No Slurm runs here. ``RecordedSlurm`` is a client (the ``SlurmClient`` protocol) that
+answers from those files and behaves as Slurm did when they were recorded; the REST
+backend meets a slurmrestd made of recorded HTTP answers; the command-line backend runs
+stand-in ``sbatch``/``squeue``/... scripts. Rendered batch scripts run for real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from adapters.slurm import client as slurm_client
+from adapters.slurm.adapter import SlurmAdapter, SlurmSettings
+from adapters.slurm.client import CliBackend, RestBackend, SlurmClient, read_jobcomp
+from adapters.slurm.records import FinishedRecord, Gres, SlurmJob, SlurmNode, Submission, parse_gres
+from adapters.slurm.render import gres_for, render
+from broker.core.adapter import BackendState, ClusterAdapter, Placement, Rejected, Sharing, Unreachable
+from broker.core.errors import InvalidRequest
+from broker.core.schemas import JobSpec
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+V2205 = DATA / "2205"
+V2411 = DATA / "2411"
+
+
+def answer(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def raw_job(path: Path, name: str) -> dict[str, Any]:
+    return next(raw for raw in answer(path)["jobs"] if raw["name"] == name)
+
+
+def jobs_of(*paths: Path) -> list[SlurmJob]:
+    return [SlurmJob.of(raw) for path in paths for raw in answer(path)["jobs"]]
+
+
+def nodes_of(path: Path) -> list[SlurmNode]:
+    return [SlurmNode.of(raw) for raw in answer(path)["nodes"]]
+
+
+def by_name(jobs: list[SlurmJob]) -> dict[str, SlurmJob]:
+    return {job.name: job for job in jobs}
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+class RecordedSlurm:
+    """A Slurm that answers from recorded JSON and does what the real one did.
+
+    It implements ``SlurmClient``: squeue lists every job it knows, finished ones too; a
+    submission of a GRES no node has is refused *and* leaves a FAILED BadConstraints
+    record (as sbatch does: integration/slurm/README.md, pitfall 7); finished jobs that left squeue come from a
+    jobcomp/filetxt file, read by the real parser.
+    """
+
+    def __init__(
+        self,
+        jobs: list[SlurmJob],
+        nodes: list[SlurmNode],
+        *,
+        version: str = "22.05.8",
+        jobcomp: Path | None = None,
+        lists_new_jobs: bool = True,
+    ):
+        self.job_list = list(jobs)
+        self.node_list = list(nodes)
+        self.release = version
+        self.jobcomp = jobcomp
+        self.lists_new_jobs = lists_new_jobs
+        self.submitted: list[Submission] = []
+        self.cancelled: list[str] = []
+        self.next_id = 1000
+        self._lock = threading.Lock()  # submit_many submits on several threads
+
+    def version(self) -> str:
+        return self.release
+
+    def ping(self) -> str:
+        return "UP"
+
+    def submit(self, job: Submission) -> str:
+        with self._lock:
+            return self._submit(job)
+
+    def _submit(self, job: Submission) -> str:
+        self.submitted.append(job)
+        self.next_id += 1
+        job_id = str(self.next_id)
+        wanted = parse_gres(job.gres)[0]
+        offered = {(g.name, g.type) for node in self.node_list for g in node.gres}
+        known = (wanted.name, wanted.type) in offered or (
+            wanted.type is None and wanted.name in {n for n, _ in offered}
+        )
+        now = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
+        record = SlurmJob(
+            job_id=job_id,
+            name=job.name,
+            comment=job.comment,
+            states=("PENDING",) if known else ("FAILED",),
+            reason="None" if known else "BadConstraints",
+            nodes="",
+            partition=job.partition or "gpu",
+            tres_per_node=(wanted,),
+            gres_detail=(),
+            exit_code=None,
+            submit_time=now,
+            start_time=None,
+            end_time=None if known else now,
+        )
+        if self.lists_new_jobs or not known:
+            self.job_list.append(record)
+        if not known:
+            raise Rejected("Slurm refused the job: Requested node configuration is not available")
+        return job_id
+
+    def jobs(self) -> list[SlurmJob]:
+        return list(self.job_list)
+
+    def nodes(self) -> list[SlurmNode]:
+        return list(self.node_list)
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+
+    def finished(self, since: datetime | None) -> list[FinishedRecord]:
+        return read_jobcomp(self.jobcomp, since) if self.jobcomp else []
+
+
+def recorded_2205(**kwargs: Any) -> RecordedSlurm:
+    return RecordedSlurm(jobs_of(V2205 / "squeue.json"), nodes_of(V2205 / "sinfo.json"), **kwargs)
+
+
+def recorded_2411(**kwargs: Any) -> RecordedSlurm:
+    jobs = jobs_of(V2411 / "squeue.json", V2411 / "squeue_finished.json")
+    return RecordedSlurm(jobs, nodes_of(V2411 / "nodes.json"), version="24.11.5", **kwargs)
+
+
+def adapter(client: SlurmClient, name: str = "slurm-a", **config: Any) -> SlurmAdapter:
+    return SlurmAdapter(name, {"cache_seconds": 0, **config}, client=client)
+
+
+def jobcomp_line(job_id: int, name: str, state: str, end: datetime, exit_code: str = "0:0", node: str = "mig01") -> str:
+    """One jobcomp/filetxt line in the shape of tests/data/slurm/2205/jobcomp.txt.
+    Slurm writes local time without a zone, so this does too."""
+    local = end.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+    start = (end - timedelta(seconds=60)).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+    return (
+        f"JobId={job_id} UserId=root(0) GroupId=root(0) Name={name} JobState={state} Partition=gpu "
+        f"TimeLimit=525600 StartTime={start} EndTime={local} NodeList={node} NodeCnt=1 ProcCnt=1 "
+        f"WorkDir=/tmp ReservationName= Tres=cpu=1,mem=1000M,node=1,billing=1 Account= QOS= WcKey= "
+        f"Cluster=unknown SubmitTime={start} EligibleTime={start} DerivedExitCode=0:0 ExitCode={exit_code} \n"
+    )
+
+
+def spec(command: list[str] | None = None, **fields: Any) -> JobSpec:
+    fields.setdefault("tenant", "ml")
+    fields.setdefault("user", "alice")
+    return JobSpec(kind="batch", command=command or ["python", "train.py"], **fields)
+
+
+def mig(profile: str = "1g.5gb", units: int = 1) -> Placement:
+    return Placement("slurm-a", Sharing.SLURM_MIG, units, units * 1 / 7, node="mig01", mig_profile=profile)
+
+
+def mps(percent: int = 25) -> Placement:
+    return Placement("slurm-a", Sharing.SLURM_MPS, percent, percent / 100, node="mps01", gpu_model="A100-SXM4-40GB")
+
+
+def whole(gpus: int = 1, model: str | None = "A100-SXM4-40GB", node: str | None = "gpu01") -> Placement:
+    return Placement("slurm-a", Sharing.SLURM_EXCLUSIVE, gpus, float(gpus), node=node, gpu_model=model)
+
+
+# -- Slurm's answers read into records --------------------------------------------------
+
+
+def test_parse_gres_reads_every_spelling_slurm_uses():
+    assert parse_gres("gpu:1g.5gb:7,gpu:3g.20gb:2,mps:100") == [
+        Gres("gpu", "1g.5gb", 7),
+        Gres("gpu", "3g.20gb", 2),
+        Gres("mps", None, 100),
+    ]
+    # what a node uses, with device indexes (commas inside the parentheses stay put)
+    assert parse_gres("gpu:1g.5gb:3(IDX:0,2,4),gpu:3g.20gb:0(IDX:N/A),mps:0") == [
+        Gres("gpu", "1g.5gb", 3),
+        Gres("gpu", "3g.20gb", 0),
+        Gres("mps", None, 0),
+    ]
+    # what a job asked for: 22.05's tres_per_node, the TRES form, newer squeue, socket suffix
+    assert parse_gres("gres:gpu:3g.20gb:1") == [Gres("gpu", "3g.20gb", 1)]
+    assert parse_gres("gres/gpu:1g.5gb=1") == [Gres("gpu", "1g.5gb", 1)]
+    assert parse_gres("gres/mps:25") == [Gres("mps", None, 25)]
+    assert parse_gres("gpu:a100:2(S:0-1)") == [Gres("gpu", "a100", 2)]
+    assert parse_gres(["gpu:3g.20gb:1(IDX:7)"]) == [Gres("gpu", "3g.20gb", 1)]
+    assert parse_gres("gpu") == [Gres("gpu", None, 1)]
+    for nothing in ("", "(null)", None, []):
+        assert parse_gres(nothing) == []
+
+
+def test_jobs_recorded_on_2205_read_as_slurm_meant_them():
+    jobs = by_name(jobs_of(V2205 / "squeue.json"))
+
+    done = jobs["gpush-1"]
+    assert (done.job_id, done.state, done.exit_code, done.nodes) == ("1", "COMPLETED", 0, "gpu01")
+    assert done.tres_per_node == (Gres("gpu", "a100", 1),)
+    assert done.comment == "gpush:job-1 tenant=ml user=alice"
+    assert done.end_time == utc("2026-12-03T09:22:56") and done.last_change == done.end_time
+
+    failed = jobs["gpush-2"]
+    # squeue --json gives the wait status 768; the program exited 3, as ExitCode=3:0 says
+    assert (failed.state, failed.reason, failed.exit_code) == ("FAILED", "NonZeroExitCode", 3)
+
+    running = jobs["gpush-7"]
+    assert running.states == ("RUNNING",) and running.reason == "None"
+    assert running.tres_per_node == (Gres("gpu", "1g.5gb", 1),)
+    assert running.gres_detail == ("gpu:1g.5gb:1(IDX:0)",)
+    assert running.start_time == utc("2026-12-03T09:23:02")
+    # a running job's end_time is its time limit, not a change
+    assert running.end_time > running.start_time and running.last_change == running.start_time
+
+    assert jobs["gpush-10"].tres_per_node == (Gres("mps", None, 25),)
+    refused = jobs["gpush-11"]
+    assert (refused.state, refused.reason, refused.nodes) == ("FAILED", "BadConstraints", "")
+    pending = jobs["gpush-8"]
+    assert (pending.state, pending.reason) == ("PENDING", "Resources")
+    # a pending job's start_time is Slurm's estimate (here: when the running jobs' time
+    # limits run out, a year on), not a change
+    assert pending.start_time == utc("2027-12-03T09:23:02")
+    assert pending.last_change == pending.submit_time == utc("2026-12-03T09:23:03")
+    assert jobs["gpush-14"].state == "CANCELLED"
+
+
+def test_jobs_built_from_the_2411_schema_read_the_same():
+    jobs = by_name(jobs_of(V2411 / "squeue.json", V2411 / "squeue_finished.json"))
+    raw = {j["name"]: j for j in answer(V2411 / "squeue.json")["jobs"]}
+    assert raw["gpush-7"]["job_state"] == ["RUNNING"]
+    assert raw["gpush-7"]["start_time"] == {"set": True, "infinite": False, "number": 1733212901}
+
+    running = jobs["gpush-7"]
+    assert (running.job_id, running.states, running.nodes) == ("204", ("RUNNING",), "mig01")
+    assert running.tres_per_node == (Gres("gpu", "1g.5gb", 1),)
+    assert running.start_time == utc("2024-12-03T08:01:41")
+    assert running.comment == "gpush:job-7 tenant=ml user=alice"
+    assert jobs["gpush-10"].tres_per_node == (Gres("mps", None, 25),)
+
+    pending = jobs["gpush-8"]
+    # {"set": true, "number": 0} is "not yet", not the epoch
+    assert pending.state == "PENDING" and pending.start_time is None and pending.end_time is None
+
+    assert (jobs["gpush-1"].state, jobs["gpush-1"].exit_code) == ("COMPLETED", 0)
+    assert (jobs["gpush-2"].state, jobs["gpush-2"].exit_code) == ("FAILED", 3)
+    # {"status": ["SIGNALED"], "signal": {"id": 9, "name": "KILL"}} reads as a shell would
+    assert jobs["gpush-3"].exit_code == 128 + 9
+    assert (jobs["gpush-11"].state, jobs["gpush-11"].reason) == ("FAILED", "BadConstraints")
+    assert jobs["gpush-14"].state == "CANCELLED"
+
+
+def test_comment_reads_from_a_string_and_from_24_11_accounting_objects():
+    raw = answer(V2411 / "squeue.json")["jobs"][0]
+    as_object = dict(raw, comment={"administrator": "", "job": raw["comment"], "system": "requeued"})
+    assert SlurmJob.of(as_object).comment == SlurmJob.of(raw).comment == "gpush:job-7 tenant=ml user=alice"
+
+
+@pytest.mark.parametrize("version", [V2205, V2411])
+def test_nodes_read_state_gres_and_partitions(version):
+    path = version / ("sinfo.json" if version == V2205 else "nodes.json")
+    nodes = {node.name: node for node in nodes_of(path)}
+    assert set(nodes) == {"mig01", "mps01", "gpu01"}
+    assert nodes["mig01"].gres == (Gres("gpu", "1g.5gb", 7), Gres("gpu", "3g.20gb", 2))
+    assert Gres("gpu", "1g.5gb", 7) in nodes["mig01"].gres_used
+    assert nodes["mps01"].gres == (Gres("gpu", "a100", 1), Gres("mps", "a100", 100))
+    assert nodes["gpu01"].gres == (Gres("gpu", "a100", 2),)
+    assert (nodes["mig01"].cpus, nodes["mig01"].memory_mb) == (16, 64000)
+    assert nodes["mig01"].partitions == ("gpu", "mig")
+    assert nodes["mig01"].unavailable is None
+
+
+def test_a_drained_or_down_node_says_why_it_takes_nothing():
+    drained = {n.name: n for n in nodes_of(V2205 / "sinfo_drain.json")}["gpu01"]
+    assert drained.states == ("MIXED", "DRAIN")  # 22.05: "mixed" plus state_flags ["DRAIN"]
+    assert drained.unavailable == "node gpu01 is drain: gpu 1 fell off the bus"
+
+    down = {n.name: n for n in nodes_of(V2205 / "sinfo_down.json")}
+    assert down["mps01"].unavailable == "node mps01 is down: nvidia-smi: no devices found"
+    assert down["gpu01"].states == ("IDLE", "DRAIN") and down["gpu01"].unavailable
+
+    built = {n.name: n for n in nodes_of(V2411 / "nodes.json")}["gpu01"]
+    assert built.states == ("IDLE", "DRAIN")  # 24.11: "state": ["IDLE", "DRAIN"]
+    assert built.unavailable == "node gpu01 is drain: gpu 1 fell off the bus"
+
+
+def test_the_recorded_jobcomp_log_reads_into_finished_records():
+    records = {r.name: r for r in read_jobcomp(V2205 / "jobcomp.txt", None)}
+    assert (records["gpush-1"].job_id, records["gpush-1"].state, records["gpush-1"].exit_code) == ("1", "COMPLETED", 0)
+    assert (records["gpush-2"].state, records["gpush-2"].exit_code, records["gpush-2"].nodes) == ("FAILED", 3, "gpu01")
+    assert records["gpush-14"].state == "CANCELLED"
+    assert records["gpush-7"].end_time is not None
+    assert read_jobcomp(V2205 / "no-such-file.txt", None) == []
+
+
+# -- rendering: a job as a batch script and sbatch options -----------------------------
+
+NASTY = [
+    "it's",
+    'say "hi"',
+    "$(touch {pwned}/dollar)",
+    "`touch {pwned}/backquote`",
+    "; touch {pwned}/semicolon",
+    "line one\nline two",
+    "naïve ☃ 日本語",
+    "",
+    "-n",
+    "--",
+    "\\ * ? ~ $HOME ${PATH} %s",
+    "' ; echo escaped '",
+]
+
+
+def run_script(script: str, tmp_path: Path) -> bytes:
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    done = subprocess.run(["/bin/sh", str(path)], capture_output=True, env={}, timeout=10, check=True)
+    return done.stdout
+
+
+def test_the_script_hands_every_argument_to_the_program_byte_for_byte(tmp_path):
+    argv = [arg.replace("{pwned}", str(tmp_path)) for arg in NASTY]
+    job = render(7, spec(["printf", "%s\\n", *argv]), mig(), tag="gpush", gres_type=None)
+
+    out = run_script(job.script, tmp_path)
+
+    assert out == "".join(f"{arg}\n" for arg in argv).encode()
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "job.sh"]  # nothing ran
+
+
+def test_the_script_exports_every_value_byte_for_byte(tmp_path):
+    values = [arg.replace("{pwned}", str(tmp_path)) for arg in NASTY]
+    env = {f"NASTY_{i}": value for i, value in enumerate(values)}
+    job = render(7, spec(["/usr/bin/env", "-0"], env=env), mig(), tag="gpush", gres_type=None)
+
+    out = run_script(job.script, tmp_path)
+
+    seen = dict(item.split("=", 1) for item in out.decode().split("\0") if item)
+    assert {k: seen.get(k) for k in env} == env
+    assert seen["GPUSH_JOB_ID"] == "7" and seen["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "job.sh"]
+
+
+def test_the_job_cannot_override_gpush_variables_but_sets_its_own_path(tmp_path):
+    job = render(
+        7,
+        spec(["/usr/bin/env", "-0"], env={"GPUSH_JOB_ID": "999", "PATH": "/opt/bin:/usr/bin"}),
+        mig(),
+        tag="gpush",
+        gres_type=None,
+    )
+    seen = dict(item.split("=", 1) for item in run_script(job.script, tmp_path).decode().split("\0") if item)
+    assert seen["GPUSH_JOB_ID"] == "7"
+    assert seen["PATH"] == "/opt/bin:/usr/bin"
+
+
+@pytest.mark.parametrize(
+    ("placement", "gres"),
+    [
+        (mig("1g.5gb"), "gpu:1g.5gb:1"),
+        (mig("3g.20gb", 2), "gpu:3g.20gb:2"),
+        (mps(25), "mps:25"),
+        (whole(2), "gpu:a100:2"),
+    ],
+)
+def test_every_sharing_mode_asks_for_typed_gres(placement, gres):
+    job = render(7, spec(gpu_memory_gb=5), placement, tag="gpush", gres_type="a100")
+    assert job.gres == gres
+    args = job.sbatch_args()
+    assert f"--gres={gres}" in args
+    assert "--export=ALL" in args
+    assert not [a for a in args if re.fullmatch(r"--gres=gpu:\d+", a)]
+
+
+@pytest.mark.parametrize(
+    ("percent", "mps_per_gpu", "gres"),
+    [(25, 100, "mps:25"), (25, 400, "mps:100"), (33, 1000, "mps:330"), (1, 10, "mps:1"), (100, 100, "mps:100")],
+)
+def test_mps_shares_are_sized_in_the_nodes_own_units(percent, mps_per_gpu, gres):
+    assert gres_for(mps(percent), gres_type=None, mps_per_gpu=mps_per_gpu) == gres
+
+
+def test_gres_that_cannot_be_typed_is_refused_not_sent_untyped():
+    with pytest.raises(Rejected, match="no GRES type of this cluster is known for GPU model A100-SXM4-40GB"):
+        gres_for(whole(1), gres_type=None, mps_per_gpu=100)
+    with pytest.raises(Rejected, match="without a MIG profile"):
+        gres_for(Placement("slurm-a", Sharing.SLURM_MIG, 1, 1 / 7), gres_type=None, mps_per_gpu=100)
+    with pytest.raises(Rejected, match="k8s/timeslice is not a Slurm sharing mode"):
+        gres_for(Placement("k8s-a", Sharing.K8S_TIMESLICE, 1, 0.25), gres_type="a100", mps_per_gpu=100)
+
+
+def test_render_tags_the_job_and_translates_its_limits():
+    job = render(
+        42,
+        spec(name="bert", memory="16G", time_limit="1h30m", cpus=4),
+        whole(1),
+        tag="gpush",
+        gres_type="a100",
+        partition="exclusive",
+        account="ml",
+        workdir="/scratch/gpush/",
+    )
+    assert job.name == "gpush-42"
+    assert job.comment == "gpush:job-42 tenant=ml user=alice name=bert"
+    assert job.sbatch_args() == [
+        "--parsable",
+        "--job-name=gpush-42",
+        "--comment=gpush:job-42 tenant=ml user=alice name=bert",
+        "--gres=gpu:a100:1",
+        "--cpus-per-task=4",
+        "--chdir=/scratch/gpush/",
+        "--output=/scratch/gpush/gpush-42-%j.out",
+        "--export=ALL",
+        "--mem=16384M",
+        "--time=90",
+        "--partition=exclusive",
+        "--account=ml",
+    ]
+
+
+def test_the_gpu_memory_budget_is_the_share_of_the_gpu_under_mps():
+    job = render(7, spec(isolation="process", gpu_memory_gb=8), mps(25), tag="gpush", gres_type=None, gpu_memory_gb=40)
+    assert job.environment["GPUSH_GPU_MEMORY_FRACTION"] == "0.2"
+    assert job.environment["GPUSH_GPU_MEMORY_GB"] == "8"
+    slice_job = render(8, spec(), mig(), tag="gpush", gres_type=None, gpu_memory_gb=5)
+    assert slice_job.environment["GPUSH_GPU_MEMORY_FRACTION"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in slice_job.environment
+
+
+def test_render_refuses_what_slurm_cannot_run():
+    with pytest.raises(Rejected, match="Slurm runs a command"):
+        render(7, JobSpec(kind="batch", image="pytorch:2"), mig(), tag="gpush", gres_type=None)
+    replicas = Placement("slurm-a", Sharing.SLURM_MPS, 25, 0.5, replicas=2)
+    with pytest.raises(Rejected, match="one replica per job"):
+        render(7, spec(), replicas, tag="gpush", gres_type=None)
+
+
+# -- the adapter on the recorded cluster -------------------------------------------------
+
+
+def test_the_adapter_is_a_cluster_adapter():
+    assert isinstance(adapter(recorded_2205()), ClusterAdapter)
+
+
+def test_inventory_of_the_recorded_cluster():
+    units = {(u.node, u.sharing, u.mig_profile): u for u in adapter(recorded_2205()).inventory()}
+
+    small = units[("mig01", Sharing.SLURM_MIG, "1g.5gb")]
+    assert (small.capacity, small.allocated, small.free) == (7, 7, 0)  # gpush-7 and filler hold all 7
+    assert small.gpu_equivalent == pytest.approx(1 / 7)
+    assert (small.gpu_model, small.unit_memory_gb, small.in_mig_mode) == ("A100-SXM4-40GB", 5.0, True)
+
+    large = units[("mig01", Sharing.SLURM_MIG, "3g.20gb")]
+    assert (large.capacity, large.allocated, large.gpu_equivalent) == (2, 1, pytest.approx(3 / 7))
+    assert large.unit_memory_gb == 20.0
+
+    share = units[("mps01", Sharing.SLURM_MPS, None)]
+    # GresUsed says mps:a100:1 on 22.05; the running job asked for mps:25
+    assert (share.capacity, share.allocated, share.gpu_equivalent) == (100, 25, 0.01)
+    assert share.gpu_model == "A100-SXM4-40GB"
+    # the GPU behind MPS is not also offered whole
+    assert ("mps01", Sharing.SLURM_EXCLUSIVE, None) not in units
+
+    gpus = units[("gpu01", Sharing.SLURM_EXCLUSIVE, None)]
+    assert (gpus.capacity, gpus.gpu_equivalent, gpus.gpu_model, gpus.unit_memory_gb) == (2, 1.0, "A100-SXM4-40GB", 40.0)
+    assert gpus.labels["gres"] == "gpu:a100:2" and gpus.labels["partitions"] == "gpu,exclusive"
+    assert len(units) == 4
+
+
+def test_inventory_of_the_2411_cluster_matches_and_its_drained_node_offers_nothing():
+    units = {(u.node, u.sharing, u.mig_profile): u for u in adapter(recorded_2411()).inventory()}
+    assert units[("mig01", Sharing.SLURM_MIG, "1g.5gb")].free == 0
+    assert units[("mig01", Sharing.SLURM_MIG, "3g.20gb")].free == 1
+    assert units[("mps01", Sharing.SLURM_MPS, None)].free == 75
+    drained = units[("gpu01", Sharing.SLURM_EXCLUSIVE, None)]
+    assert (drained.capacity, drained.free) == (2, 0)
+    assert drained.labels["unavailable"] == "node gpu01 is drain: gpu 1 fell off the bus"
+
+
+def test_a_drained_or_down_node_offers_nothing_free():
+    drain = RecordedSlurm(jobs_of(V2205 / "squeue.json"), nodes_of(V2205 / "sinfo_drain.json"))
+    units = {(u.node, u.mig_profile or u.sharing.value): u for u in adapter(drain).inventory()}
+    assert units[("gpu01", "slurm/exclusive")].free == 0
+    assert units[("mps01", "slurm/mps")].free == 75
+    assert units[("mig01", "3g.20gb")].free == 1
+
+    down = RecordedSlurm(jobs_of(V2205 / "squeue_later.json"), nodes_of(V2205 / "sinfo_down.json"))
+    units = {(u.node, u.mig_profile or u.sharing.value): u for u in adapter(down).inventory()}
+    assert units[("mps01", "slurm/mps")].free == 0
+    assert units[("mps01", "slurm/mps")].labels["unavailable"] == "node mps01 is down: nvidia-smi: no devices found"
+    assert units[("gpu01", "slurm/exclusive")].free == 0  # idle, but drained
+    assert (units[("mig01", "1g.5gb")].free, units[("mig01", "3g.20gb")].free) == (6, 2)
+
+
+def test_gpu_types_name_the_model_behind_a_gres_type():
+    settings = SlurmSettings.model_validate({"gpu_types": "a100=A100-SXM4-80GB, 1g.10gb=H100"})
+    assert settings.gpu_types == {"a100": "A100-SXM4-80GB", "1g.10gb": "H100-SXM5-80GB"}
+
+    slurm = adapter(recorded_2205(), gpu_types="a100=A100-SXM4-80GB,1g.10gb=H100")
+    assert slurm.model_of("1g.10gb").name == "H100-SXM5-80GB"
+    assert slurm.model_of("1g.5gb").name == "A100-SXM4-40GB"  # a MIG profile only the A100-40GB has
+    assert slurm.model_of("weird") is None
+    gpus = [u for u in slurm.inventory() if u.node == "gpu01"][0]
+    assert (gpus.gpu_model, gpus.unit_memory_gb) == ("A100-SXM4-80GB", 80.0)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"url": "http://slurm:6820"}, "unknown setting 'url': did you mean rest_url?"),
+        ({"tokn_env": "SLURM_JWT"}, "unknown setting 'tokn_env': did you mean token_env?"),
+        ({"gpu_types": "a100"}, "gpu_types is TYPE=MODEL"),
+        ({"gpu_types": "a100=Z9000"}, "unknown GPU model 'Z9000'"),
+        ({"mps_per_gpu": 0}, "mps_per_gpu: Input should be greater than or equal to 1"),
+    ],
+)
+def test_settings_errors_name_the_setting_and_the_fix(config, message):
+    with pytest.raises(InvalidRequest) as raised:
+        SlurmAdapter("slurm-a", config, client=recorded_2205())
+    assert str(raised.value).startswith("Slurm cluster slurm-a: ")
+    assert message in str(raised.value)
+
+
+def test_health_names_the_version_and_the_nodes_that_take_nothing():
+    ok = adapter(recorded_2205()).health()
+    assert ok.ok and ok.version == "22.05.8"
+    assert ok.detail == "Slurm 22.05.8: 3 nodes, 12 GPU GRES"
+
+    down = adapter(RecordedSlurm([], nodes_of(V2205 / "sinfo_down.json"))).health()
+    assert down.ok and "2 unavailable" in down.detail
+    assert "node mps01 is down: nvidia-smi: no devices found" in down.detail
+
+    class Silent(RecordedSlurm):
+        def ping(self) -> str:
+            raise Unreachable("slurmctld is not up")
+
+    silent = adapter(Silent([], [])).health()
+    assert not silent.ok and "slurm-a does not answer: slurmctld is not up" in silent.detail
+
+
+# -- statuses ---------------------------------------------------------------------------
+
+
+def report(page) -> dict[int, tuple[BackendState, str | None]]:
+    return {job.job_id: (job.state, job.reason) for job in page.jobs}
+
+
+def test_statuses_without_a_cursor_report_every_gpush_job_in_user_terms():
+    page = adapter(recorded_2205()).statuses()
+    states = {job.job_id: job for job in page.jobs}
+
+    assert set(states) == {1, 2, 7, 8, 9, 10, 11, 14}  # not the filler job
+    assert (states[1].state, states[1].exit_code, states[1].backend_id) == (BackendState.SUCCEEDED, 0, "1")
+    assert (states[2].state, states[2].exit_code, states[2].reason) == (BackendState.FAILED, 3, "exited with code 3")
+    assert (states[7].state, states[7].node, states[7].at) == (
+        BackendState.RUNNING,
+        "mig01",
+        utc("2026-12-03T09:23:02"),
+    )
+    assert states[8].state == BackendState.PENDING
+    assert states[8].reason == "waiting in slurm-a for a 1g.5gb slice: all 7 busy"
+    assert states[11].state == BackendState.FAILED
+    assert states[11].reason == "Slurm refused it at submission: no node offers what it asks for"
+    assert (states[14].state, states[14].reason) == (BackendState.CANCELLED, "cancelled in Slurm")
+    # the cursor is Slurm's own time of the last change seen: gpush-14's cancellation
+    assert page.cursor == f"t={int(utc('2026-12-03T09:23:13').timestamp())}"
+
+
+def test_a_second_read_with_nothing_changed_reports_nothing():
+    slurm = adapter(recorded_2205())
+    first = slurm.statuses()
+    again = slurm.statuses(first.cursor)
+    assert again.jobs == [] and again.cursor == first.cursor
+
+
+def test_after_a_restart_the_cursor_reports_changes_after_it_and_not_before():
+    cursor = f"t={int(utc('2026-12-03T09:23:00').timestamp())}"
+    page = adapter(recorded_2205()).statuses(cursor)
+    # gpush-1 and gpush-2 ended at 09:22:56, before the cursor; the rest changed after it
+    assert set(report(page)) == {7, 8, 9, 10, 11, 14}
+
+
+def test_jobs_that_change_are_reported_once_and_those_that_left_squeue_from_the_log(tmp_path):
+    jobcomp = tmp_path / "jobcomp.txt"
+    jobcomp.write_text(jobcomp_line(5, "gpush-9", "COMPLETED", utc("2026-12-03T09:25:02")))
+    slurm = recorded_2205(jobcomp=jobcomp)
+    gpush = adapter(slurm, jobcomp_file=str(jobcomp))
+    first = gpush.statuses()
+
+    # Two minutes later: gpush-7 and gpush-10 completed, gpush-8 got the freed slice,
+    # gpush-9 completed and already left squeue (MinJobAge), only the log has it.
+    slurm.job_list = jobs_of(V2205 / "squeue_later.json")
+    later = gpush.statuses(first.cursor)
+
+    assert report(later) == {
+        7: (BackendState.SUCCEEDED, None),
+        8: (BackendState.RUNNING, None),
+        10: (BackendState.SUCCEEDED, None),
+        9: (BackendState.SUCCEEDED, None),
+    }
+    from_log = [job for job in later.jobs if job.job_id == 9][0]
+    assert (from_log.backend_id, from_log.at, from_log.node) == ("5", utc("2026-12-03T09:25:02"), "mig01")
+    assert later.cursor == f"t={int(utc('2026-12-03T09:25:02').timestamp())}"
+    assert gpush.statuses(later.cursor).jobs == []
+
+
+def test_a_job_that_left_squeue_with_no_record_is_reported_failed_with_that_reason():
+    slurm = recorded_2205()
+    gpush = adapter(slurm)
+    first = gpush.statuses()
+    slurm.job_list = [job for job in slurm.job_list if job.name != "gpush-9"]
+
+    page = gpush.statuses(first.cursor)
+
+    assert report(page) == {
+        9: (
+            BackendState.FAILED,
+            "left slurm-a's queue with no record of how it ended "
+            "(no accounting, no readable job completion log: set jobcomp_file)",
+        )
+    }
+
+
+def test_pending_reasons_say_what_the_job_waits_for():
+    slurm = recorded_2205()
+    gpush = adapter(slurm)
+    pending = by_name(slurm.job_list)["gpush-8"]
+    assert gpush.pending_reason(pending) == "waiting in slurm-a for a 1g.5gb slice: all 7 busy"
+
+    behind = SlurmJob.of(dict(raw_job(V2205 / "squeue.json", "gpush-8"), state_reason="Priority"))
+    assert (
+        gpush.pending_reason(behind) == "waiting in slurm-a for a 1g.5gb slice, behind higher-priority jobs: all 7 busy"
+    )
+
+    # a second MPS job like the running gpush-10, waiting: 25 of mps01's 100 are taken
+    share = SlurmJob.of(dict(raw_job(V2205 / "squeue.json", "gpush-10"), job_state="PENDING", state_reason="Resources"))
+    assert gpush.pending_reason(share) == "waiting in slurm-a for an MPS share of 25 (25 of 100 busy)"
+
+    limited = SlurmJob.of(dict(raw_job(V2205 / "squeue.json", "gpush-8"), state_reason="QOSMaxGRESPerUser"))
+    assert "a Slurm limit of slurm-a (QOSMaxGRESPerUser" in gpush.pending_reason(limited)
+
+
+def test_a_job_waiting_on_drained_nodes_is_told_so():
+    # Recorded: job 9 asks for an a100 in partition exclusive, whose only node gpu01 was
+    # drained; 22.05 keeps reason Resources and explains in state_description.
+    slurm = RecordedSlurm(jobs_of(V2205 / "squeue_drain.json"), nodes_of(V2205 / "sinfo_drain.json"))
+    waiting = by_name(slurm.job_list)["gpush-13"]
+    assert waiting.reason == "Resources" and "DRAINED" in waiting.description
+    assert adapter(slurm).pending_reason(waiting) == (
+        "the nodes of slurm-a that have 1 whole a100 GPU are down, drained or reserved"
+    )
+
+
+# -- submit, find, cancel ---------------------------------------------------------------
+
+
+def test_submit_sends_a_typed_tagged_job_once():
+    slurm = recorded_2205()
+    gpush = adapter(slurm)
+
+    first = gpush.submit(20, spec(), whole(1))
+    again = gpush.submit(20, spec(), whole(1))
+
+    assert first == again == "1001"
+    assert len(slurm.submitted) == 1
+    sent = slurm.submitted[0]
+    assert (sent.name, sent.gres) == ("gpush-20", "gpu:a100:1")
+    assert sent.comment.startswith("gpush:job-20 ")
+    assert "--export=ALL" in sent.sbatch_args()
+
+
+def test_after_a_restart_a_job_slurm_has_is_not_submitted_again():
+    slurm = recorded_2205()
+    # gpush-7 is in squeue as Slurm job 3 (running): a new adapter finds it
+    assert adapter(slurm).submit(7, spec(gpu_memory_gb=5, isolation="hardware"), mig()) == "3"
+    # gpush-1 ended, and is still listed: submitting again would run it twice
+    assert adapter(slurm).submit(1, spec(), whole(1)) == "1"
+    assert slurm.submitted == []
+
+
+def test_a_refused_submission_left_in_squeue_does_not_count_as_the_job():
+    slurm = recorded_2205()
+    # gpush-11 is only a FAILED BadConstraints record: Slurm refused it at sbatch
+    backend_id = adapter(slurm).submit(11, spec(gpu_memory_gb=5, isolation="hardware"), mig("3g.20gb"))
+    assert backend_id == "1001" and [s.name for s in slurm.submitted] == ["gpush-11"]
+
+
+def test_a_refusal_reaches_the_broker_as_rejected_and_is_not_taken_for_the_job():
+    slurm = recorded_2205()
+    gpush = adapter(slurm)
+    with pytest.raises(Rejected, match="Requested node configuration is not available"):
+        gpush.submit(30, spec(gpu_memory_gb=10, isolation="hardware"), mig("2g.10gb"))
+    # Slurm left a FAILED BadConstraints record; a new adapter does not take it for the job
+    assert adapter(slurm).find(30) is None
+    adapter(slurm).submit(30, spec(gpu_memory_gb=10, isolation="hardware"), mig("1g.5gb"))
+    assert [s.gres for s in slurm.submitted] == ["gpu:2g.10gb:1", "gpu:1g.5gb:1"]
+
+
+def test_whole_gpus_are_asked_for_by_the_gres_type_of_their_model():
+    slurm = recorded_2205()
+    adapter(slurm).submit(40, spec(), whole(2, model="A100-SXM4-40GB", node=None))
+    assert slurm.submitted[-1].gres == "gpu:a100:2"
+    with pytest.raises(Rejected, match="GPU model H100-SXM5-80GB"):
+        adapter(slurm).submit(41, spec(), whole(1, model="H100-SXM5-80GB"))
+    assert len(slurm.submitted) == 1
+
+
+def test_submit_many_submits_a_batch_and_reports_each_outcome():
+    slurm = recorded_2205()
+    results = adapter(slurm).submit_many(
+        [
+            (50, spec(), whole(1)),
+            (51, spec(gpu_memory_gb=5, isolation="process"), mps(25)),
+            (52, spec(), whole(1, model="H100-SXM5-80GB")),
+            (7, spec(gpu_memory_gb=5, isolation="hardware"), mig()),
+        ]
+    )
+    assert isinstance(results[0], str) and isinstance(results[1], str)
+    assert isinstance(results[2], Rejected)
+    assert results[3] == "3"
+    assert sorted(s.gres for s in slurm.submitted) == ["gpu:a100:1", "mps:25"]
+
+
+def test_find_answers_from_squeue_and_then_from_the_log(tmp_path):
+    jobcomp = tmp_path / "jobcomp.txt"
+    jobcomp.write_text(jobcomp_line(77, "gpush-70", "FAILED", utc("2026-12-03T08:00:00"), exit_code="2:0"))
+    gpush = adapter(recorded_2205(jobcomp=jobcomp))
+
+    running = gpush.find(7)
+    assert (running.backend_id, running.state, running.node) == ("3", BackendState.RUNNING, "mig01")
+    assert gpush.find(2).exit_code == 3
+    left = gpush.find(70)
+    assert (left.backend_id, left.state, left.exit_code) == ("77", BackendState.FAILED, 2)
+    assert left.reason == "exited with code 2"
+    assert gpush.find(999) is None
+    assert gpush.find(11) is None  # only the refused submission's record
+
+
+def test_cancel_stops_pending_and_running_jobs_and_nothing_else():
+    slurm = recorded_2205()
+    gpush = adapter(slurm)
+    gpush.cancel(7)  # running
+    gpush.cancel(8)  # pending
+    gpush.cancel(1)  # completed: nothing to do
+    gpush.cancel(999)  # unknown
+    assert slurm.cancelled == ["3", "10"]
+
+
+def test_cancel_reaches_a_job_submitted_a_moment_ago_that_squeue_does_not_list_yet():
+    slurm = recorded_2205(lists_new_jobs=False)
+    gpush = adapter(slurm)
+    backend_id = gpush.submit(60, spec(), whole(1))
+    gpush.cancel(60)
+    assert slurm.cancelled == [backend_id]
+
+
+# -- the REST backend against recorded slurmrestd answers ---------------------------------
+
+
+class RecordedRestd:
+    """slurmrestd as recorded: the paths its OpenAPI lists, answers from files, JWT needed."""
+
+    def __init__(self, folder: Path, *, versions: set[str] | None = None, token: str = "jwt-1"):
+        self.folder = folder
+        self.token = token
+        self.spec = answer(folder / "rest_openapi_v3.json")
+        if versions is not None:
+            self.spec["paths"] = {
+                p: v
+                for p, v in self.spec["paths"].items()
+                if not p.startswith("/slurm/") or p.split("/")[2] in versions
+            }
+        self.requests: list[httpx.Request] = []
+        self.gres = {(g.name, g.type) for n in self.nodes()["nodes"] for g in SlurmNode.of(n).gres}
+
+    def nodes(self) -> dict[str, Any]:
+        return answer(self.folder / ("rest_nodes.json" if (self.folder / "rest_nodes.json").exists() else "nodes.json"))
+
+    def jobs(self) -> dict[str, Any]:
+        return answer(self.folder / ("rest_jobs.json" if (self.folder / "rest_jobs.json").exists() else "squeue.json"))
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if request.headers.get("X-SLURM-USER-TOKEN") != self.token or not request.headers.get("X-SLURM-USER-NAME"):
+            return httpx.Response(401, text="Authentication failure")
+        path = request.url.path
+        if path == "/openapi/v3":
+            return httpx.Response(200, json=self.spec)
+        match = re.fullmatch(r"/slurm/(v[\d.]+)/(.+)", path)
+        if match is None or f"/slurm/{match[1]}/ping" not in self.spec["paths"]:
+            return httpx.Response(404, text="Unable to find requested URL")
+        what = match[2]
+        if what == "ping":
+            return httpx.Response(200, json=answer(self.folder / "rest_ping.json"))
+        if what == "jobs":
+            return httpx.Response(200, json=self.jobs())
+        if what == "nodes":
+            return httpx.Response(200, json=self.nodes())
+        if what == "job/submit":
+            job = json.loads(request.content)["job"]
+            asked = parse_gres(job.get("gres") or job.get("tres_per_node"))[0]
+            if (asked.name, asked.type) not in self.gres:
+                return httpx.Response(500, json=answer(self.folder / "rest_submit_refused_500.json"))
+            return httpx.Response(200, json=answer(self.folder / "rest_submit_200.json"))
+        if request.method == "DELETE" and what.startswith("job/") and (self.folder / "rest_cancel_200.json").exists():
+            if what.removeprefix("job/") in {str(j["job_id"]) for j in self.jobs()["jobs"]}:
+                return httpx.Response(200, json=answer(self.folder / "rest_cancel_200.json"))
+            return httpx.Response(500, json=answer(self.folder / "rest_cancel_unknown_500.json"))
+        return httpx.Response(404, text="Unable to find requested URL")
+
+
+def rest(restd: RecordedRestd, **kwargs: Any) -> RestBackend:
+    kwargs.setdefault("token", "jwt-1")
+    return RestBackend(url="http://slurm-head:6820", user="gpush", transport=httpx.MockTransport(restd), **kwargs)
+
+
+def submission(gres: str = "gpu:1g.5gb:1") -> Submission:
+    placement = mig(gres.split(":")[1]) if gres.startswith("gpu:") else mps(int(gres.split(":")[1]))
+    job = render(
+        7,
+        spec(gpu_memory_gb=5, isolation="hardware", memory="2G", time_limit="90"),
+        placement,
+        tag="gpush",
+        gres_type=None,
+    )
+    assert job.gres == gres
+    return job
+
+
+def test_rest_on_22_05_discovers_v0_0_38_and_reads_the_cluster():
+    restd = RecordedRestd(V2205)
+    backend = rest(restd)
+    assert backend.api_version() == "v0.0.38"
+    assert backend.version() == "22.05.8"
+    assert backend.ping() == "UP"
+    jobs = by_name(backend.jobs())
+    assert (jobs["gpush-7"].state, jobs["gpush-13"].state) == ("RUNNING", "PENDING")
+    assert {n.name for n in backend.nodes()} == {"mig01", "mps01", "gpu01"}
+    assert all(r.headers["X-SLURM-USER-NAME"] == "gpush" for r in restd.requests)
+
+
+def test_rest_on_22_05_sends_the_legacy_job_body():
+    restd = RecordedRestd(V2205)
+    job = submission()
+    assert rest(restd).submit(job) == "13"
+
+    body = json.loads(restd.requests[-1].content)
+    assert restd.requests[-1].url.path == "/slurm/v0.0.38/job/submit"
+    assert body["script"] == job.script
+    sent = body["job"]
+    assert sent["gres"] == "gpu:1g.5gb:1" and "tres_per_node" not in sent
+    assert sent["environment"] == job.environment  # an object in v0.0.38
+    assert (sent["name"], sent["comment"]) == ("gpush-7", job.comment)
+    assert (sent["memory_per_node"], sent["time_limit"]) == (2048, 90)
+
+
+def test_rest_on_24_11_discovers_the_newest_api_it_speaks_and_sends_the_new_body():
+    restd = RecordedRestd(V2411)
+    backend = rest(restd)
+    assert backend.api_version() == "v0.0.42"
+    assert backend.version() == "24.11.5"
+    assert backend.ping() == "UP"
+    assert backend.submit(submission()) == "211"
+
+    sent = json.loads(restd.requests[-1].content)["job"]
+    assert restd.requests[-1].url.path == "/slurm/v0.0.42/job/submit"
+    assert sent["tres_per_node"] == "gres/gpu:1g.5gb=1" and "gres" not in sent
+    assert "GPUSH_JOB_ID=7" in sent["environment"]  # a list of NAME=value
+    assert sent["memory_per_node"] == {"set": True, "number": 2048}
+    assert sent["time_limit"] == {"set": True, "number": 90}
+
+    jobs = by_name(backend.jobs())
+    assert (jobs["gpush-7"].states, jobs["gpush-8"].reason) == (("RUNNING",), "Resources")
+    assert {n.name: n.states for n in backend.nodes()}["gpu01"] == ("IDLE", "DRAIN")
+
+
+def test_rest_takes_v0_0_41_when_the_server_offers_nothing_newer_and_refuses_unknown_ones():
+    assert rest(RecordedRestd(V2411, versions={"v0.0.40", "v0.0.41"})).api_version() == "v0.0.41"
+    future = RecordedRestd(V2411, versions=set())
+    future.spec["paths"]["/slurm/v0.0.43/ping"] = {"get": {}}
+    with pytest.raises(Unreachable, match=r"serves v0\.0\.43; gpush speaks v0\.0\.42, v0\.0\.41"):
+        rest(future).api_version()
+
+
+def test_rest_refusals_are_rejected_with_slurms_message():
+    restd = RecordedRestd(V2205)
+    with pytest.raises(Rejected, match="Slurm refused the job: Requested node configuration is not available"):
+        rest(restd).submit(submission("gpu:2g.10gb:1"))
+    with pytest.raises(Rejected, match="Requested node configuration is not available"):
+        rest(RecordedRestd(V2411)).submit(submission("gpu:2g.10gb:1"))
+
+
+def test_rest_cancel_of_a_job_slurm_no_longer_knows_is_not_an_error():
+    restd = RecordedRestd(V2205)
+    backend = rest(restd)
+    backend.cancel("9")
+    backend.cancel("99999")  # recorded: HTTP 500 "Invalid job id specified"
+    assert [r.url.path for r in restd.requests if r.method == "DELETE"] == [
+        "/slurm/v0.0.38/job/9",
+        "/slurm/v0.0.38/job/99999",
+    ]
+
+
+def test_rest_token_problems_are_unreachable_with_what_to_do(tmp_path, monkeypatch):
+    restd = RecordedRestd(V2205)
+    with pytest.raises(Unreachable, match=r"refused the token \(401\): renew it"):
+        rest(restd, token="expired", api_version="v0.0.38").version()
+    with pytest.raises(Unreachable, match="no Slurm token: set token_env or token_file"):
+        rest(restd, token=None).version()
+    monkeypatch.delenv("GPUSH_TEST_JWT", raising=False)
+    with pytest.raises(Unreachable, match="environment variable GPUSH_TEST_JWT is not set"):
+        rest(restd, token=None, token_env="GPUSH_TEST_JWT").version()
+
+    token_file = tmp_path / "jwt"
+    token_file.write_text("SLURM_JWT=jwt-1\n")  # as `scontrol token` prints it
+    assert rest(restd, token=None, token_file=str(token_file)).version() == "22.05.8"
+
+
+def test_rest_connection_errors_are_unreachable_and_only_reads_are_retried(monkeypatch):
+    calls: list[str] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        raise httpx.ConnectError("Connection refused")
+
+    monkeypatch.setattr(RestBackend.jobs.retry, "sleep", lambda seconds: None)
+    backend = RestBackend(
+        url="http://slurm-head:6820",
+        user="gpush",
+        token="jwt-1",
+        api_version="v0.0.38",
+        transport=httpx.MockTransport(refuse),
+    )
+
+    with pytest.raises(Unreachable, match="slurmrestd at http://slurm-head:6820"):
+        backend.submit(submission())
+    assert calls == ["POST"]  # a submission is never repeated
+    with pytest.raises(Unreachable):
+        backend.jobs()
+    assert calls == ["POST", "GET", "GET", "GET"]
+
+
+# -- the command-line backend with stand-in Slurm commands ------------------------------
+
+
+def stand_in(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+
+
+def test_cli_on_24_11_reads_nodes_from_scontrol_when_sinfo_groups_them(tmp_path):
+    stand_in(tmp_path, "sinfo", f"cat '{V2411 / 'sinfo.json'}'")
+    stand_in(tmp_path, "scontrol", f'[ "$*" = "--json show nodes" ] || exit 1\ncat \'{V2411 / "nodes.json"}\'')
+    assert "sinfo" in answer(V2411 / "sinfo.json") and "nodes" not in answer(V2411 / "sinfo.json")
+
+    nodes = {n.name: n for n in CliBackend(bin_dir=str(tmp_path)).nodes()}
+
+    assert set(nodes) == {"mig01", "mps01", "gpu01"}
+    assert nodes["gpu01"].unavailable == "node gpu01 is drain: gpu 1 fell off the bus"
+
+
+def test_cli_on_22_05_reads_sinfo_and_squeue_as_recorded(tmp_path):
+    stand_in(tmp_path, "sinfo", f"cat '{V2205 / 'sinfo.json'}'")
+    stand_in(tmp_path, "squeue", f"cat '{V2205 / 'squeue.json'}'")
+    backend = CliBackend(bin_dir=str(tmp_path))
+    assert {n.name for n in backend.nodes()} == {"mig01", "mps01", "gpu01"}
+    assert by_name(backend.jobs())["gpush-2"].exit_code == 3
+
+
+def test_cli_submit_passes_argv_without_a_shell_and_the_script_on_stdin(tmp_path):
+    stand_in(
+        tmp_path, "sbatch", f'printf "%s\\n" "$@" > "{tmp_path}/argv"\ncat > "{tmp_path}/stdin"\necho "4242;gpush"'
+    )
+    job = render(
+        7, spec(name="bert.v2@run-1", env={"NOTE": "two words; $(no)"}), whole(1), tag="gpush", gres_type="a100"
+    )
+
+    assert CliBackend(bin_dir=str(tmp_path)).submit(job) == "4242"
+
+    assert (tmp_path / "argv").read_text().splitlines() == job.sbatch_args()
+    assert (tmp_path / "stdin").read_text() == job.script
+
+
+@pytest.mark.parametrize(
+    ("stderr", "error"),
+    [
+        ("sbatch: error: Batch job submission failed: Requested node configuration is not available", Rejected),
+        (
+            "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
+            Rejected,
+        ),
+        ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", Unreachable),
+    ],
+)
+def test_cli_submit_maps_slurms_refusals_and_failures(tmp_path, stderr, error):
+    stand_in(tmp_path, "sbatch", f"echo '{stderr}' >&2\nexit 1")
+    with pytest.raises(error, match=re.escape(stderr.rsplit(": ", 1)[-1])):
+        CliBackend(bin_dir=str(tmp_path)).submit(submission())
+
+
+def test_cli_finished_reads_24_11_accounting(tmp_path):
+    stand_in(tmp_path, "sacct", f"cat '{V2411 / 'sacct.json'}'")
+    records = {r.name: r for r in CliBackend(bin_dir=str(tmp_path)).finished(None)}
+    assert (records["gpush-1"].state, records["gpush-1"].exit_code) == ("COMPLETED", 0)
+    assert (records["gpush-2"].state, records["gpush-2"].exit_code, records["gpush-2"].nodes) == ("FAILED", 3, "gpu01")
+    assert records["gpush-3"].exit_code == 137
+    assert records["gpush-14"].state == "CANCELLED"
+    assert records["gpush-1"].end_time == datetime.fromtimestamp(1733212861, UTC)
+
+
+def test_cli_without_accounting_falls_back_to_the_jobcomp_log_and_stops_asking(tmp_path):
+    stand_in(
+        tmp_path,
+        "sacct",
+        f'echo x >> "{tmp_path}/asked"\necho "sacct: error: Slurm accounting storage is disabled" >&2\nexit 1',
+    )
+    backend = CliBackend(bin_dir=str(tmp_path), jobcomp_file=str(V2205 / "jobcomp.txt"))
+    assert {r.name for r in backend.finished(None)} >= {"gpush-1", "gpush-2", "gpush-7", "gpush-9"}
+    backend.finished(None)
+    assert (tmp_path / "asked").read_text() == "x\n"
+
+
+def test_cli_without_slurm_commands_is_unreachable(tmp_path):
+    with pytest.raises(Unreachable, match="sbatch not found"):
+        CliBackend(bin_dir=str(tmp_path)).submit(submission())
+
+
+def test_make_client_picks_rest_for_a_url_and_the_command_line_otherwise():
+    assert isinstance(slurm_client.make_client({"rest_url": "http://slurm-head:6820", "token": "x"}), RestBackend)
+    assert isinstance(slurm_client.make_client({}), CliBackend)
