@@ -1,0 +1,21 @@
+"""The route node agents (``gpush agent``) report their GPUs to; only an agent or an
+admin token may call it. Reading the reports back is broker.api.inventory's.
+"""
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from broker.api.deps import Agent, AppClock, Db
+from broker.inventory import report_store as nodereports
+from broker.inventory.agent_report import NodeReport
+
+router = APIRouter(tags=["inventory"])
+
+
+@router.post("/v1/agent/reports", status_code=202)
+def agent_report(report: NodeReport, session: Db, who: Agent, clock: AppClock) -> dict[str, Any]:
+    """A node agent's view of its GPUs (gpush agent); the newest per node is kept."""
+    with session.begin():
+        row = nodereports.save_report(session, report, by=who.user, now=clock())
+        return {"node": row.node, "collected_at": row.collected_at, "received_at": row.received_at}

@@ -1,0 +1,78 @@
+"""The routes of clusters: register (the cluster must answer), list with health and
+capacity, remove, and apply a Kubernetes cluster's GPU time-slicing. Admins change
+clusters; every user may list them.
+"""
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, Field
+
+from broker.api.deps import Adapters, Admin, AppClock, Db, Who
+from broker.core.errors import InvalidRequest, NotFound
+from broker.core.models import Cluster
+from broker.core.schemas import ClusterCreate
+from broker.intake import queue
+from broker.scheduling import clusters
+
+router = APIRouter(tags=["clusters"])
+
+
+class TimesliceRequest(BaseModel):
+    replicas: int = Field(ge=1, le=64, description="time-slices per physical GPU")
+    node_label: str | None = Field(None, description="KEY=VALUE: only the nodes with this label")
+
+
+@router.post("/v1/clusters", status_code=201)
+def add_cluster(body: ClusterCreate, session: Db, who: Admin, clock: AppClock, adapters: Adapters) -> dict[str, Any]:
+    """Register a cluster; its adapter must accept the config and the cluster must answer."""
+
+    def answers(adapter) -> None:
+        health = adapter.health()
+        if not health.ok:
+            raise InvalidRequest(f"cluster {body.name} does not answer: {health.detail}")
+
+    with session.begin():
+        info = clusters.add_cluster(
+            session,
+            name=body.name,
+            kind=body.kind,
+            config=body.config,
+            actor=who.user,
+            now=clock(),
+            replace=body.replace,
+            check=answers,
+        )
+        queue.release_held(session, reason=f"cluster {info.name} registered", now=clock())
+    return clusters.summarize(info, adapters.get(info))
+
+
+@router.get("/v1/clusters")
+def list_clusters(session: Db, _who: Who, adapters: Adapters) -> list[dict[str, Any]]:
+    """Registered clusters with their health and capacity (GPU-equivalents by sharing mode)."""
+    with session.begin():
+        infos = clusters.list_clusters(session)
+    return [clusters.summarize(info, adapters.get(info)) for info in infos]
+
+
+@router.post("/v1/clusters/{name}/timeslice")
+def apply_timeslice(name: str, body: TimesliceRequest, session: Db, _who: Admin, adapters: Adapters) -> dict[str, Any]:
+    """Render and apply a Kubernetes cluster's time-slicing config (the GPU Operator's
+    device-plugin ConfigMap and ClusterPolicy patch); returns what changed."""
+    with session.begin():
+        row = session.get(Cluster, name)
+        if row is None:
+            raise NotFound(f"no cluster {name}: `gpush cluster list` shows them")
+        info = clusters.ClusterInfo.of(row)
+    adapter = adapters.get(info)
+    if not hasattr(adapter, "apply_timeslice"):
+        raise InvalidRequest(f"cluster {name} is a {info.kind} cluster: time-slicing is configured on Kubernetes")
+    plan = adapter.timeslice(body.replicas, node_label=body.node_label)
+    return {"cluster": name, "changes": adapter.apply_timeslice(plan), "rendered": plan.to_yaml()}
+
+
+@router.delete("/v1/clusters/{name}", status_code=204)
+def remove_cluster(name: str, session: Db, _who: Admin) -> Response:
+    with session.begin():
+        clusters.remove_cluster(session, name)
+    return Response(status_code=204)

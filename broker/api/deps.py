@@ -1,0 +1,107 @@
+"""The dependencies every route of the broker's REST API is built on.
+
+It owns how a route gets what ``create_app`` set up once per app on ``app.state``
+(engine, session factory, clock, adapter pool, token cache, metrics registry), its
+database session, and the caller: who they are (``AnyWho``) and what their role lets
+them do (``Who``, ``Admin``, ``Agent``). Routes name these through the ``Annotated``
+aliases at the bottom, so no route reads ``app.state`` or a module global itself, and
+several apps (one per test) live side by side in one process.
+"""
+
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.core import auth
+from broker.core.errors import NotAllowed
+from broker.core.schemas import Role
+from broker.scheduling.clusters import AdapterPool
+
+Clock = Callable[[], datetime]
+
+# Dependencies are async so that FastAPI runs them on the event loop: a sync
+# dependency costs a hop to the thread pool and back on every request.
+
+
+async def engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+async def clock(request: Request) -> Clock:
+    return request.app.state.clock
+
+
+async def adapters(request: Request) -> AdapterPool:
+    return request.app.state.adapters
+
+
+async def token_cache(request: Request) -> auth.TokenCache:
+    return request.app.state.token_cache
+
+
+async def metrics_registry(request: Request) -> CollectorRegistry:
+    return request.app.state.metrics_registry
+
+
+async def db(request: Request) -> AsyncIterator[Session]:
+    sessions: sessionmaker[Session] = request.app.state.sessions
+    with sessions() as session:
+        yield session
+
+
+def _lookup_token(sessions: sessionmaker[Session], token: str | None, cache: auth.TokenCache) -> auth.Principal:
+    with sessions() as session:
+        return auth.authenticate(session, token, cache)
+
+
+async def any_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> auth.Principal:
+    cache: auth.TokenCache = request.app.state.token_cache
+    token = None
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        token = value.strip() if scheme.lower() == "bearer" else None
+    if token and (hit := cache.get(auth.hash_token(token))) is not None:
+        return hit
+    return await run_in_threadpool(_lookup_token, request.app.state.sessions, token, cache)
+
+
+async def principal(who: Annotated[auth.Principal, Depends(any_principal)]) -> auth.Principal:
+    if who.role == Role.AGENT:
+        raise NotAllowed(
+            f"{who.user!r} has an agent token, which may only report its node's GPUs (gpush agent); "
+            "use a user or admin token for this"
+        )
+    return who
+
+
+async def agent(who: Annotated[auth.Principal, Depends(any_principal)]) -> auth.Principal:
+    if who.role not in (Role.AGENT, Role.ADMIN):
+        raise NotAllowed(
+            f"only a node agent may report GPUs; {who.user!r} has role {who.role.value} "
+            "(create one with: gpush admin token create --role agent --user <node> --tenant agents)"
+        )
+    return who
+
+
+async def admin(who: Annotated[auth.Principal, Depends(principal)]) -> auth.Principal:
+    if not who.is_admin:
+        raise NotAllowed(f"only an admin may do this; {who.user!r} has role {who.role.value}")
+    return who
+
+
+Db = Annotated[Session, Depends(db)]
+AnyWho = Annotated[auth.Principal, Depends(any_principal)]
+Who = Annotated[auth.Principal, Depends(principal)]
+Admin = Annotated[auth.Principal, Depends(admin)]
+Agent = Annotated[auth.Principal, Depends(agent)]
+AppClock = Annotated[Clock, Depends(clock)]
+Adapters = Annotated[AdapterPool, Depends(adapters)]
+DbEngine = Annotated[Engine, Depends(engine)]
+CachedTokens = Annotated[auth.TokenCache, Depends(token_cache)]
+MetricsRegistry = Annotated[CollectorRegistry, Depends(metrics_registry)]

@@ -1,0 +1,37 @@
+"""The routes of tenants: an admin sets a tenant's fair-share weight and GPU quota;
+a user lists the tenants they may see, with what each holds now.
+"""
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from broker.api.deps import Admin, AppClock, Db, Who
+from broker.core.schemas import TenantSet
+from broker.placement import tenants
+
+router = APIRouter(tags=["tenants"])
+
+
+@router.put("/v1/tenants/{name}")
+def set_tenant(name: str, body: TenantSet, session: Db, _who: Admin, clock: AppClock) -> dict[str, Any]:
+    """Set a tenant's fair-share weight and GPU quota (physical GPU-equivalents)."""
+    with session.begin():
+        tenants.set_tenant(
+            session,
+            name,
+            weight=body.weight,
+            gpu_quota=body.gpu_quota,
+            clear_quota=body.clear_quota,
+            now=clock(),
+        )
+        usage = {u.name: u for u in tenants.tenant_usage(session)}
+    return usage[name].__dict__
+
+
+@router.get("/v1/tenants")
+def list_tenants(session: Db, who: Who) -> list[dict[str, Any]]:
+    """Tenants with weight, quota and the GPU-equivalents they hold now."""
+    with session.begin():
+        rows = tenants.tenant_usage(session)
+    return [u.__dict__ for u in rows if who.can_see_tenant(u.name)]
