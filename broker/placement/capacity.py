@@ -582,6 +582,17 @@ class CapacityView:
             return self._wait_for_repair(spec, cluster, sharing, partition, gpu_model) or fit
         return fit
 
+    def fit_route(self, job, route) -> Fit | NoFit:
+        """:meth:`fit` of ``job.spec`` on a policy route (the decision's call,
+        :class:`broker.placement.decision.Capacity`)."""
+        return self.fit(
+            job.spec, route.cluster, Sharing(route.sharing), partition=route.partition, gpu_model=route.gpu_model
+        )
+
+    def undo(self, fit: Fit) -> None:
+        """Give back what ``fit`` took: the job will not use it after all (its tenant's quota)."""
+        self.give_back(fit.placement)
+
     def _wait_for_repair(self, spec, cluster, sharing, partition, gpu_model) -> NoFit | None:
         """Why the job waits when the broken units of ``cluster`` could hold it; None if not even they could."""
         if self._mended is None:

@@ -48,7 +48,9 @@ from broker.core.models import Cluster, Job, Tenant
 from broker.core.schemas import JobSpec
 from broker.core.states import JobState, set_reasons, set_states
 from broker.inventory.report_store import DriftWatch
-from broker.placement.capacity import CapacityView, Fit, NoFit
+from broker.placement.capacity import CapacityView
+from broker.placement.decision import CycleDecisions, Held, Placed
+from broker.placement.fairshare import FairShare
 from broker.scheduling.clusters import AdapterPool, ClusterInfo, list_clusters
 
 log = logging.getLogger("gpush.scheduler")
@@ -106,6 +108,10 @@ class _Candidate:
     idempotency_key: str | None
     spec: JobSpec | None = None
 
+    @property
+    def asked(self) -> JobSpec:  # what the policy's rules match on: the spec itself
+        return self.spec
+
 
 class Scheduler:
     """One scheduling cycle of the broker, run by the elected leader.
@@ -130,10 +136,11 @@ class Scheduler:
        order reaches them, with a LIMIT, so a cycle reads the jobs it decides however
        long the queue is. Steps 2 to 4 never touch queued jobs, so the claim is read
        beside them.
-    6. Route each by the active policy (no rule: ``held``), check its tenant's quota
-       (over: it waits, saying so), fit it on the routes in order (nothing could ever
-       hold it: ``held``; nothing free now: it waits, saying for what), and count it
-       against capacity.
+    6. Decide each, in fair-share order, by the one decision the replays also make
+       (:class:`broker.placement.decision.CycleDecisions`): routed by the active policy
+       (no rule: ``held``), fitted on the routes in order and counted against capacity,
+       checked against its tenant's quota (over: it waits, saying so); nothing could
+       ever hold it: ``held``; nothing free now: it waits, saying for what.
     7. Submit: placed jobs go ``routed`` then ``submitting`` (committed before any
        adapter call), the adapter is called, then ``submitted`` with the backend id;
        a refusal fails the job, an unreachable cluster puts it back in the queue.
@@ -490,9 +497,6 @@ class Scheduler:
         claim: _Claim | None = None,
         ledger: tuple[dict[str, float], dict[str, float], dict[str, float]] | None = None,
     ) -> None:
-        from broker.placement.fairshare import FairShare
-        from broker.routing.policy import evaluate
-
         if claim is None:
             claim = _Claim(self.sessions, self.claim_limit)
             claim.wait(report)
@@ -520,20 +524,18 @@ class Scheduler:
         submission = _Submission(self, clusters, batch=batch)
         held: list[tuple[int, str]] = []
         waiting: list[tuple[_Candidate, str]] = []
-        ahead: dict[tuple, int] = defaultdict(int)
-        routes: dict[tuple, Any] = {}
+        decisions = CycleDecisions(policy, view, fair)
         try:
             while (tenant := next_tenant()) is not None:
                 job = claim.pop(tenant, report)
                 job.spec = self._spec(job)
-                kind, value = self._decide(job, policy, evaluate, view, fair, ahead, routes)
-                if kind == "placed":
-                    submission.add(job, value)
-                    fair.charge(tenant, value.gpu_equivalents)
-                elif kind == "held":
-                    held.append((job.job_id, value))
+                outcome = decisions.decide(job)
+                if isinstance(outcome, Placed):
+                    submission.add(job, outcome.placement)
+                elif isinstance(outcome, Held):
+                    held.append((job.job_id, outcome.reason))
                 else:
-                    waiting.append((job, value))
+                    waiting.append((job, outcome.reason))
         except BaseException:
             submission.close(report, abandon=True)
             raise
@@ -553,61 +555,6 @@ class Scheduler:
         if spec.idempotency_key != job.idempotency_key:
             spec = spec.model_copy(update={"idempotency_key": job.idempotency_key})
         return spec
-
-    def _decide(self, job, policy, evaluate, view, fair, ahead, routes):
-        if policy is None:
-            return "held", "held: no routing policy is active (an admin runs `gpush policy apply`)"
-        decision = self._routes(job, policy, evaluate, routes)
-        if not decision.routes:
-            return "held", f"held: {decision.message}"
-        reasons: list[str] = []
-        never = True
-        waiting_for = None
-        for route in decision.routes:
-            sharing = Sharing(route.sharing)
-            fit = view.fit(
-                job.spec,
-                route.cluster,
-                sharing,
-                partition=getattr(route, "partition", None),
-                gpu_model=getattr(route, "gpu_model", None),
-            )
-            if isinstance(fit, Fit):
-                over_quota = fair.over_quota(job.tenant, fit.placement.gpu_equivalents)
-                if over_quota:
-                    view.give_back(fit.placement)
-                    return "waiting", over_quota
-                return "placed", fit.placement
-            assert isinstance(fit, NoFit)
-            reasons.append(fit.reason)
-            never = never and fit.never
-            if waiting_for is None and not fit.never:
-                waiting_for = fit.waiting_for
-                first_wait = fit.reason
-        if never:
-            return "held", "held: can never fit: " + "; ".join(reasons)
-        n = ahead[waiting_for]
-        ahead[waiting_for] += 1
-        reason = first_wait if n == 0 else first_wait.rstrip(")") + f", {n} job{'s' if n > 1 else ''} ahead)"
-        return "waiting", reason
-
-    @staticmethod
-    def _routes(job: _Candidate, policy, evaluate, routes: dict[tuple, Any]):
-        """The policy's decision for the job; jobs that look alike to the rules (the fields
-        a rule can match on, broker.routing.policy.Match) share one evaluation within a cycle."""
-        spec = job.spec
-        key = (
-            spec.kind,
-            spec.isolation,
-            spec.gpus,
-            spec.gpu_memory_gb,
-            job.tenant,
-            tuple(sorted(spec.labels.items())),
-        )
-        decision = routes.get(key)
-        if decision is None:
-            decision = routes[key] = evaluate(policy, spec, job.tenant)
-        return decision
 
     def read_ledger(self, sync: _StatusChanges) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         """GPU-equivalents each tenant holds (less what the status changes end), and the

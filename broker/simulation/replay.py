@@ -73,7 +73,8 @@ from broker.core.adapter import BackendState, Placement, Rejected, Sharing
 from broker.core.errors import InvalidRequest
 from broker.core.schemas import Isolation, JobSpec, parse_memory_mib, parse_time_limit
 from broker.intake.jobfile import validate_spec
-from broker.placement.capacity import CapacityView, Fit, replicas_of
+from broker.placement.capacity import CapacityView, Fit, NoFit, replicas_of
+from broker.placement.decision import CycleDecisions, Held, Outcome, Placed, WaitCause, Waiting
 from broker.placement.fairshare import FairShare
 from broker.placement.fragmentation import (
     MILLI,
@@ -92,6 +93,8 @@ T0 = datetime(2025, 1, 1, tzinfo=UTC)
 KINDS = ("training", "inference", "batch")
 PERCENTILES = (50, 95, 99)
 _MIG = (Sharing.SLURM_MIG, Sharing.K8S_MIG)
+# How a replay on a fleet places, as the live scheduler does (broker.placement.capacity).
+PLACEMENT_ON_FLEET = "gpush's: best fit for whole GPUs and MIG, FGD per GPU for MPS and time-slicing"
 _SHARED = (Sharing.K8S_TIMESLICE, Sharing.SLURM_MPS)
 
 
@@ -317,6 +320,7 @@ class JobRecord:
     reason: str | None = None
     quota_wait: float = 0.0  # seconds it waited at its tenant's quota
     waited_for: str | None = None  # why it last waited in the queue before it was placed
+    placement: dict[str, Any] | None = None  # where the decision put it (Placement.to_dict())
 
     @property
     def wait(self) -> float | None:
@@ -521,7 +525,7 @@ class ReplayResult:
         }
 
 
-# -- replay on a simulated fleet ----------------------------------------------------------
+# -- what both engines share ----------------------------------------------------------------
 
 
 class _VirtualClock:
@@ -543,14 +547,16 @@ class _VirtualClock:
 
 @dataclass
 class _Entry:
-    """A job inside a replay: its record, what it asks, where it may go, what it took."""
+    """A job inside a replay: its record, what it asks, where it may go, what it holds.
+
+    ``spec`` and ``tenant`` are what :class:`broker.placement.decision.CycleDecisions`
+    reads of it (the :class:`~broker.placement.decision.Ask` protocol)."""
 
     seq: int
     arrival: Arrival
     spec: JobSpec  # as fitted (whole GPUs: exclusive)
     record: JobRecord
     routes: list = field(default_factory=list)
-    taken: list = field(default_factory=list)  # (node, units) a fit took, given back at the end
     slots: list[Slot] = field(default_factory=list)  # shared nodes: what it holds
     placement: Placement | None = None
     signature: tuple = ()
@@ -564,11 +570,16 @@ class _Entry:
     def order(self) -> tuple[int, int]:
         return (-self.spec.priority, self.seq)
 
+    @property
+    def asked(self) -> JobSpec:
+        return self.arrival.spec
+
 
 def _signature(spec: JobSpec, routes: list) -> tuple:
-    """Jobs with equal signatures fit or fail alike on the same free capacity."""
+    """Jobs with equal signatures fit or fail alike on the same free capacity: the
+    routes as the fit reads them, and the fields of the job it reads."""
     return (
-        tuple((r.cluster, r.sharing, r.partition) for r in routes),
+        tuple((r.cluster, r.sharing, r.partition, r.gpu_model) for r in routes),
         spec.gpus,
         spec.gpu_memory_gb,
         replicas_of(spec),
@@ -614,21 +625,12 @@ class _Queue:
         return iter(list(self._entries))
 
 
-def _route(entry: _Entry, policy: Policy) -> str | None:
-    """Set the entry's routes; the reason it is held when no rule matches."""
-    decision = evaluate(policy, entry.arrival.spec, entry.arrival.tenant)
-    if not decision.routes:
-        return f"held: {decision.message}"
-    entry.routes = decision.routes
-    entry.signature = _signature(entry.spec, entry.routes)
-    return None
-
-
 class _Loop:
-    """What both event loops share: the waiting jobs, tried at each event as the
-    scheduling cycle takes them (:class:`broker.placement.fairshare.FairShare`), and the time
-    jobs wait at their tenant's quota. Subclasses say what a kind of job is
-    (:meth:`_kind`: jobs of one kind fit or fail alike) and try one job (:meth:`_try`)."""
+    """What both event loops share: the arriving jobs queued, the waiting ones decided
+    by :class:`broker.placement.decision.CycleDecisions` in the scheduler's order
+    (:class:`broker.placement.fairshare.FairShare`), and the time jobs wait at their
+    tenant's quota. Subclasses say what a kind of job is (:meth:`_kind`: jobs of one
+    kind fit or fail alike) and what placing one means (:meth:`_place`)."""
 
     policy: Policy
     queue: _Queue
@@ -636,10 +638,9 @@ class _Loop:
     def __init__(self, entries: list[_Entry], tenants: Mapping[str, TenantTerms] | None) -> None:
         self.entries = entries
         terms = tenants or {}
-        self.fair = FairShare(
-            {name: t.weight for name, t in terms.items()},
-            {name: t.gpu_quota for name, t in terms.items() if t.gpu_quota is not None},
-        )
+        self.weights = {name: t.weight for name, t in terms.items()}
+        self.quotas = {name: t.gpu_quota for name, t in terms.items() if t.gpu_quota is not None}
+        self.fair = FairShare(self.weights, self.quotas)
         self.tenant_names = sorted({e.tenant for e in entries})
         self.at_quota: dict[int, _Entry] = {}  # by seq: waiting at their tenant's quota
         self.quota_counts: Counter = Counter()  # tenant -> its jobs waiting at its quota
@@ -647,72 +648,51 @@ class _Loop:
     def _kind(self, entry: _Entry) -> tuple:
         raise NotImplementedError
 
-    def _try(self, t: float, entry: _Entry) -> tuple[str, Any]:
-        """Place the job now, charging its tenant: ("placed", None); ("held", reason)
-        when it never could; ("waiting", reason) for capacity; ("quota", reason)."""
+    def _place(self, t: float, entry: _Entry, placed: Placed) -> None:
         raise NotImplementedError
 
-    def _hold(self, entry: _Entry, reason: str) -> None:
-        entry.record.state, entry.record.reason = "held", reason
-
-    def _schedule(self, t: float, fresh: list[_Entry], retry: bool) -> None:
-        """One scheduling cycle: route the fresh jobs, then try the waiting ones (all of
-        them after capacity was freed, else the fresh ones) in fair-share order."""
+    def _arrive(self, fresh: list[_Entry]) -> None:
+        """Queue the jobs that arrived; their routes (evaluated again, and cached, by the
+        decision) say what kind of job each is."""
         for entry in fresh:
-            reason = _route(entry, self.policy)
-            if reason:
-                self._hold(entry, reason)
-            else:
-                self.queue.add(entry)
-        if retry:
-            candidates = list(self.queue)
-        else:
-            candidates = sorted((e for e in fresh if e.routes and e.record.state == "waiting"), key=lambda e: e.order)
+            entry.routes = evaluate(self.policy, entry.arrival.spec, entry.arrival.tenant).routes
+            entry.signature = _signature(entry.spec, entry.routes)
+            self.queue.add(entry)
+
+    def _heads(self, candidates: Iterable[_Entry], limit: int | None) -> dict[str, deque[_Entry]]:
+        """Each tenant's waiting jobs in its own order, at most ``limit`` of them (the
+        scheduler's claim: ``claim_limit`` per tenant and cycle)."""
         by_tenant: dict[str, deque[_Entry]] = {}
         for entry in candidates:
-            by_tenant.setdefault(entry.tenant, deque()).append(entry)
-        if len(by_tenant) > 1:  # with one tenant trying, there are no shares to compare
-            self.fair.contend(self.queue.tenants)
-        failed: dict[tuple, str] = {}  # kind -> what it waits for: capacity only shrinks within a pass
-        over_quota: dict[tuple, str] = {}  # (tenant, kind) -> reason: usage only grows within a pass
-        at_quota: set[int] = set()
-        while by_tenant and len(failed) < len(self.queue.kinds):
-            if len(by_tenant) == 1:  # one tenant (a trace's pods): its own order is the order
-                tenant = next(iter(by_tenant))
+            waiting = by_tenant.setdefault(entry.tenant, deque())
+            if limit is None or len(waiting) < limit:
+                waiting.append(entry)
+        return by_tenant
+
+    def _next(self, by_tenant: dict[str, deque[_Entry]]) -> _Entry:
+        tenant = self.fair.next_tenant((name, q[0].spec.priority, q[0].seq) for name, q in by_tenant.items())
+        waiting = by_tenant[tenant]
+        entry = waiting.popleft()
+        if not waiting:
+            del by_tenant[tenant]
+        return entry
+
+    def _apply(self, t: float, entry: _Entry, outcome: Outcome) -> None:
+        """What an outcome does to the job's record and the queue."""
+        if isinstance(outcome, Placed):
+            self.queue.remove(entry)
+            self._quota_ends(t, entry)
+            self._place(t, entry, outcome)
+        elif isinstance(outcome, Held):
+            self.queue.remove(entry)
+            self._quota_ends(t, entry)
+            entry.record.state, entry.record.reason = "held", outcome.reason
+        else:
+            entry.record.reason = outcome.reason
+            if outcome.cause is WaitCause.QUOTA:
+                self._quota_begins(t, entry)
             else:
-                tenant = self.fair.next_tenant((name, q[0].spec.priority, q[0].seq) for name, q in by_tenant.items())
-            waiting = by_tenant[tenant]
-            entry = waiting.popleft()
-            if not waiting:
-                del by_tenant[tenant]
-            kind = self._kind(entry)
-            if kind in failed:
-                continue
-            reason = over_quota.get((tenant, kind))
-            if reason is None:
-                outcome, value = self._try(t, entry)
-                if outcome == "placed":
-                    self.queue.remove(entry)
-                    self._quota_ends(t, entry)
-                    continue
-                if outcome == "held":
-                    self.queue.remove(entry)
-                    self._hold(entry, value)
-                    continue
-                if outcome == "waiting":
-                    entry.record.reason = failed[kind] = value
-                    continue
-                reason = over_quota[(tenant, kind)] = value
-            entry.record.reason = reason
-            at_quota.add(entry.seq)
-            self._quota_begins(t, entry)
-        if retry:
-            # Every waiting job was tried or is of a kind that found no room: those not
-            # at quota now wait for capacity (the scheduler fits before it checks quotas).
-            for seq, entry in list(self.at_quota.items()):
-                if seq not in at_quota:
-                    self._quota_ends(t, entry)
-                    entry.record.reason = failed.get(self._kind(entry), entry.record.reason)
+                self._quota_ends(t, entry)
 
     def _quota_begins(self, t: float, entry: _Entry) -> None:
         if entry.quota_since is None:
@@ -734,16 +714,28 @@ class _Loop:
             entry.record.reason = entry.record.reason or "still waiting when the replay ended"
         return [e.record for e in self.entries]
 
-    def _tenant_columns(self) -> dict[str, dict[str, float]]:
+    def _tenant_columns(self, usage: Mapping[str, float]) -> dict[str, dict[str, float]]:
         """What a timeline sample keeps per tenant: GPU-equivalents held, jobs at quota."""
         return {
-            "tenants": {name: self.fair.usage.get(name, 0.0) for name in self.tenant_names},
+            "tenants": {name: usage.get(name, 0.0) for name in self.tenant_names},
             "at_quota": {name: self.quota_counts[name] for name in self.tenant_names},
         }
 
 
+# -- replay on a simulated fleet ----------------------------------------------------------
+
+# Jobs per tenant a replay's cycle decides: the scheduler's default claim limit.
+CLAIM_LIMIT = 1000
+
+
 class _FleetReplay(_Loop):
-    """The event loop of :func:`replay` (one use)."""
+    """The event loop of :func:`replay` (one use): at each event, one scheduling cycle
+    as :class:`broker.scheduling.cycle.Scheduler` runs it. The clusters' status changes
+    are read; the capacity is built afresh from their inventories, less the placements
+    they have not started, as step 4 of the cycle builds it; the tenants' usage is what
+    their placed jobs hold, as the ledger of step 5 reads it; every waiting job (at most
+    ``claim_limit`` per tenant) is decided in fair-share order; placed jobs are
+    submitted to the simulated clusters."""
 
     def __init__(
         self,
@@ -754,9 +746,13 @@ class _FleetReplay(_Loop):
         start: datetime,
         demand_of: Callable[[int], float | None] | None,
         tenants: Mapping[str, TenantTerms] | None = None,
+        claim_limit: int = CLAIM_LIMIT,
+        observe: Callable[[float, list[JobRecord]], None] | None = None,
     ):
         self.whole = whole
+        self.observe = observe
         self.demand_of = demand_of
+        self.claim_limit = claim_limit
         self.fleet = whole_gpu_fleet(fleet) if whole else fleet
         self.policy = whole_gpu_policy(policy) if whole else policy
         self.clock = _VirtualClock(start)
@@ -764,7 +760,6 @@ class _FleetReplay(_Loop):
             name: SimulatedCluster.from_fleet(self.fleet, name, clock=self.clock) for name in self.fleet.clusters
         }
         self.cursors = {name: sim.statuses().cursor for name, sim in self.sims.items()}
-        self.view = CapacityView.build({name: sim.inventory() for name, sim in self.sims.items()})
         self.flavor = {name: cluster.flavor for name, cluster in self.fleet.clusters.items()}
         self.tier_gpus: dict[str, float] = defaultdict(float)
         for cluster in self.fleet.clusters.values():
@@ -779,10 +774,10 @@ class _FleetReplay(_Loop):
         super().__init__(entries, tenants)
         self.by_id = {e.seq: e for e in self.entries}
         self.queue = _Queue(self._kind)
+        self.holding: dict[int, _Entry] = {}  # by seq: placed, not ended (the ledger's active jobs)
         self.held_in_clusters = 0  # submitted, waiting in a cluster's own queue
         self.queued_in_clusters = 0  # placements that ever waited there
         self.allocated: dict[str, float] = defaultdict(float)  # by flavor
-        self.reserved = 0.0  # GPU-equivalents the view counts as taken
         self.demand = 0.0  # GPU-equivalents the running jobs need
         self.timeline = Timeline()
 
@@ -798,19 +793,46 @@ class _FleetReplay(_Loop):
                 break
             t = min(times)
             self.clock.set(t)
-            freed = self._collect()
+            self._collect()
             fresh = []
             while i < n and entries[i].arrival.at <= t:
                 fresh.append(entries[i])
                 i += 1
-            self._schedule(t, fresh, retry=freed)
+            self._arrive(fresh)
+            self._cycle(t)
             self._collect()
             self._sample(t)
+            if self.observe is not None:
+                self.observe(t, [e.record for e in self.entries])
         return self.timeline, self._finish(self.timeline.t[-1] if self.timeline.t else 0.0)
 
-    def _collect(self) -> bool:
-        """Read every cluster's status changes; True if capacity was freed."""
-        freed = False
+    def _cycle(self, t: float) -> None:
+        if not self.queue:
+            return
+        # The ledger and the shares as the cycle reads them: what placed jobs hold, the
+        # tenants holding GPUs and those with jobs waiting.
+        self.fair = FairShare(self.weights, self.quotas, self._usage(), waiting=self.queue.tenants)
+        decisions = CycleDecisions(self.policy, self._capacity(), self.fair)
+        by_tenant = self._heads(self.queue, self.claim_limit)
+        while by_tenant:
+            entry = self._next(by_tenant)
+            self._apply(t, entry, decisions.decide(entry))
+
+    def _capacity(self) -> CapacityView:
+        """Step 4 of the cycle: each cluster's inventory, less the placements it has not
+        started, and the GPU memory of the time-sliced jobs per node."""
+        not_started, memory = [], defaultdict(float)
+        for entry in self.holding.values():
+            p = entry.placement
+            if entry.record.state != "running":
+                not_started.append(p)
+            if p.sharing is Sharing.K8S_TIMESLICE and p.node and p.gpu_memory_gb:
+                memory[(p.cluster, p.node)] += p.gpu_memory_gb * p.units * p.replicas
+        inventory = {name: sim.inventory() for name, sim in self.sims.items()}
+        return CapacityView.build(inventory, not_started, memory)
+
+    def _collect(self) -> None:
+        """Read every cluster's status changes."""
         for name, sim in self.sims.items():
             page = sim.statuses(self.cursors[name])
             self.cursors[name] = page.cursor
@@ -838,89 +860,42 @@ class _FleetReplay(_Loop):
                     record.end = at
                     record.state = "succeeded" if backend.state is BackendState.SUCCEEDED else "failed"
                     record.reason = backend.reason
-                    self._give_back(entry)
-                    freed = True
-        return freed
+                    self._ended(entry)
 
-    def _give_back(self, entry: _Entry) -> None:
-        placement = entry.placement
-        if placement is None:
-            return
-        self._untake(placement, entry.taken)
-        entry.taken = []
-        entry.placement = None
-        self.reserved -= placement.gpu_equivalents
-        self.fair.release(entry.tenant, placement.gpu_equivalents)
-
-    def _untake(self, placement: Placement, taken: list) -> None:
-        # Per node, so that the replicas of a time-sliced Deployment, which the view may
-        # spread over nodes under a placement without a node, all come back.
-        for node, units in taken:
-            self.view.give_back(replace(placement, node=node, replicas=max(units // placement.units, 1)))
+    def _ended(self, entry: _Entry) -> None:
+        self.holding.pop(entry.seq, None)
 
     def _kind(self, entry: _Entry) -> tuple:
         return entry.signature
 
-    def _try(self, t: float, entry: _Entry) -> tuple[str, Any]:
-        kind, value = self._fit(entry)
-        if kind != "placed":
-            return kind, value
-        # As the scheduler does: the quota is checked on what the fit would hold.
-        over_quota = self.fair.over_quota(entry.tenant, value.gpu_equivalents)
-        if over_quota:
-            self._untake(value, entry.taken)
-            entry.taken = []
-            return "quota", over_quota
-        self._submit(entry, value)
-        return "placed", None
-
-    def _fit(self, entry: _Entry) -> tuple[str, Any]:
-        reasons, never, waiting = [], True, None
-        for route in entry.routes:
-            sharing = Sharing(route.sharing)
-            slots = self.view.slots.get(route.cluster, {}).get(sharing, [])
-            before = [s.free for s in slots]
-            fit = self.view.fit(
-                entry.spec, route.cluster, sharing, partition=route.partition, gpu_model=route.gpu_model
-            )
-            if isinstance(fit, Fit):
-                # What the fit took, node by node, to give back when the job ends.
-                entry.taken = [
-                    (s.unit.node, free - s.free) for s, free in zip(slots, before, strict=True) if s.free != free
-                ]
-                return "placed", fit.placement
-            reasons.append(fit.reason)
-            never = never and fit.never
-            if waiting is None and not fit.never:
-                waiting = fit.reason
-        if never:
-            return "held", "held: can never fit: " + "; ".join(reasons)
-        return "waiting", waiting
-
-    def _submit(self, entry: _Entry, placement: Placement) -> None:
+    def _place(self, t: float, entry: _Entry, placed: Placed) -> None:
+        placement = placed.placement
         record = entry.record
         entry.placement = placement
+        record.placement = placement.to_dict()
+        self.holding[entry.seq] = entry
         record.waited_for = record.reason
         record.cluster, record.sharing = placement.cluster, placement.sharing.value
         record.gpu_equivalents = placement.gpu_equivalents
         need = self.demand_of(entry.seq) if self.demand_of else None
         record.demand = placement.gpu_equivalents if need is None else need
         record.node = placement.node
-        self.reserved += placement.gpu_equivalents
-        self.fair.charge(entry.tenant, placement.gpu_equivalents)
         labels = {**entry.spec.labels, "sim-duration": f"{entry.arrival.duration:g}"}
         spec = entry.spec.model_copy(update={"labels": labels})
         try:
             self.sims[placement.cluster].submit(entry.seq, spec, placement)
         except Rejected as exc:
+            # As the scheduler records a refusal: failed; what it took counts until the
+            # next cycle reads the capacity again.
             record.state, record.reason = "failed", f"{placement.cluster} refused the job: {exc}"
             record.end = self.clock.seconds(self.clock())
-            self._give_back(entry)
+            self.holding.pop(entry.seq, None)
 
     def _sample(self, t: float) -> None:
         total = sum(self.tier_gpus.values())
         queued = len(self.queue)
-        stranded = max(total - self.reserved, 0.0) if queued else 0.0
+        reserved = sum(e.placement.gpu_equivalents for e in self.holding.values())
+        stranded = max(total - reserved, 0.0) if queued else 0.0
         tiers = {tier: max(self.allocated.get(tier, 0.0), 0.0) for tier in self.tier_gpus}
         self.timeline.add(
             t,
@@ -930,8 +905,15 @@ class _FleetReplay(_Loop):
             queued + self.held_in_clusters,
             stranded,
             0.0,
-            **self._tenant_columns(),
+            **self._tenant_columns(self._usage()),
         )
+
+    def _usage(self) -> dict[str, float]:
+        """GPU-equivalents each tenant's placed jobs hold (the ledger)."""
+        usage: dict[str, float] = defaultdict(float)
+        for entry in self.holding.values():
+            usage[entry.tenant] += entry.placement.gpu_equivalents
+        return usage
 
 
 def replay(
@@ -944,6 +926,8 @@ def replay(
     label: str | None = None,
     demand_of: Callable[[int], float | None] | None = None,
     tenants: Mapping[str, TenantTerms] | None = None,
+    claim_limit: int = CLAIM_LIMIT,
+    observe: Callable[[float, list[JobRecord]], None] | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on simulated clusters of ``fleet`` under ``policy``
     (``whole_gpus``: the same on whole GPUs only; see the module docstring), with the
@@ -951,9 +935,13 @@ def replay(
 
     A job's ``demand`` is the GPU-equivalents its placement holds, or
     ``demand_of(job_id)`` when that gives a number: what the job needs as another
-    replay sized it (a whole-GPU run measured against gpush's sharing)."""
+    replay sized it (a whole-GPU run measured against gpush's sharing).
+
+    ``claim_limit``: jobs per tenant each cycle decides, as the scheduler's. ``observe``
+    is called after each cycle with its virtual time and every job's record (the
+    differential test compares them with the live scheduler's, step by step)."""
     began = time.perf_counter()
-    loop = _FleetReplay(fleet, policy, workload, whole_gpus, start, demand_of, tenants)
+    loop = _FleetReplay(fleet, policy, workload, whole_gpus, start, demand_of, tenants, claim_limit, observe)
     timeline, jobs = loop.run()
     notes = [
         _fair_share_note(tenants),
@@ -969,7 +957,7 @@ def replay(
         notes.append(f"{oom} job(s) OOM-killed on over-committed time-sliced GPUs")
     return ReplayResult(
         label or ("whole GPUs" if whole_gpus else "gpush"),
-        "best-fit (broker.placement.capacity)",
+        PLACEMENT_ON_FLEET,
         jobs,
         timeline,
         float(sum(loop.tier_gpus.values())),
@@ -1013,8 +1001,74 @@ def task_of(arrival: Arrival, spec: JobSpec, sharing: Sharing, reference_memory_
     return base
 
 
+@dataclass(frozen=True)
+class _SlotsFit(Fit):
+    """A fit on GPU-sharing nodes, with the slots its replicas hold."""
+
+    slots: tuple[Slot, ...] = ()
+
+
+class _SharedCapacity:
+    """GPU-sharing nodes (one Kubernetes cluster called ``cluster``) as the decision's
+    capacity (:class:`broker.placement.decision.Capacity`): routes to ``k8s/timeslice``
+    or ``slurm/mps`` take a share of one GPU per replica, exclusive routes whole GPUs."""
+
+    def __init__(self, nodes: SharedGpuNodes, cluster: str, reference_memory_gb: float) -> None:
+        self.nodes = nodes
+        self.cluster = cluster
+        self.reference_memory_gb = reference_memory_gb
+
+    def fit_route(self, entry: _Entry, route) -> Fit | NoFit:
+        sharing = Sharing(route.sharing)
+        if route.cluster != self.cluster:
+            return NoFit(f"cluster {route.cluster} is not in this fleet (it has {self.cluster})", never=True)
+        if sharing in _MIG:
+            return NoFit(f"{self.cluster} shares GPUs by milli-GPU; it has no MIG slices", never=True)
+        task = task_of(entry.arrival, entry.spec, sharing, self.reference_memory_gb)
+        if sharing is Sharing.SLURM_MPS and task.gpus > 1:
+            return NoFit("MPS shares one GPU among processes: a job with gpus > 1 cannot use it", never=True)
+        models = entry.arrival.gpu_models
+        if not self.nodes.could_ever_hold(task, models):
+            return NoFit(f"no node of {self.cluster} could ever hold {_describe_task(task)}", never=True)
+        replicas = replicas_of(entry.spec)
+        slots = []
+        for _ in range(replicas):
+            slot = self.nodes.place(task, models)
+            if slot is None:
+                break
+            slots.append(slot)
+        if len(slots) < replicas:
+            for slot in slots:
+                self.nodes.release(slot)
+            return NoFit(
+                f"waiting for {_describe_task(task)} on {self.cluster}",
+                never=False,
+                waiting_for=(self.cluster, sharing.value, task, models),
+            )
+        placement = Placement(
+            cluster=self.cluster,
+            sharing=sharing,
+            units=task.gpus,
+            gpu_equivalents=sum(s.task.demand_milli for s in slots) / MILLI,
+            node=self.nodes.nodes[slots[0].node].name,
+            replicas=replicas,
+        )
+        return _SlotsFit(placement, tuple(slots))
+
+    def undo(self, fit: Fit) -> None:
+        for slot in fit.slots:
+            self.nodes.release(slot)
+
+
 class _SharedReplay(_Loop):
-    """The event loop of :func:`replay_shared` (one use)."""
+    """The event loop of :func:`replay_shared` (one use).
+
+    A trace has thousands of pods, so a cycle here decides only what may have changed
+    since the last one: the jobs that arrived, or every waiting job once capacity was
+    freed. Within a cycle capacity only shrinks and usage only grows, so a job of a kind
+    that found no room (or whose tenant is at its quota) says what that job said, with
+    its count of jobs ahead (:meth:`broker.placement.decision.CycleDecisions.behind`),
+    without fitting again, and the cycle ends once every kind waiting has found none."""
 
     def __init__(self, nodes, cluster, policy, workload, placement, whole, distribution, tenants=None):
         self.cluster = cluster
@@ -1044,6 +1098,7 @@ class _SharedReplay(_Loop):
             for sharing in (Sharing.K8S_TIMESLICE, Sharing.K8S_EXCLUSIVE)
         }
         self.nodes = SharedGpuNodes(nodes, placement=placement, distribution=distribution, shapes=sorted(shapes))
+        self.capacity = _SharedCapacity(self.nodes, cluster, self.reference_memory_gb)
         self.queue = _Queue(self._kind)
         self.ends: list[tuple[float, int, _Entry]] = []
         self.timeline = Timeline()
@@ -1067,67 +1122,56 @@ class _SharedReplay(_Loop):
             while i < n and entries[i].arrival.at <= t:
                 fresh.append(entries[i])
                 i += 1
-            self._schedule(t, fresh, retry=freed)
+            self._arrive(fresh)
+            self._cycle(t, list(self.queue) if freed else sorted(fresh, key=lambda e: e.order), every=freed)
             self._sample(t)
         return self.timeline, self._finish(self.timeline.t[-1] if self.timeline.t else 0.0)
+
+    def _cycle(self, t: float, candidates: list[_Entry], every: bool) -> None:
+        by_tenant = self._heads(candidates, None)
+        self.fair.contend(self.queue.tenants)
+        decisions = CycleDecisions(self.policy, self.capacity, self.fair)
+        no_room: dict[tuple, Waiting] = {}  # kind -> what its first job said
+        at_quota: dict[tuple, Waiting] = {}  # (tenant, kind) -> what its first job said
+        while by_tenant and len(no_room) < len(self.queue.kinds):
+            entry = self._next(by_tenant)
+            kind = self._kind(entry)
+            if kind in no_room:
+                outcome = decisions.behind(no_room[kind])
+            elif (entry.tenant, kind) in at_quota:
+                outcome = at_quota[(entry.tenant, kind)]
+            else:
+                outcome = decisions.decide(entry)
+                if isinstance(outcome, Waiting):
+                    memo = no_room if outcome.cause is WaitCause.CAPACITY else at_quota
+                    memo[kind if memo is no_room else (entry.tenant, kind)] = outcome
+            self._apply(t, entry, outcome)
+        if every:
+            # Every waiting job was decided or is of a kind that found no room: those no
+            # longer at their quota wait for capacity (the decision fits before the quota).
+            for entry in list(self.at_quota.values()):
+                kind = self._kind(entry)
+                if (entry.tenant, kind) not in at_quota:
+                    self._quota_ends(t, entry)
+                    if kind in no_room:
+                        entry.record.reason = no_room[kind].reason
 
     def _kind(self, entry: _Entry) -> tuple:
         return (entry.signature, entry.arrival.task, entry.arrival.gpu_models)
 
-    def _try(self, t: float, entry: _Entry) -> tuple[str, str | None]:
-        reasons, never, waiting = [], True, None
-        for route in entry.routes:
-            sharing = Sharing(route.sharing)
-            if route.cluster != self.cluster:
-                reasons.append(f"cluster {route.cluster} is not in this fleet (it has {self.cluster})")
-                continue
-            if sharing in _MIG:
-                reasons.append(f"{self.cluster} shares GPUs by milli-GPU; it has no MIG slices")
-                continue
-            task = task_of(entry.arrival, entry.spec, sharing, self.reference_memory_gb)
-            if sharing is Sharing.SLURM_MPS and task.gpus > 1:
-                reasons.append("MPS shares one GPU among processes: a job with gpus > 1 cannot use it")
-                continue
-            models = entry.arrival.gpu_models
-            if not self.nodes.could_ever_hold(task, models):
-                reasons.append(f"no node of {self.cluster} could ever hold {_describe_task(task)}")
-                continue
-            never = False
-            slots = []
-            for _ in range(replicas_of(entry.spec)):
-                slot = self.nodes.place(task, models)
-                if slot is None:
-                    break
-                slots.append(slot)
-            if len(slots) == replicas_of(entry.spec):
-                over_quota = self.fair.over_quota(entry.tenant, sum(s.task.demand_milli for s in slots) / MILLI)
-                if over_quota:
-                    for slot in slots:
-                        self.nodes.release(slot)
-                    return "quota", over_quota
-                self._start(t, entry, sharing, slots)
-                return "placed", None
-            for slot in slots:
-                self.nodes.release(slot)
-            reason = f"waiting for {_describe_task(task)} on {self.cluster}"
-            reasons.append(reason)
-            waiting = waiting or reason
-        if never:
-            return "held", "held: can never fit: " + "; ".join(reasons)
-        return "waiting", waiting
-
-    def _start(self, t: float, entry: _Entry, sharing: Sharing, slots: list[Slot]) -> None:
+    def _place(self, t: float, entry: _Entry, placed: Placed) -> None:
+        slots = list(placed.fit.slots)
         record = entry.record
         entry.slots = slots
         record.waited_for = record.reason
         record.start, record.state, record.reason = t, "running", None
-        record.cluster, record.sharing = self.cluster, sharing.value
-        record.node = self.nodes.nodes[slots[0].node].name
-        record.gpu_equivalents = sum(s.task.demand_milli for s in slots) / MILLI
+        record.cluster, record.sharing = self.cluster, placed.placement.sharing.value
+        record.node = placed.placement.node
+        record.gpu_equivalents = placed.placement.gpu_equivalents
+        record.placement = placed.placement.to_dict()
         asked = entry.arrival.task
         record.demand = (asked.demand_milli / MILLI * len(slots)) if asked else record.gpu_equivalents
         self.demand += record.demand
-        self.fair.charge(entry.tenant, record.gpu_equivalents)
         heapq.heappush(self.ends, (t + entry.arrival.duration, entry.seq, entry))
 
     def _sample(self, t: float) -> None:
@@ -1142,7 +1186,7 @@ class _SharedReplay(_Loop):
             queued,
             free if queued else 0.0,
             self.nodes.fragmentation_milli() / MILLI,
-            **self._tenant_columns(),
+            **self._tenant_columns(self.fair.usage),
         )
 
 
@@ -1150,6 +1194,7 @@ def _describe_task(task: TaskShape) -> str:
     if task.fractional:
         return f"{task.gpu_milli} milli-GPU of one GPU"
     return f"{task.gpus} whole GPU{'s' if task.gpus > 1 else ''}"
+
 
 
 def replay_shared(
@@ -1484,7 +1529,7 @@ def run_simulation(
             ),
             jobs=len(workload),
             tenants=_tenants_text(tenants) or None,
-            placement="best-fit (broker.placement.capacity)",
+            placement=PLACEMENT_ON_FLEET,
         )
         idle = sorted(set(tenants) - {a.tenant for a in workload})
         if idle:

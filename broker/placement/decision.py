@@ -1,0 +1,180 @@
+"""The one placement decision: a job is placed now, waits (saying for what), or is held.
+
+``gpush simulate`` is only worth what its agreement with the live scheduler is worth,
+so this module is the only place that decides. The live cycle
+(:mod:`broker.scheduling.cycle`) and every replay engine (:mod:`broker.simulation.replay`)
+make one :class:`CycleDecisions` per scheduling cycle and call :meth:`CycleDecisions.decide`
+for each job in the order fair share gives (:class:`broker.placement.fairshare.FairShare`);
+what differs between them is only what they bring: the capacity (a
+:class:`broker.placement.capacity.CapacityView` built from clusters' inventories, or
+GPU-sharing nodes replayed from a trace) and what they do with the outcome.
+
+The decision, for one job:
+
+1. **Route** by the active policy (:func:`broker.routing.policy.evaluate`). No policy,
+   or no rule matches: :class:`Held`, with the policy's reason.
+2. **Fit** on the routes in order: the first route with room now takes the job.
+3. **Quota**: the placement's GPU-equivalents against the tenant's quota. Over it:
+   the fit is undone and the job waits (:class:`Waiting`, ``cause`` QUOTA), saying so.
+   The quota is checked on what the fit would hold, so a job is never refused for a
+   quota it would not exceed where it lands.
+4. **Placed**: the tenant is charged, so the next job's fair-share order sees it.
+5. Nothing has room: if no route could **ever** hold the job (no such GPUs, too large
+   for any node), :class:`Held` with every route's reason; else :class:`Waiting` for
+   the first route that could, with how many jobs of this cycle already wait for the
+   same thing ahead of it ("…, 3 jobs ahead)").
+
+Outcomes are typed values, so callers cannot mistake one for another, and the reasons
+are the user's words, as ``gpush status`` shows them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from broker.core.adapter import Placement
+from broker.core.schemas import JobSpec
+from broker.placement.capacity import Fit, NoFit
+from broker.placement.fairshare import FairShare
+from broker.routing.policy import Decision as RoutingDecision
+from broker.routing.policy import Policy, Route, evaluate
+
+NO_POLICY = "held: no routing policy is active (an admin runs `gpush policy apply`)"
+
+
+class WaitCause(StrEnum):
+    CAPACITY = "capacity"  # no route has room now; one could later
+    QUOTA = "quota"  # it fits, but its tenant is at its quota
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """The job goes where ``fit`` put it; its tenant is already charged."""
+
+    fit: Fit
+
+    @property
+    def placement(self) -> Placement:
+        return self.fit.placement
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """The job stays queued for now; ``reason`` says for what."""
+
+    reason: str
+    cause: WaitCause
+    # What it waits for, so jobs behind it are counted (broker.placement.capacity.NoFit).
+    waiting_for: tuple | None = None
+    plain: str = ""  # the reason without the count of jobs ahead
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The job cannot run as asked: no rule routes it, or no route could ever hold it."""
+
+    reason: str
+
+
+Outcome = Placed | Waiting | Held
+
+
+class Ask(Protocol):
+    """A job as the decision reads it: whose it is, what it asked (the policy's rules
+    match on it) and what is fitted (the same, but in a replay's whole-GPU comparison,
+    which fits every job as whole GPUs wherever the rules send it as asked)."""
+
+    tenant: str
+
+    @property
+    def asked(self) -> JobSpec: ...
+
+    @property
+    def spec(self) -> JobSpec: ...
+
+
+class Capacity(Protocol):
+    """Free capacity within one cycle: fitting a job onto a route takes what it holds."""
+
+    def fit_route(self, job: Any, route: Route) -> Fit | NoFit:
+        """Take room for ``job`` on ``route`` now, or say why not (``never``: not ever)."""
+        ...
+
+    def undo(self, fit: Fit) -> None:
+        """Give back exactly what ``fit`` took (the job will not use it after all)."""
+        ...
+
+
+class CycleDecisions:
+    """The decisions of one scheduling cycle, on ``capacity`` under ``policy``
+    (None: no policy is active), with the tenants' shares and quotas in ``fair``.
+
+    Within a cycle, jobs that look alike to the policy's rules share one evaluation, and
+    jobs that wait for the same thing are counted, so each says how many are ahead."""
+
+    def __init__(self, policy: Policy | None, capacity: Capacity, fair: FairShare) -> None:
+        self.policy = policy
+        self.capacity = capacity
+        self.fair = fair
+        self._routings: dict[tuple, RoutingDecision] = {}
+        self._ahead: dict[tuple | None, int] = defaultdict(int)
+
+    def routing(self, spec: JobSpec, tenant: str) -> RoutingDecision:
+        """The policy's decision for the job: the fields a rule can match on
+        (broker.routing.policy.Match) are the key of one evaluation per cycle."""
+        key = (spec.kind, spec.isolation, spec.gpus, spec.gpu_memory_gb, tenant, tuple(sorted(spec.labels.items())))
+        decision = self._routings.get(key)
+        if decision is None:
+            decision = self._routings[key] = evaluate(self.policy, spec, tenant)
+        return decision
+
+    def decide(self, job: Ask) -> Outcome:
+        """Where ``job`` runs now, or why it waits, or why it is held (module docstring)."""
+        if self.policy is None:
+            return Held(NO_POLICY)
+        routing = self.routing(job.asked, job.tenant)
+        if not routing.routes:
+            return Held(f"held: {routing.message}")
+        reasons: list[str] = []
+        first_wait: NoFit | None = None
+        for route in routing.routes:
+            fit = self.capacity.fit_route(job, route)
+            if isinstance(fit, Fit):
+                over_quota = self.fair.over_quota(job.tenant, fit.placement.gpu_equivalents)
+                if over_quota:
+                    self.capacity.undo(fit)
+                    return Waiting(over_quota, WaitCause.QUOTA)
+                self.fair.charge(job.tenant, fit.placement.gpu_equivalents)
+                return Placed(fit)
+            reasons.append(fit.reason)
+            if first_wait is None and not fit.never:
+                first_wait = fit
+        if first_wait is None:
+            return Held("held: can never fit: " + "; ".join(reasons))
+        return self.behind(Waiting(first_wait.reason, WaitCause.CAPACITY, first_wait.waiting_for))
+
+    def behind(self, waiting: Waiting) -> Waiting:
+        """``waiting`` as the next job waiting for the same thing says it: with the jobs of
+        this cycle ahead of it. A replay that skips a job of a kind that already found no
+        room in this cycle (capacity only shrinks within one) asks this instead of
+        :meth:`decide`, and the job says what the scheduler would have said."""
+        if waiting.cause is not WaitCause.CAPACITY:
+            return waiting
+        plain = waiting.plain or waiting.reason
+        n = self._ahead[waiting.waiting_for]
+        self._ahead[waiting.waiting_for] += 1
+        reason = plain if n == 0 else _with_ahead(plain, n)
+        return Waiting(reason, waiting.cause, waiting.waiting_for, plain)
+
+
+def _ahead_suffix(n: int) -> str:
+    return f", {n} job{'s' if n > 1 else ''} ahead)"
+
+
+def _with_ahead(reason: str, n: int) -> str:
+    if reason.endswith(")"):  # "(3 of 8 free)" -> "(3 of 8 free, 2 jobs ahead)"
+        return reason.rstrip(")") + _ahead_suffix(n)
+    return f"{reason} ({_ahead_suffix(n)[2:]}"
