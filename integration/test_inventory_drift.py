@@ -190,7 +190,7 @@ def critical(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def in_slurm(slurm: SlurmTestCluster, b: Broker, job_id: int) -> list[dict[str, Any]]:
     """The Slurm jobs that carry gpush job ``job_id`` (its tag is in the job name)."""
-    tag = b.pool.get(_cluster_info(b, SLURM)).settings.tag
+    tag = b.pool.get(_cluster_info(b, SLURM)).adapter.settings.tag
     return [j for j in slurm.jobs() if str(j.get("name", "")) == f"{tag}-{job_id}"]
 
 
@@ -391,7 +391,7 @@ def t4_report_matches_the_pool() -> dict[str, Any]:
 def test_a_time_slicing_config_the_device_plugin_has_not_picked_up_is_drift(broker: Broker, k8s: K8sCluster):
     add_k8s(broker, k8s)
     k8s.install_gpu_operator_api()
-    broker.nodeagent.agent("t4-0", t4_report_matches_the_pool())
+    broker.agent("t4-0", t4_report_matches_the_pool())
     applied = broker.run("k8s", "timeslice", "apply", K8S, "--replicas", "4")
     assert applied, applied
 

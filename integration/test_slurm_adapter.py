@@ -29,6 +29,7 @@ from broker.routing import policy as policy_engine
 from broker.routing import versions as policystore
 from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
 from broker.scheduling.cycle import Scheduler
+from broker.scheduling.submission import Submission
 from integration.brokers import QueueAccess
 from integration.slurm.cluster import SlurmTestCluster, _read_env_file
 
@@ -89,9 +90,10 @@ class Broker(QueueAccess):
         self.scheduler = Scheduler(self.engine, self.pool, clock=self.clock)
 
     def adapter(self) -> SlurmAdapter:
+        """The Slurm adapter itself, not the pool's measuring wrapper (settings, client)."""
         with self.sessions() as session:
             (info,) = list_clusters(session)
-        return self.pool.get(info)
+        return self.pool.get(info).adapter
 
     def states(self, ids) -> dict[int, str]:
         with self.sessions() as session:
@@ -188,7 +190,7 @@ def test_each_sharing_mode_runs_to_completion(broker: Broker, backend):
         "mps": broker.submit(kind="inference", isolation="process", gpu_memory_gb=10, command=env_probe),
         "whole": broker.submit(kind="training", gpus=2, command=env_probe),
     }
-    broker.cycle_until(lambda: set(broker.core.states(ids.values()).values()) == {"succeeded"})
+    broker.cycle_until(lambda: set(broker.states(ids.values()).values()) == {"succeeded"})
     placements = {name: broker.job(i).placement for name, i in ids.items()}
     assert placements["mig"]["sharing"] == "slurm/mig" and placements["mig"]["mig_profile"] == "1g.5gb"
     assert placements["mps"]["sharing"] == "slurm/mps" and placements["mps"]["units"] == 25
@@ -212,7 +214,7 @@ def test_a_command_reaches_the_program_unchanged(broker: Broker, backend, monkey
         env={"NASTY": "$(id) 'q' \"d\"\n;z"},
     )
     leak = broker.submit(kind="training", gpus=1, command=["sh", "-c", 'echo "${GPUSH_BROKER_SECRET-unset} $NASTY"'])
-    broker.cycle_until(lambda: set(broker.core.states([job_id, leak]).values()) == {"succeeded"})
+    broker.cycle_until(lambda: set(broker.states([job_id, leak]).values()) == {"succeeded"})
     assert output(broker, job_id) == "".join(f"[{arg}]" for arg in nasty)
     assert not Path("/tmp/gpush-pwned").exists()
     assert output(broker, leak) == "unset \n"  # the broker's variables never reach a job
@@ -224,7 +226,7 @@ def test_a_command_reaches_the_program_unchanged(broker: Broker, backend, monkey
 def test_seven_slices_run_at_once_and_the_next_job_waits_with_the_reason(broker: Broker, slurm):
     sleep = ["sleep", "30"]
     ids = [broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=sleep) for _ in range(10)]
-    broker.cycle_until(lambda: Counter(broker.core.states(ids).values())["running"] == 9, timeout=20)
+    broker.cycle_until(lambda: Counter(broker.states(ids).values())["running"] == 9, timeout=20)
     profiles = Counter(broker.job(i).placement["mig_profile"] for i in ids[:9])
     assert profiles == {"1g.5gb": 7, "3g.20gb": 2}  # the smallest slice first, then larger ones
     waiting = broker.job(ids[9])
@@ -237,7 +239,7 @@ def test_seven_slices_run_at_once_and_the_next_job_waits_with_the_reason(broker:
 def test_slurm_says_why_an_eighth_slice_job_waits(broker: Broker, slurm):
     """Straight through the adapter (bypassing the broker's own fit): Slurm's pending
     reason comes back in the user's terms."""
-    adapter = broker.core.adapter()
+    adapter = broker.adapter()
     spec = JobSpec.model_validate(
         {"kind": "training", "isolation": "hardware", "gpu_memory_gb": 4, "command": ["sleep", "30"]}
     )
@@ -269,8 +271,8 @@ def test_mps_jobs_share_one_gpu_at_once(broker: Broker, slurm):
         broker.submit(kind="inference", isolation="process", gpu_memory_gb=10, command=["sleep", "30"])
         for _ in range(5)
     ]
-    broker.cycle_until(lambda: Counter(broker.core.states(ids).values())["running"] == 4, timeout=40)
-    tag = broker.core.adapter().settings.tag
+    broker.cycle_until(lambda: Counter(broker.states(ids).values())["running"] == 4, timeout=40)
+    tag = broker.adapter().settings.tag
     names = {f"{tag}-{i}" for i in ids}
     running = [j for j in slurm.jobs() if j["name"] in names and "RUNNING" in str(j["job_state"])]
     assert {j["nodes"] for j in running} == {"mps01"} and len(running) == 4
@@ -280,7 +282,7 @@ def test_mps_jobs_share_one_gpu_at_once(broker: Broker, slurm):
 
 def test_a_slice_no_node_offers_is_held_before_slurm_sees_it(broker: Broker, slurm):
     job_id = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=30, command=["true"])
-    broker.scheduling.cycle.run_cycle()
+    broker.scheduler.run_cycle()
     held = broker.job(job_id)
     assert held.state == "held"
     assert "no MIG slice on slurm-a has 30 GB (largest: 3g.20gb)" in held.state_reason
@@ -317,10 +319,10 @@ def test_cancel_works_in_every_state(broker: Broker, slurm):
         for job_id in cancel.values():
             with broker.sessions() as session, session.begin():
                 queue.cancel_job(session, job_id, ADMIN, now=broker.clock())
-        broker.cycle_until(lambda: set(broker.core.states(cancel.values()).values()) == {"cancelled"}, timeout=20)
+        broker.cycle_until(lambda: set(broker.states(cancel.values()).values()) == {"cancelled"}, timeout=20)
     finally:
         slurm.run("scontrol", "update", "PartitionName=gpu", "State=UP")
-    names = {f"{broker.core.adapter().settings.tag}-{cancel[k]}" for k in ("running", "pending in Slurm")}
+    names = {f"{broker.adapter().settings.tag}-{cancel[k]}" for k in ("running", "pending in Slurm")}
     in_slurm = [j for j in slurm.jobs() if j["name"] in names]
     assert len(in_slurm) == 2 and all("CANCELLED" in str(j["job_state"]) for j in in_slurm), in_slurm
 
@@ -334,9 +336,9 @@ def test_a_broker_killed_between_sbatch_and_the_write_finds_the_job_by_its_tag(b
     def crash(self, answers, report):
         raise KeyboardInterrupt("broker killed after sbatch, before the database write")
 
-    monkeypatch.setattr(Scheduler, "_record", crash)
+    monkeypatch.setattr(Submission, "_record", crash)
     with pytest.raises(KeyboardInterrupt):
-        broker.scheduling.cycle.run_cycle()
+        broker.scheduler.run_cycle()
     monkeypatch.undo()
     assert broker.job(job_id).state == "submitting"
     assert tagged_in_slurm(slurm, broker)[job_id] == 1
@@ -351,12 +353,12 @@ def test_status_sync_after_a_restart_catches_jobs_that_ended_meanwhile(broker: B
     ids = [
         broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=["sleep", "2"]) for _ in range(3)
     ]
-    broker.cycle_until(lambda: set(broker.core.states(ids).values()) <= {"submitted", "running"})
+    broker.cycle_until(lambda: set(broker.states(ids).values()) <= {"submitted", "running"})
     # The broker is down while the jobs finish.
     for job_id in ids:
         slurm.wait_for(int(broker.job(job_id).backend_id), "COMPLETED", timeout=20)
     broker.restart()
-    broker.cycle_until(lambda: set(broker.core.states(ids).values()) == {"succeeded"}, timeout=10)
+    broker.cycle_until(lambda: set(broker.states(ids).values()) == {"succeeded"}, timeout=10)
 
 
 def restart_slurm(slurm: SlurmTestCluster) -> None:
@@ -383,21 +385,21 @@ def test_slurmctld_down_in_a_burst_loses_and_doubles_nothing(broker: Broker, slu
     ids = [
         broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=["sleep", "1"]) for _ in range(12)
     ]
-    broker.scheduling.cycle.run_cycle()
+    broker.scheduler.run_cycle()
     os.kill(_slurmctld_pid(slurm), how)
     try:
         more = [
             broker.submit(kind="inference", isolation="process", gpu_memory_gb=2, command=["true"]) for _ in range(8)
         ]
         time.sleep(0.5)
-        report = broker.scheduling.cycle.run_cycle()
+        report = broker.scheduler.run_cycle()
         assert report.errors, "a cycle with slurmctld down should say so"
-        assert broker.core.adapter().health().ok is False
+        assert broker.adapter().health().ok is False
         waiting = broker.job(more[0])
         assert waiting.state == "queued" and "waiting for slurm-a, which does not answer" in waiting.state_reason
     finally:
         restart_slurm(slurm)
     everything = ids + more
-    broker.cycle_until(lambda: set(broker.core.states(everything).values()) == {"succeeded"}, timeout=60)
+    broker.cycle_until(lambda: set(broker.states(everything).values()) == {"succeeded"}, timeout=60)
     counts = tagged_in_slurm(slurm, broker)
     assert all(counts[i] == 1 for i in everything), counts

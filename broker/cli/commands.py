@@ -448,7 +448,7 @@ def simulate(
     placement: str,
 ) -> int:
     """Replay a workload or a trace in virtual time and write the report (no broker needed)."""
-    from broker.simulation.replay import run_simulation, summary_lines
+    from broker.simulation.report import run_simulation, summary_lines
 
     result = run_simulation(fleet, workload, trace, policy, compare, report, seed, placement=placement)
     if out.json_mode:

@@ -36,7 +36,6 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import GpuModel, gpu_model
@@ -44,9 +43,7 @@ from broker.core.schemas import Isolation, JobSpec, Kind
 from broker.placement.fragmentation import MILLI, SharedNode, TaskShape
 from broker.routing.policy import Policy
 from broker.simulation.fleet import Fleet, FleetCluster, FleetGpu, FleetNode
-
-if TYPE_CHECKING:
-    from broker.simulation.replay import Arrival
+from broker.simulation.workload import Arrival
 
 DEFAULT_CLUSTER = "openb"
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
@@ -295,7 +292,6 @@ def pod_job(pod: TracePod, memory_gb: float) -> JobSpec:
 def openb_workload(pods: list[TracePod], memory_gb: float, *, tenant: str = "openb") -> tuple[list[Arrival], int]:
     """The GPU pods as timed arrivals (``at``: creation time, ``duration``: how long
     the pod ran), and how many CPU-only pods were skipped."""
-    from broker.simulation.replay import Arrival
 
     arrivals = []
     skipped = 0

@@ -394,7 +394,7 @@ def bench_gpush(api: Any, broker: Broker, pods: int, interval: float, timeout: f
                     f"errors: {errors[-3:]})"
                 )
             started = time.perf_counter()
-            report = broker.scheduling.cycle.run_cycle()
+            report = broker.scheduler.run_cycle()
             cycles.append(
                 {
                     "start_s": round(started - begin, 3),

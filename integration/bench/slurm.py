@@ -154,7 +154,7 @@ def bench_gpush(broker: Broker, jobs: int, interval: float) -> dict:
     cycles = 0
     while broker.count("succeeded") < jobs:
         started = time.perf_counter()
-        broker.scheduling.cycle.run_cycle()
+        broker.scheduler.run_cycle()
         cycles += 1
         # The leader's loop: a cycle, then the rest of the interval (gpush server's default is 1 s).
         time.sleep(max(0.0, interval - (time.perf_counter() - started)))
@@ -170,7 +170,7 @@ def bench_latency(broker: Broker, cluster: SlurmTestCluster, n: int, interval: f
 
     def loop() -> None:
         while not stop.is_set():
-            broker.scheduling.cycle.run_cycle()
+            broker.scheduler.run_cycle()
             stop.wait(interval)
 
     thread = threading.Thread(target=loop, daemon=True)

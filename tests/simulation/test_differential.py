@@ -27,7 +27,9 @@ from broker.routing.policy import load_policy
 from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views
 from broker.scheduling.cycle import Scheduler
 from broker.simulation.fleet import SimulatedCluster, load_fleet
-from broker.simulation.replay import T0, JobRecord, Workload, read_workload, replay
+from broker.simulation.replay import T0, replay
+from broker.simulation.results import JobRecord
+from broker.simulation.workload import Workload, read_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = (ROOT / "examples" / "fleet.yaml").read_text()
