@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TextIO
 
 from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from broker.core.clock import utcnow
 
 STATE_STYLE = {
     "queued": "cyan",
@@ -74,7 +76,7 @@ def local_time(value: datetime | None) -> str:
 
 
 def age(value: datetime, now: datetime | None = None) -> str:
-    seconds = int(((now or datetime.now(UTC)) - value).total_seconds())
+    seconds = int(((now or utcnow()) - value).total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"

@@ -24,7 +24,8 @@ import yaml
 
 from broker.core.gpus import GpuModel, model_of_nvml_product
 from broker.inventory.agent_report import GpuReport
-from broker.mig.plan import MigPlan, MigSlot, layout_counts
+from broker.mig.layouts import MigSlot, layout_counts
+from broker.mig.plan import MigPlan
 
 GresStyle = Literal["nvml", "multiple-files", "file"]
 GRES_STYLES = ("multiple-files", "file", "nvml")

@@ -31,7 +31,8 @@ from broker.core.states import JobState as S
 from broker.inventory.agent_report import NodeReport
 from broker.inventory.reconcile import Inventory
 from broker.mig.config import render_mig_parted, render_planned_gres, render_summary
-from broker.mig.plan import MigPlan, SliceDemand, gpus_from_reports, plan_mig
+from broker.mig.matching import SliceDemand
+from broker.mig.plan import MigPlan, gpus_from_reports, plan_mig
 from broker.routing import versions as policystore
 from broker.routing.policy import evaluate
 from broker.scheduling.clusters import ClusterInfo

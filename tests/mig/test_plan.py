@@ -18,17 +18,9 @@ from broker.mig.config import (
     render_planned_gres,
     render_summary,
 )
-from broker.mig.plan import (
-    MigGpu,
-    MigSlot,
-    SliceDemand,
-    gpu_from_report,
-    layout_counts,
-    layout_problem,
-    maximal_layouts,
-    plan_mig,
-    valid_layouts,
-)
+from broker.mig.layouts import MigSlot, layout_counts, layout_problem, maximal_layouts, valid_layouts
+from broker.mig.matching import SliceDemand
+from broker.mig.plan import MigGpu, gpu_from_report, plan_mig
 
 MIG_MODELS = [m for m in MODELS if m.mig_capable]
 A100 = gpu_model("A100-SXM4-40GB")

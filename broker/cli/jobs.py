@@ -1,0 +1,168 @@
+"""``gpush`` commands on jobs: submit, status, list, events, cancel, scale, and whoami."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from broker.cli import commands
+from broker.cli.settings import CONTEXT, Settings, json_option, output
+from broker.core.schemas import Isolation, Kind
+from broker.core.states import JobState
+
+
+@click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option(
+    "-f",
+    "--file",
+    "file",
+    metavar="FILE",
+    help="Job YAML (one job, or several as --- documents or a list); - reads stdin. Flags override its fields.",
+)
+@click.option("--name", help="A name for the job.")
+@click.option("--kind", type=click.Choice([k.value for k in Kind]), help="training, inference or batch.")
+@click.option(
+    "--isolation",
+    type=click.Choice([i.value for i in Isolation]),
+    help="exclusive (whole GPUs), hardware (MIG), process (MPS), none (time-slicing). Default: by kind.",
+)
+@click.option("--gpus", type=int, help="GPUs or GPU slices per replica (default 1).")
+@click.option(
+    "--gpu-memory-gb",
+    "gpu_memory_gb",
+    type=float,
+    help="GPU memory each GPU or slice needs, in GB (required unless exclusive).",
+)
+@click.option("--min-replicas", type=int, help="Elastic inference: fewest replicas.")
+@click.option("--max-replicas", type=int, help="Elastic inference: most replicas.")
+@click.option("--cpus", type=int, help="CPUs per replica.")
+@click.option("--memory", help="Host memory per replica: 16G, 512M.")
+@click.option("--time-limit", help="90 (minutes), 2h, 1h30m, HH:MM:SS or D-HH:MM:SS.")
+@click.option("--image", help="Container image (Kubernetes; Slurm with a container runtime).")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment variable, repeatable.")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label, repeatable.")
+@click.option("--tenant", help="Tenant (admins only; default: your token's).")
+@click.option("--user", help="User (admins only; default: your token's).")
+@click.option("--priority", type=int, help="-1000 to 1000; higher runs first (default 0).")
+@click.option("--idempotency-key", help="Retry-safe key: the same key and spec return the same job.")
+@click.option(
+    "--ray",
+    "ray_address",
+    envvar="GPUSH_RAY_ADDRESS",
+    show_envvar=True,
+    metavar="URL",
+    help="Run the command as a Ray job on this Ray cluster (its dashboard, http://head:8265), whose workers "
+    "come from gpush, and follow it to its end (exit 0 if it succeeded).",
+)
+@json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def submit(
+    settings: Settings, file, json_mode, command, env, labels, min_replicas, max_replicas, ray_address, **fields: Any
+) -> int:
+    """Queue a job and print its id. The command goes after --:
+
+    \b
+      gpush submit --kind training --gpus 2 -- python train.py --lr 3e-4
+      gpush submit -f job.yaml --priority 10
+      gpush submit --ray http://ray-head:8265 -- python serve_app.py
+    """
+    from broker.intake.jobfile import parse_pairs
+
+    if ray_address:
+        return commands.submit_ray_job(
+            output(json_mode), ray_address, list(command), submission_id=fields.get("idempotency_key")
+        )
+
+    fields["env"] = parse_pairs(env, option="--env")
+    fields["labels"] = parse_pairs(labels, option="--label")
+    if min_replicas is not None or max_replicas is not None:
+        fields["elastic"] = {
+            k: v for k, v in (("min_replicas", min_replicas), ("max_replicas", max_replicas)) if v is not None
+        }
+    if command:
+        fields["command"] = list(command)
+    file_text = commands.read_job_file(file, lambda: sys.stdin.read()) if file else None
+    return commands.submit(settings.client(), output(json_mode), file=file, file_text=file_text, fields=fields)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("job_id", type=int)
+@json_option
+@click.pass_obj
+def status(settings: Settings, job_id: int, json_mode: bool) -> int:
+    """Show a job: its spec, state, reason and latest events."""
+    return commands.status(settings.client(), output(json_mode), job_id)
+
+
+@click.command("list", context_settings=CONTEXT)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([s.value for s in JobState]),
+    help="Only jobs in this state; repeatable.",
+)
+@click.option("--tenant", help="Only this tenant's jobs (admins).")
+@click.option("--user", help="Only this user's jobs.")
+@click.option("--kind", type=click.Choice([k.value for k in Kind]))
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Only jobs with this label; repeatable.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Jobs per page.")
+@click.option("--cursor", help="Next page: the cursor the previous page printed.")
+@click.option("--all", "all_pages", is_flag=True, help="Every page.")
+@json_option
+@click.pass_obj
+def list_(settings: Settings, json_mode: bool, **filters: Any) -> int:
+    """List jobs, newest first."""
+    from broker.intake.jobfile import parse_pairs
+
+    filters["states"] = list(filters["states"])
+    filters["labels"] = parse_pairs(filters["labels"], option="--label") or None
+    return commands.list_jobs(settings.client(), output(json_mode), **filters)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("job_id", type=int)
+@json_option
+@click.pass_obj
+def events(settings: Settings, job_id: int, json_mode: bool) -> int:
+    """Every state change of a job, with time and reason."""
+    return commands.events(settings.client(), output(json_mode), job_id)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@json_option
+@click.pass_obj
+def cancel(settings: Settings, job_ids: tuple[int, ...], json_mode: bool) -> int:
+    """Cancel jobs: queued ones end at once; running ones stop when their cluster confirms."""
+    return commands.cancel(settings.client(), output(json_mode), list(job_ids))
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("job_id", type=int)
+@click.argument("replicas", type=int)
+@json_option
+@click.pass_obj
+def scale(settings: Settings, job_id: int, replicas: int, json_mode: bool) -> int:
+    """Scale running elastic job JOB_ID to REPLICAS (within its elastic range and quota)."""
+    job = settings.client().scale(job_id, replicas)
+    if json_mode:
+        output(json_mode).json(job)
+    else:
+        click.echo(f"job {job.id}: {replicas} replicas ({job.state.value})")
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def whoami(settings: Settings, json_mode: bool) -> int:
+    """Show the user, tenant and role of the token in use."""
+    return commands.whoami(settings.client(), output(json_mode))
+
+
+# Registered on the root group by broker.cli.main.
+COMMANDS = (submit, status, list_, events, cancel, scale, whoami)

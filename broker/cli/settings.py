@@ -1,0 +1,45 @@
+"""What every ``gpush`` command shares: the global options as :class:`Settings` (the
+client they make), click's context settings, and the ``--json`` option.
+
+The root group (broker.cli.main) builds the Settings from ``--url``, ``--token`` and
+``--database-url``; the command modules take them with ``click.pass_obj``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import click
+
+from broker.cli.console import Output
+from broker.client.sdk import GpushClient
+from broker.core.config import database_url
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@dataclass
+class Settings:
+    url: str | None
+    token: str | None
+    database_url: str | None
+    _client: GpushClient | None = field(default=None, repr=False)
+
+    def client(self) -> GpushClient:
+        if self._client is None:
+            if self.url:
+                self._client = GpushClient(self.url, self.token)
+            else:
+                self._client = GpushClient.embedded(self.database_url, self.token)
+        return self._client
+
+    def resolved_database_url(self) -> str:
+        return database_url(self.database_url)
+
+
+def json_option(f):
+    return click.option("--json", "json_mode", is_flag=True, help="Print only JSON, for scripts.")(f)
+
+
+def output(json_mode: bool = False) -> Output:
+    return Output(json_mode=json_mode)

@@ -1,0 +1,71 @@
+"""``gpush simulate``: replay a workload or trace on a simulated fleet, offline, in
+virtual time."""
+
+from __future__ import annotations
+
+import click
+
+from broker.cli import commands
+from broker.cli.settings import CONTEXT, json_option, output
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--fleet", metavar="FILE", help="Fleet file (examples/fleet.yaml). Not with --trace.")
+@click.option(
+    "--workload",
+    metavar="FILE",
+    help="Workload file: jobs with at: and duration:, and tenants' weights and quotas (examples/workload.yaml).",
+)
+@click.option(
+    "--trace",
+    nargs=2,
+    metavar="FORMAT DIR",
+    help="Replay a cluster trace instead: `--trace openb DIR` (the Alibaba 2023 format; its nodes are the fleet).",
+)
+@click.option("--policy", metavar="FILE", help="Routing policy to replay under (default: policies/default.yaml).")
+@click.option("--compare", metavar="FILE", help="A second policy to compare (default: every job on whole GPUs).")
+@click.option("--report", "report", metavar="DIR", required=True, help="Where report.md, results.json and PNGs go.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of sampled experiments.")
+@click.option(
+    "--placement",
+    type=click.Choice(["fgd", "best-fit"]),
+    default="fgd",
+    show_default=True,
+    help="Placement on shared GPUs: fragmentation-aware (FGD) or best fit.",
+)
+@json_option
+def simulate(fleet, workload, trace, policy, compare, report, seed, placement, json_mode) -> int:
+    """Replay a workload or trace on a simulated fleet, in virtual time: what would this policy do?
+
+    \b
+      gpush simulate --fleet examples/fleet.yaml --workload examples/workload.yaml --report out/
+      gpush simulate --trace openb ../shared/traces/alibaba-openb-2023 --report out/openb
+    """
+    trace_dir = None
+    if trace:
+        kind, trace_dir = trace
+        if kind != "openb":
+            raise click.UsageError(f"--trace {kind}: gpush reads the openb format (the Alibaba 2023 GPU trace)")
+        if fleet or workload:
+            raise click.UsageError("--trace brings its own nodes and pods: leave out --fleet and --workload")
+    elif not (fleet and workload):
+        raise click.UsageError("give --fleet and --workload, or --trace openb DIR")
+    if policy is None and not trace_dir:
+        from policies import shipped
+
+        policy = shipped("default.yaml")
+    return commands.simulate(
+        output(json_mode),
+        fleet=fleet,
+        workload=workload,
+        trace=trace_dir,
+        policy=policy,
+        compare=compare,
+        report=report,
+        seed=seed,
+        placement=placement,
+    )
+
+
+# Registered on the root group by broker.cli.main.
+COMMANDS = (simulate,)
