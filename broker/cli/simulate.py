@@ -29,9 +29,9 @@ from broker.cli.settings import CONTEXT, json_option, output
 @click.option(
     "--placement",
     type=click.Choice(["fgd", "best-fit"]),
-    default="fgd",
-    show_default=True,
-    help="Placement on shared GPUs: fragmentation-aware (FGD) or best fit.",
+    help="With --trace: placement on its GPU-sharing nodes, fragmentation-aware (fgd, the default) or best-fit. "
+    "A --fleet replay places as the broker does (best fit for whole GPUs and MIG, FGD per GPU for MPS and "
+    "time-slicing), so it takes no --placement.",
 )
 @json_option
 def simulate(fleet, workload, trace, policy, compare, report, seed, placement, json_mode) -> int:
@@ -50,6 +50,11 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, j
             raise click.UsageError("--trace brings its own nodes and pods: leave out --fleet and --workload")
     elif not (fleet and workload):
         raise click.UsageError("give --fleet and --workload, or --trace openb DIR")
+    elif placement is not None:
+        raise click.UsageError(
+            "--placement is for --trace: a --fleet replay places as the broker does (best fit for whole GPUs and "
+            "MIG, FGD per GPU for MPS and time-slicing); leave it out"
+        )
     if policy is None and not trace_dir:
         from policies import shipped
 
@@ -63,7 +68,7 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, j
         compare=compare,
         report=report,
         seed=seed,
-        placement=placement,
+        placement=placement or "fgd",
     )
 
 

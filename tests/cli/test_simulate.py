@@ -1,0 +1,36 @@
+"""``gpush simulate`` says how it places: a fleet replay as the broker does, a trace by
+the placement asked for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEET = str(ROOT / "examples" / "fleet.yaml")
+WORKLOAD = str(ROOT / "examples" / "workload.yaml")
+
+
+def test_a_fleet_replay_reports_the_brokers_own_placement(gpush, tmp_path) -> None:
+    result = gpush("simulate", "--fleet", FLEET, "--workload", WORKLOAD, "--report", str(tmp_path), "--json")
+    assert result.code == 0, result.err
+    placement = json.loads(result.out)["inputs"]["placement"]
+    assert "best fit for whole GPUs and MIG" in placement and "FGD" in placement
+    report = (tmp_path / "report.md").read_text()
+    assert "best fit for whole GPUs and MIG" in report
+
+
+def test_placement_is_refused_for_a_fleet_saying_why(gpush, tmp_path) -> None:
+    result = gpush(
+        "simulate", "--fleet", FLEET, "--workload", WORKLOAD, "--placement", "fgd", "--report", str(tmp_path)
+    )
+    assert result.code == 2
+    assert "--placement is for --trace" in result.err and "leave it out" in result.err
+
+
+def test_help_says_which_placement_applies_where(gpush) -> None:
+    result = gpush("simulate", "--help")
+    assert result.code == 0
+    text = " ".join(result.out.split())
+    assert "With --trace: placement on its GPU-sharing nodes" in text
+    assert "A --fleet replay places as the broker does" in text
