@@ -13,7 +13,7 @@ from broker.api.responses import JSONBytes
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster
 from broker.inventory import report_store as nodereports
-from broker.inventory.reconcile import Inventory
+from broker.inventory.view import Inventory
 from broker.mig import queue as migqueue
 from broker.mig.config import GRES_STYLES, render_gres_conf
 from broker.scheduling import clusters

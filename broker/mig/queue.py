@@ -29,7 +29,7 @@ from broker.core.models import Job
 from broker.core.schemas import JobSpec
 from broker.core.states import JobState as S
 from broker.inventory.agent_report import NodeReport
-from broker.inventory.reconcile import Inventory
+from broker.inventory.view import Inventory
 from broker.mig.config import render_mig_parted, render_planned_gres, render_summary
 from broker.mig.matching import SliceDemand
 from broker.mig.plan import MigPlan, gpus_from_reports, plan_mig

@@ -55,7 +55,8 @@ from adapters.slurm.adapter import SlurmAdapter  # noqa: E402
 from adapters.slurm.records import SlurmJob, SlurmNode, parse_gres  # noqa: E402
 from broker.core.adapter import CapacityUnit  # noqa: E402
 from broker.inventory.agent_report import GpuReport, MigInstance, NodeReport  # noqa: E402
-from broker.inventory.reconcile import ClusterInventory, mark_broken, reconcile  # noqa: E402
+from broker.inventory.reconcile import reconcile  # noqa: E402
+from broker.inventory.view import ClusterInventory, mark_broken  # noqa: E402
 
 NOW = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
 GPUS_PER_NODE = 8

@@ -23,7 +23,8 @@ from adapters.slurm.records import SlurmJob, SlurmNode, parse_gres
 from broker.core.adapter import CapacityUnit, Sharing
 from broker.core.gpus import model_of_nvml_product
 from broker.inventory.agent_report import GpuProcess, GpuReport, MigInstance, NodeReport
-from broker.inventory.reconcile import (
+from broker.inventory.reconcile import reconcile
+from broker.inventory.view import (
     CRITICAL,
     INFO,
     WARNING,
@@ -33,7 +34,6 @@ from broker.inventory.reconcile import (
     UnitRef,
     UnitUse,
     mark_broken,
-    reconcile,
 )
 from broker.routing.policy import cluster_view
 
