@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import click
 
 from broker.cli.console import Output
+from broker.client.embedded import embedded_client
 from broker.client.sdk import GpushClient
 from broker.core.config import database_url
 
@@ -30,7 +31,7 @@ class Settings:
             if self.url:
                 self._client = GpushClient(self.url, self.token)
             else:
-                self._client = GpushClient.embedded(self.database_url, self.token)
+                self._client = embedded_client(self.database_url, self.token)
         return self._client
 
     def resolved_database_url(self) -> str:

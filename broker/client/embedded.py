@@ -16,7 +16,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from broker.client.sdk import EMBEDDED_URL, GpushClient
 from broker.core import auth
+from broker.core.clock import utcnow
 from broker.core.config import config_dir
 from broker.core.db import (
     check_schema,
@@ -90,8 +92,6 @@ def local_admin_token(engine: Engine) -> str:
             except Unauthenticated:
                 pass  # the database was reset or the token revoked: make a new one
     with sessions() as session, session.begin():
-        from broker.api.app import utcnow
-
         _row, secret = auth.create_token(
             session,
             user=getpass.getuser(),
@@ -103,3 +103,19 @@ def local_admin_token(engine: Engine) -> str:
     creds[key] = {"token": secret, "database": engine.url.render_as_string(hide_password=True)}
     _write_credentials(creds)
     return secret
+
+
+def embedded_client(database_url: str | None = None, token: str | None = None) -> GpushClient:
+    """A client SDK whose requests go to the broker's API in this process, on the local
+    database (``database_url``, or the configured or default one), as the local admin
+    unless ``token`` names someone else: the embedded default, with no server to start."""
+    import httpx
+    from a2wsgi import ASGIMiddleware
+
+    from broker.api.app import create_app
+    from broker.core.config import database_url as resolve_url
+
+    engine = open_database(resolve_url(database_url))
+    app = create_app(engine)
+    token = token or local_admin_token(engine)
+    return GpushClient(EMBEDDED_URL, token, transport=httpx.WSGITransport(app=ASGIMiddleware(app)))

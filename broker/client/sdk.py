@@ -38,8 +38,9 @@ class GpushClient:
     """A connection to one gpush broker.
 
     ``GpushClient(url, token)`` talks HTTP to ``gpush server``;
-    ``GpushClient.embedded()`` runs the broker's API in this process on the local
-    database (the embedded default). Errors are raised as :mod:`broker.core.errors` types.
+    :func:`broker.client.embedded.embedded_client` gives one that runs the broker's API
+    in this process on the local database (the embedded default): this module never
+    imports the server. Errors are raised as :mod:`broker.core.errors` types.
     """
 
     def __init__(
@@ -58,19 +59,6 @@ class GpushClient:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
         self._retries = max(1, retries)
-
-    @classmethod
-    def embedded(cls, database_url: str | None = None, token: str | None = None) -> GpushClient:
-        from a2wsgi import ASGIMiddleware
-
-        from broker.api.app import create_app
-        from broker.client.embedded import local_admin_token, open_database
-        from broker.core.config import database_url as resolve_url
-
-        engine = open_database(resolve_url(database_url))
-        app = create_app(engine)
-        token = token or local_admin_token(engine)
-        return cls(EMBEDDED_URL, token, transport=httpx.WSGITransport(app=ASGIMiddleware(app)))
 
     def close(self) -> None:
         self._http.close()
