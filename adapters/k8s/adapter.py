@@ -39,10 +39,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -73,13 +72,18 @@ from broker.core.adapter import (
     AdapterError,
     BackendJob,
     BackendState,
+    BatchSubmitter,
     CapacityUnit,
+    Closable,
     Health,
     Placement,
     Rejected,
+    Scaler,
     StatusPage,
+    TimesliceConfigurator,
     submit_each,
 )
+from broker.core.clock import Clock, utcnow
 from broker.core.gpus import gpu_model
 from broker.core.schemas import JobSpec
 
@@ -155,17 +159,19 @@ def format_cursor(versions: dict[str, str]) -> str:
 class KubernetesAdapter:
     """gpush's adapter for one Kubernetes cluster (see the module docstring)."""
 
+    capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter, Scaler, TimesliceConfigurator, Closable})
+
     def __init__(
         self,
         name: str,
         config: dict[str, Any],
         *,
-        clock: Callable[[], datetime] | None = None,
+        clock: Clock | None = None,
         client: KubeClient | None = None,
     ):
         self.settings = load_settings(KubernetesSettings, config, cluster=f"Kubernetes cluster {name}")
         self.name = name
-        self.clock = clock or (lambda: datetime.now(UTC))
+        self.clock = clock or utcnow
         s = self.settings
         self.client = client or KubeClient(
             kubeconfig=s.kubeconfig, context=s.context, timeout=s.timeout, pool_size=s.submit_threads + 4

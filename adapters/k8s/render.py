@@ -22,12 +22,12 @@ What callers may assume:
   share (strategy ``none``, or no strategy label and at most one replica). Requests
   equal limits. The GPU model is pinned by ``nvidia.com/gpu.product`` for
   time-slicing and whole GPUs (a MIG profile names its model already).
-- **The GPU memory budget in the environment.** ``GPUSH_GPU_MEMORY_FRACTION`` is the
-  share of each visible device's memory the job may use (its ``gpu_memory_gb`` over
-  the GPU's memory under time-slicing, which has no memory isolation, so the program
-  must hold itself to it; 1 on a MIG slice or a whole GPU) and ``GPUSH_GPU_MEMORY_GB``
-  the job's ``gpu_memory_gb`` when it gave one. Device ids are never set: the device
-  plugin chooses them, and a job that sets ``CUDA_VISIBLE_DEVICES`` or
+- **The job's environment** is broker.jobenv.environment's, the same as on Slurm: the
+  job's variables and gpush's ``GPUSH_*``, among them the GPU memory budget
+  (``GPUSH_GPU_MEMORY_FRACTION``: its ``gpu_memory_gb`` over the GPU's memory under
+  time-slicing, which has no memory isolation, so the program must hold itself to it;
+  1 on a MIG slice or a whole GPU). Device ids are never set: the device plugin
+  chooses them, and a job that sets ``CUDA_VISIBLE_DEVICES`` or
   ``NVIDIA_VISIBLE_DEVICES`` itself is refused.
 - **No shell, no root.** ``command`` is the container's argv (a string command was
   already made ``/bin/sh -c ...`` by the job spec, visibly); Pods run as a non-root
@@ -45,6 +45,7 @@ from typing import Any
 from broker.core.adapter import Placement, Rejected, Sharing
 from broker.core.gpus import MODELS, gpu_model
 from broker.core.schemas import JobSpec, parse_memory_mib, parse_time_limit
+from broker.jobenv.environment import job_environment
 
 DOMAIN = "gpush.io"
 LABEL_BROKER = f"{DOMAIN}/broker"  # the registration's tag: whose objects these are
@@ -72,8 +73,6 @@ SHARED_SUFFIX = "-SHARED"
 
 CONTAINER = "job"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# The device plugin picks the devices; a job that names its own would use GPUs it was not given.
-_DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 _RESERVED_LABEL_DOMAINS = (DOMAIN, "kubernetes.io", "k8s.io")
 _TAG = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
@@ -291,37 +290,9 @@ def node_affinity(placement: Placement, products: Sequence[str]) -> dict[str, An
     return {"nodeAffinity": affinity} if affinity else None
 
 
-def memory_budget(placement: Placement, spec: JobSpec, gpu_memory_gb: float | None) -> tuple[float, float | None]:
-    """(fraction of each visible device's memory, GB) the job may use.
-
-    The GB is the job's own ``gpu_memory_gb`` (None when it asked for none): a device's
-    usable memory is a little under its nominal size (an "80 GB" H100 has 79.6 GiB),
-    so a nominal figure would invite the job to take more than is there. The fraction
-    is what a time-sliced job may take of the GPU it shares; 1 on a MIG slice or a
-    whole GPU, which are the job's alone.
-    """
-    budget = placement.gpu_memory_gb or spec.gpu_memory_gb
-    if placement.sharing == Sharing.K8S_TIMESLICE and budget and gpu_memory_gb:
-        return min(budget / gpu_memory_gb, 1.0), budget
-    return 1.0, budget
-
-
 def environment(job_id: int, spec: JobSpec, placement: Placement, gpu_memory_gb: float | None) -> list[dict[str, str]]:
-    """The job's variables plus gpush's own (GPUSH_* are gpush's; device ids are never set)."""
-    named = [n for n in _DEVICE_VARIABLES if n in spec.env]
-    if named:
-        raise Rejected(
-            f"the job sets {', '.join(named)}: on Kubernetes the device plugin chooses the GPUs; "
-            "remove it (the job sees exactly the GPUs it was given)"
-        )
-    env = {"PATH": DEFAULT_PATH, **{k: v for k, v in spec.env.items() if not k.startswith("GPUSH_")}}
-    fraction, budget = memory_budget(placement, spec, gpu_memory_gb)
-    env["GPUSH_JOB_ID"] = str(job_id)
-    env["GPUSH_GPU_MEMORY_FRACTION"] = f"{fraction:.4g}"
-    if budget:
-        env["GPUSH_GPU_MEMORY_GB"] = f"{budget:g}"
-    if spec.tenant:
-        env["GPUSH_TENANT"] = spec.tenant
+    """The container's ``env``: broker.jobenv.environment's variables, sorted by name."""
+    env = job_environment(job_id, spec, placement, device_memory_gb=gpu_memory_gb, path=DEFAULT_PATH)
     return [{"name": name, "value": value} for name, value in sorted(env.items())]
 
 

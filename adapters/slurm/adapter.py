@@ -42,7 +42,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -54,6 +54,7 @@ from broker.core.adapter import (
     AdapterError,
     BackendJob,
     BackendState,
+    BatchSubmitter,
     CapacityUnit,
     Health,
     Placement,
@@ -61,6 +62,7 @@ from broker.core.adapter import (
     StatusPage,
     submit_each,
 )
+from broker.core.clock import Clock, utcnow
 from broker.core.gpus import MODELS, GpuModel, gpu_model
 from broker.core.schemas import JobSpec
 
@@ -117,17 +119,20 @@ class SlurmSettings(BaseModel):
 class SlurmAdapter:
     """gpush's adapter for one Slurm cluster (see the module docstring)."""
 
+    # slurmctld serves submissions on several threads: a cycle's jobs go in one batch.
+    capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter})
+
     def __init__(
         self,
         name: str,
         config: dict[str, Any],
         *,
-        clock: Callable[[], datetime] | None = None,
+        clock: Clock | None = None,
         client: SlurmClient | None = None,
     ):
         self.settings = load_settings(SlurmSettings, config, cluster=f"Slurm cluster {name}")
         self.name = name
-        self.clock = clock or (lambda: datetime.now(UTC))
+        self.clock = clock or utcnow
         self.client = client or make_client(self.settings.model_dump())
         self._lock = threading.RLock()
         self._known: dict[int, str] = {}  # gpush id -> Slurm job id, of jobs this process saw

@@ -14,10 +14,10 @@ What callers may assume:
 - **Tagged.** The job's name is ``<tag>-<gpush id>`` and its comment
   ``<tag>:job-<gpush id> ...``: both survive in squeue, the name also in the job
   completion log (which has no comment), so the adapter finds its jobs after a crash.
-- **The GPU memory budget in the environment.** ``GPUSH_GPU_MEMORY_FRACTION`` is the
-  share of the visible device's memory the job may use (1 on a MIG slice or a whole
-  GPU, its share of the GPU under MPS) and ``GPUSH_GPU_MEMORY_GB`` the same in GB.
-  Device ids are never set: Slurm sets ``CUDA_VISIBLE_DEVICES`` for the GRES it gives.
+- **The job's environment** is broker.jobenv.environment's, the same as on Kubernetes:
+  the job's variables, gpush's ``GPUSH_*`` (job id, GPU memory budget: its share of the
+  GPU under MPS), and a job that sets ``CUDA_VISIBLE_DEVICES`` refused (Slurm sets it
+  for the GRES it gives; the script's export would override it).
 - **The job never sees the broker's environment**: only what the script exports, with
   a plain ``PATH`` unless the job sets its own (the REST backend sends exactly that
   environment; the command-line backend runs sbatch with only ``PATH`` and
@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from adapters.slurm.records import Submission
 from broker.core.adapter import Placement, Rejected, Sharing
 from broker.core.schemas import JobSpec, parse_memory_mib, parse_time_limit
+from broker.jobenv.environment import job_environment
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -70,24 +71,6 @@ def gres_for(placement: Placement, *, gres_type: str | None, mps_per_gpu: int) -
     raise Rejected(f"{sharing.value} is not a Slurm sharing mode")
 
 
-def environment(job_id: int, spec: JobSpec, placement: Placement, gpu_memory_gb: float | None) -> dict[str, str]:
-    """The job's variables plus gpush's own; the job's win except for GPUSH_*."""
-    env = {"PATH": DEFAULT_PATH, **spec.env}
-    if placement.sharing == Sharing.SLURM_MPS and gpu_memory_gb:
-        budget = spec.gpu_memory_gb or gpu_memory_gb * placement.units / 100
-        fraction = min(budget / gpu_memory_gb, 1.0)
-    else:
-        budget = spec.gpu_memory_gb or gpu_memory_gb
-        fraction = 1.0
-    env["GPUSH_JOB_ID"] = str(job_id)
-    env["GPUSH_GPU_MEMORY_FRACTION"] = f"{fraction:.4g}"
-    if budget:
-        env["GPUSH_GPU_MEMORY_GB"] = f"{budget:g}"
-    if spec.tenant:
-        env["GPUSH_TENANT"] = spec.tenant
-    return env
-
-
 def script(job_id: int, argv: list[str], env: Mapping[str, str]) -> str:
     lines = ["#!/bin/sh", f"# gpush job {job_id}, rendered by the gpush Slurm adapter: every value is quoted."]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
@@ -116,7 +99,7 @@ def render(
             f"the Slurm adapter runs one replica per job; this placement has {placement.replicas} "
             "(route elastic inference to Kubernetes, or submit one job per replica)"
         )
-    env = environment(job_id, spec, placement, gpu_memory_gb)
+    env = job_environment(job_id, spec, placement, device_memory_gb=gpu_memory_gb, path=DEFAULT_PATH)
     comment = f"{tag}:job-{job_id} tenant={spec.tenant or '-'} user={spec.user or '-'}"
     if spec.name:
         comment += f" name={spec.name}"

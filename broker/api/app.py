@@ -12,25 +12,19 @@ as ``{"error": {"code", "message", "details"}}`` with the status of their type.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy import Engine
 
 import broker
 from broker.api import admin, agent, clusters, health, inventory, jobs, policy, responses, tenants
-from broker.api.deps import Clock
 from broker.core import auth, metrics
+from broker.core.clock import Clock, utcnow
 from broker.core.db import session_factory
 from broker.core.errors import GpushError
 from broker.scheduling.clusters import AdapterPool
 
 ROUTERS = (health, admin, jobs, clusters, agent, inventory, tenants, policy)
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float = 5.0) -> FastAPI:

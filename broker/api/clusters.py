@@ -9,6 +9,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
 from broker.api.deps import Adapters, Admin, AppClock, Db, Who
+from broker.core.adapter import TimesliceConfigurator, capability
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster
 from broker.core.schemas import ClusterCreate
@@ -64,11 +65,11 @@ def apply_timeslice(name: str, body: TimesliceRequest, session: Db, _who: Admin,
         if row is None:
             raise NotFound(f"no cluster {name}: `gpush cluster list` shows them")
         info = clusters.ClusterInfo.of(row)
-    adapter = adapters.get(info)
-    if not hasattr(adapter, "apply_timeslice"):
+    timeslicer = capability(adapters.get(info), TimesliceConfigurator)
+    if timeslicer is None:
         raise InvalidRequest(f"cluster {name} is a {info.kind} cluster: time-slicing is configured on Kubernetes")
-    plan = adapter.timeslice(body.replicas, node_label=body.node_label)
-    return {"cluster": name, "changes": adapter.apply_timeslice(plan), "rendered": plan.to_yaml()}
+    plan = timeslicer.timeslice(body.replicas, node_label=body.node_label)
+    return {"cluster": name, "changes": timeslicer.apply_timeslice(plan), "rendered": plan.to_yaml()}
 
 
 @router.delete("/v1/clusters/{name}", status_code=204)

@@ -8,8 +8,7 @@ aliases at the bottom, so no route reads ``app.state`` or a module global itself
 several apps (one per test) live side by side in one process.
 """
 
-from collections.abc import AsyncIterator, Callable
-from datetime import datetime
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -19,11 +18,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.core import auth
+from broker.core.clock import Clock
 from broker.core.errors import NotAllowed
 from broker.core.schemas import Role
 from broker.scheduling.clusters import AdapterPool
-
-Clock = Callable[[], datetime]
 
 # Dependencies are async so that FastAPI runs them on the event loop: a sync
 # dependency costs a hop to the thread pool and back on every request.

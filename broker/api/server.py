@@ -17,8 +17,9 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
-from broker.api.app import create_app, utcnow
+from broker.api.app import create_app
 from broker.client.embedded import open_database
+from broker.core.clock import utcnow
 from broker.core.config import database_url
 from broker.scheduling.cycle import Scheduler
 from broker.scheduling.leader import run_scheduler_loop

@@ -395,8 +395,8 @@ def scheduler_run(
     """Run cycles in this process while it leads; report each cycle that did something."""
     import time
 
-    from broker.api.app import utcnow
     from broker.client.embedded import open_database
+    from broker.core.clock import utcnow
     from broker.core.errors import Conflict
     from broker.scheduling.clusters import AdapterPool
     from broker.scheduling.cycle import Scheduler

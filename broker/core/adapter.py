@@ -18,22 +18,44 @@ What callers may assume of every adapter:
   may be retried later (the job goes back to the queue, or the cycle skips the
   cluster). Anything else is a bug.
 - **No user work in the broker.** Adapters talk to a cluster; they never run jobs.
-- **Optional batching.** An adapter may also offer ``submit_many(items)``, items being
-  ``(job_id, spec, placement)``, returning per item the backend id or the
-  :class:`AdapterError` it met, with ``submit``'s guarantees for each; the scheduler
-  uses it when present, so a cluster that serves submissions in parallel (Slurm) gets
-  a cycle's jobs at once rather than one after another.
+
+Optional capabilities. Beyond the protocol an adapter may offer a few more things,
+each a small Protocol here, and it says which in its ``capabilities`` class attribute
+(``capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter, Closable})``;
+none declared means none offered):
+
+- :class:`BatchSubmitter`: ``submit_many(items)``, items being ``(job_id, spec,
+  placement)``, returning per item the backend id or the :class:`AdapterError` it met,
+  with ``submit``'s guarantees for each. The scheduler uses it (:func:`submit_batch`),
+  so a cluster that serves submissions in parallel (Slurm) gets a cycle's jobs at once
+  rather than one after another.
+- :class:`Scaler`: ``scale(job_id, replicas)`` changes a running elastic job's
+  replicas (broker.scheduling.scaling).
+- :class:`TimesliceConfigurator`: ``timeslice(replicas, node_label)`` renders the
+  cluster's GPU time-slicing configuration and ``apply_timeslice(plan)`` applies it.
+- :class:`Closable`: ``close()`` stops the adapter's threads and connections when the
+  broker drops it (a configuration change, shutdown).
+
+Callers ask with :func:`capability` (the adapter typed as that Protocol, or None) or
+:func:`supports`, never with ``hasattr``. A declared set rather than
+``runtime_checkable`` Protocols because an ``isinstance`` check against those only
+looks for an attribute of each name: a wrapper or a test double that forwards unknown
+names with ``__getattr__`` would claim every capability, and a ``close`` or ``scale``
+written for another purpose would count as a promise. A declaration is a promise the
+adapter makes in one visible line; tests check each declared adapter has the methods
+(:func:`undeclared_or_missing`), and a wrapper such as the metrics'
+(broker.core.metrics) passes on exactly what the adapter it wraps declares.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from broker.core.schemas import JobSpec
 
@@ -225,15 +247,120 @@ class ClusterAdapter(Protocol):
         """Whether the cluster answers, and its version."""
 
 
-def submit_each(
-    adapter: ClusterAdapter, items: Sequence[tuple[int, JobSpec, Placement]], *, threads: int = 1
-) -> list[str | AdapterError]:
+# -- optional capabilities (see the module docstring) ------------------------------------
+
+SubmitItem = tuple[int, JobSpec, Placement]  # (gpush job id, spec, placement), as submit takes them
+
+
+class BatchSubmitter(Protocol):
+    """Submits a batch at once (on several threads, in one request...)."""
+
+    def submit_many(self, items: Sequence[SubmitItem]) -> list[str | AdapterError]:
+        """Per item, in order, the backend id or the :class:`AdapterError` it met; each
+        with ``submit``'s guarantees (idempotent by job id)."""
+
+
+class Scaler(Protocol):
+    """Changes a running elastic job's replicas."""
+
+    def scale(self, job_id: int, replicas: int) -> int:
+        """Set job ``job_id`` to ``replicas``; returns the replicas the cluster now asks
+        for. :class:`Rejected` when the job cannot scale there (not elastic, gone)."""
+
+
+class RenderedConfig(Protocol):
+    """A configuration an adapter rendered and may apply; shown to the admin as YAML."""
+
+    def to_yaml(self) -> str: ...
+
+
+class TimesliceConfigurator(Protocol):
+    """Configures GPU time-slicing on the cluster (the GPU Operator's device plugin)."""
+
+    def timeslice(self, replicas: int, node_label: str | None = None) -> RenderedConfig:
+        """The configuration for ``replicas`` per GPU (on nodes with ``node_label``), not applied."""
+
+    def apply_timeslice(self, plan: Any) -> list[str]:
+        """Apply a plan from :meth:`timeslice`; returns what changed."""
+
+
+class Closable(Protocol):
+    """Holds threads or connections that should stop when the broker drops the adapter."""
+
+    def close(self) -> None:
+        """Stop them; the adapter is not used afterwards."""
+
+
+# Every optional capability, and the methods each adds to the protocol.
+CAPABILITIES: dict[type, tuple[str, ...]] = {
+    BatchSubmitter: ("submit_many",),
+    Scaler: ("scale",),
+    TimesliceConfigurator: ("timeslice", "apply_timeslice"),
+    Closable: ("close",),
+}
+
+_C = TypeVar("_C")
+
+
+def declared(adapter: object) -> frozenset[type]:
+    """The capabilities ``adapter`` declares (its ``capabilities``; none when it has none)."""
+    return frozenset(getattr(adapter, "capabilities", ()))
+
+
+def supports(adapter: object, capability: type) -> bool:
+    """Whether ``adapter`` declares ``capability`` (one of :data:`CAPABILITIES`)."""
+    if capability not in CAPABILITIES:
+        raise ValueError(f"{capability.__name__} is not an adapter capability: use one of {_names(CAPABILITIES)}")
+    return capability in declared(adapter)
+
+
+def capability(adapter: object, wanted: type[_C]) -> _C | None:
+    """``adapter`` as the capability Protocol ``wanted`` when it declares it, else None::
+
+    scaler = capability(adapter, Scaler)
+    if scaler is None: ...  # refuse, saying what the user can do instead
+    """
+    return adapter if supports(adapter, wanted) else None  # type: ignore[return-value]
+
+
+def undeclared_or_missing(cls: type) -> list[str]:
+    """What is wrong with an adapter class's declaration: capabilities declared without
+    their methods, and capabilities whose methods it has but does not declare (so the
+    broker would never use them). Empty when the declaration is true."""
+    problems = []
+    for protocol, methods in CAPABILITIES.items():
+        has = [m for m in methods if callable(getattr(cls, m, None))]
+        if protocol in declared(cls) and len(has) < len(methods):
+            missing = ", ".join(m for m in methods if m not in has)
+            problems.append(f"{cls.__name__} declares {protocol.__name__} but has no {missing}")
+        elif protocol not in declared(cls) and has:
+            problems.append(f"{cls.__name__} has {', '.join(has)} but does not declare {protocol.__name__}")
+    unknown = declared(cls) - CAPABILITIES.keys()
+    if unknown:
+        problems.append(f"{cls.__name__} declares {_names(unknown)}, which are not adapter capabilities")
+    return problems
+
+
+def _names(protocols: Iterable[type]) -> str:
+    return ", ".join(sorted(p.__name__ for p in protocols))
+
+
+def submit_batch(adapter: ClusterAdapter, items: Sequence[SubmitItem]) -> list[str | AdapterError]:
+    """Submit ``items``: through ``submit_many`` when the adapter declares
+    :class:`BatchSubmitter`, else one ``submit`` after another (:func:`submit_each`)."""
+    batch = capability(adapter, BatchSubmitter)
+    if batch is not None:
+        return batch.submit_many(items)
+    return submit_each(adapter, items)
+
+
+def submit_each(adapter: ClusterAdapter, items: Sequence[SubmitItem], *, threads: int = 1) -> list[str | AdapterError]:
     """``adapter.submit`` for each ``(job_id, spec, placement)`` on up to ``threads`` threads:
     per item the backend id or the :class:`AdapterError` it raised, in order. What the
     scheduler does for an adapter without ``submit_many``, and what adapters that have
     one run after their own preparation."""
 
-    def one(item: tuple[int, JobSpec, Placement]) -> str | AdapterError:
+    def one(item: SubmitItem) -> str | AdapterError:
         try:
             return adapter.submit(*item)
         except AdapterError as exc:

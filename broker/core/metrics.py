@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
@@ -39,10 +39,27 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from broker.core.adapter import AdapterError, CapacityUnit
+from broker.core.adapter import (
+    CAPABILITIES,
+    AdapterError,
+    BackendJob,
+    BatchSubmitter,
+    CapacityUnit,
+    Closable,
+    ClusterAdapter,
+    Health,
+    Placement,
+    RenderedConfig,
+    Scaler,
+    StatusPage,
+    SubmitItem,
+    TimesliceConfigurator,
+    declared,
+)
 from broker.core.db import session_factory
 from broker.core.errors import Unauthenticated
 from broker.core.models import Job
+from broker.core.schemas import JobSpec
 from broker.core.states import TERMINAL, JobState
 
 log = logging.getLogger("gpush.metrics")
@@ -135,32 +152,50 @@ def observe_cycle(run_cycle: Callable[..., Any]) -> Callable[..., Any]:
 
 # -- adapter calls -----------------------------------------------------------------------
 
-_TIMED = ("submit", "cancel", "find", "statuses", "inventory", "health")
-
 
 class InstrumentedAdapter:
     """An adapter whose protocol calls are timed and whose failures are counted, labelled
-    with the cluster, its kind and the method; everything else passes through untouched
-    (``submit_many``, ``scale``, ``apply_timeslice``, simulator hooks). Reading an inventory
-    through it also sets the cluster's GPU-equivalent gauges (:func:`observe_inventory`)."""
+    with the cluster, its kind and the method. Reading an inventory through it also sets
+    the cluster's GPU-equivalent gauges (:func:`observe_inventory`).
 
-    __slots__ = ("adapter", "cluster", "kind")
+    It has the protocol's methods and, of the optional capabilities
+    (broker.core.adapter), exactly those the wrapped adapter declares: :func:`instrument`
+    builds it from this class and one forwarding class per declared capability, so a
+    capability check, or ``hasattr``, answers for the wrapper as for the adapter.
+    ``submit_many`` is timed and counts each job it could not submit; the others pass
+    through. Anything else the adapter has (simulator hooks) is on ``adapter``.
+    """
 
-    def __init__(self, adapter: Any, cluster: str, kind: str):
+    __slots__ = ("adapter", "cluster", "kind", "capabilities")
+
+    def __init__(self, adapter: ClusterAdapter, cluster: str, kind: str):
         self.adapter, self.cluster, self.kind = adapter, cluster, kind
+        self.capabilities = declared(adapter)
 
-    def __getattr__(self, name: str) -> Any:
-        if name in InstrumentedAdapter.__slots__:  # not set yet (copy, unpickle): no recursion
-            raise AttributeError(name)
-        attr = getattr(self.adapter, name)
-        if name in _TIMED:
-            return functools.partial(self._call, name, attr)
-        if name == "submit_many":
-            return functools.partial(self._submit_many, attr)
-        return attr
+    @property
+    def name(self) -> str:
+        return self.adapter.name
 
     def __repr__(self) -> str:
         return f"InstrumentedAdapter({self.adapter!r})"
+
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+        return self._call("submit", self.adapter.submit, job_id, spec, placement)
+
+    def cancel(self, job_id: int) -> None:
+        return self._call("cancel", self.adapter.cancel, job_id)
+
+    def find(self, job_id: int) -> BackendJob | None:
+        return self._call("find", self.adapter.find, job_id)
+
+    def statuses(self, cursor: str | None = None) -> StatusPage:
+        return self._call("statuses", self.adapter.statuses, cursor)
+
+    def inventory(self) -> list[CapacityUnit]:
+        return self._call("inventory", self.adapter.inventory)
+
+    def health(self) -> Health:
+        return self._call("health", self.adapter.health)
 
     def _call(self, method: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         begin = time.perf_counter()
@@ -179,19 +214,72 @@ class InstrumentedAdapter:
             observe_inventory(self.cluster, result)
         return result
 
-    def _submit_many(self, call: Callable[..., Any], items: Any) -> Any:
-        results = self._call("submit_many", call, items)
+
+# One forwarding class per optional capability; instrument() mixes in those declared.
+
+
+class _SubmitsMany:
+    __slots__ = ()
+
+    def submit_many(self: Any, items: Sequence[SubmitItem]) -> list[str | AdapterError]:
+        results = self._call("submit_many", self.adapter.submit_many, items)
         for result in results:
             if isinstance(result, AdapterError):
                 ADAPTER_ERRORS.labels(self.cluster, self.kind, "submit_many", _error_label(result)).inc()
         return results
 
 
-def instrument(adapter: Any, cluster: str, kind: str) -> Any:
+class _Scales:
+    __slots__ = ()
+
+    def scale(self: Any, job_id: int, replicas: int) -> int:
+        return self.adapter.scale(job_id, replicas)
+
+
+class _ConfiguresTimeslicing:
+    __slots__ = ()
+
+    def timeslice(self: Any, replicas: int, node_label: str | None = None) -> RenderedConfig:
+        return self.adapter.timeslice(replicas, node_label=node_label)
+
+    def apply_timeslice(self: Any, plan: Any) -> list[str]:
+        return self.adapter.apply_timeslice(plan)
+
+
+class _Closes:
+    __slots__ = ()
+
+    def close(self: Any) -> None:
+        self.adapter.close()
+
+
+_FORWARDERS: dict[type, type] = {
+    BatchSubmitter: _SubmitsMany,
+    Scaler: _Scales,
+    TimesliceConfigurator: _ConfiguresTimeslicing,
+    Closable: _Closes,
+}
+assert _FORWARDERS.keys() == CAPABILITIES.keys(), "a capability the metrics wrapper cannot forward"
+
+
+@functools.cache
+def _instrumented_class(capabilities: frozenset[type]) -> type[InstrumentedAdapter]:
+    if not capabilities:
+        return InstrumentedAdapter
+    mixins = tuple(_FORWARDERS[c] for c in CAPABILITIES if c in capabilities)  # a stable order
+    name = "InstrumentedAdapter[" + ", ".join(c.__name__ for c in CAPABILITIES if c in capabilities) + "]"
+    return type(name, (InstrumentedAdapter, *mixins), {"__slots__": ()})
+
+
+def instrument(adapter: ClusterAdapter, cluster: str, kind: str) -> InstrumentedAdapter:
     """``adapter`` with its calls measured (once: an instrumented adapter is returned as is)."""
     if isinstance(adapter, InstrumentedAdapter):
         return adapter
-    return InstrumentedAdapter(adapter, cluster, kind)
+    capabilities = declared(adapter)
+    unknown = capabilities - _FORWARDERS.keys()
+    if unknown:  # supports() would refuse them too; say which adapter declared them
+        raise ValueError(f"{type(adapter).__name__} declares {sorted(c.__name__ for c in unknown)}: not capabilities")
+    return _instrumented_class(capabilities)(adapter, cluster, kind)
 
 
 def _error_label(exc: BaseException) -> str:

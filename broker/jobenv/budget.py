@@ -22,7 +22,9 @@ import importlib
 import os
 from collections.abc import Mapping
 
-ENV = "GPUSH_GPU_MEMORY_FRACTION"
+from broker.jobenv.environment import GPU_MEMORY_FRACTION
+
+ENV = GPU_MEMORY_FRACTION  # the name gpush sets it under (broker.jobenv.environment)
 
 
 def budget_fraction(environ: Mapping[str, str] | None = None) -> float | None:

@@ -2,7 +2,8 @@
 
 :func:`collect` turns what NVML answers into one :class:`~broker.inventory.agent_report.NodeReport`;
 :func:`run_agent` collects on a timer and posts each report to the broker
-(``POST {broker_url}/v1/agent/reports``, bearer token of role ``agent``).
+(``POST {broker_url}/v1/agent/reports``, bearer token of role ``agent``); :func:`record`
+makes a recording of an NVML library (broker.nodeagent.nvml) with the same calls.
 
 Reading a GPU stops at its first NVML error, which becomes that GPU's ``error``; the
 other GPUs are still reported. A call NVML answers with NOT_SUPPORTED (MIG mode on a
@@ -32,13 +33,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from broker import __version__
+from broker.core.clock import Clock, utcnow
 from broker.core.errors import EXIT_NOT_ALLOWED, GpushError
 from broker.core.gpus import GpuModel, model_of_nvml_product
 from broker.inventory.agent_report import GpuProcess, GpuReport, MigInstance, NodeReport
@@ -47,6 +48,7 @@ from broker.nodeagent.nvml import (
     VALUE_NOT_AVAILABLE_UINT,
     NvmlLibrary,
     PynvmlLibrary,
+    Recorder,
     error_name,
     import_pynvml,
 )
@@ -104,7 +106,7 @@ def collect(
     *,
     process_name: Callable[[int], str | None] | None = None,
     mps_control: Callable[[], bool] | None = None,
-    now: Callable[[], datetime] | None = None,
+    now: Clock | None = None,
 ) -> NodeReport:
     """What NVML says about this node's GPUs, as one report. Never raises for NVML's sake.
 
@@ -112,7 +114,7 @@ def collect(
     a process NVML could not name; ``mps_control`` says whether an MPS control daemon
     listens on the node (see the module docstring). Both default to "don't know".
     """
-    collected_at = (now or (lambda: datetime.now(UTC)))()
+    collected_at = (now or utcnow)()
     base: dict[str, Any] = {"node": node_name, "agent_version": __version__, "collected_at": collected_at}
     try:
         pynvml = import_pynvml()
@@ -311,6 +313,19 @@ def mig_profile_name(model: GpuModel | None, profile: Any, memory_slots: int) ->
     if name:
         return name.removeprefix("MIG ").split("+")[0]
     return f"{profile.sliceCount}g.{-(-profile.memorySizeMB // 1024)}gb"
+
+
+def record(library: NvmlLibrary, **metadata: Any) -> dict[str, Any]:
+    """A recording of ``library`` (broker.nodeagent.nvml's format): the answers to exactly
+    the calls :func:`collect` makes.
+
+    ``metadata`` (machine, description, source...) is stored beside the calls. NVML
+    errors are recorded, not raised; a library that cannot be initialised gives a
+    recording of that one failed ``nvmlInit``.
+    """
+    recorder = Recorder(library)
+    collect(recorder, "recording")
+    return recorder.recording(**metadata)
 
 
 # --------------------------------------------------------------------------- report

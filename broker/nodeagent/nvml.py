@@ -10,8 +10,10 @@ code). Three implementations:
 * :class:`RecordedLibrary` replays a recording (tests/data/nvml/*.json): per call
   and arguments, what real NVML returned or which error it raised. A call the
   recording does not hold raises :class:`RecordingMissing`, never an invented answer.
-* :func:`record` walks any library with exactly the agent's calls and returns a new
-  recording, so a machine with a real GPU can add one (integration/gpu/run_agent.py).
+* :class:`Recorder` wraps any library and notes what it answers;
+  broker.nodeagent.agent.record walks it with exactly the agent's calls and returns a
+  new recording, so a machine with a real GPU can add one (integration/gpu/run_agent.py).
+  The agent imports this module, never the other way round.
 
 One deviation from pynvml: ``nvmlDeviceGetGpuInstances(device, profile_id)`` returns
 the GPU instance handles as a list instead of filling a ctypes array the caller
@@ -219,8 +221,9 @@ def _encode(value: Any) -> Any:
     raise TypeError(f"cannot record a {type(value).__name__} returned by NVML")
 
 
-class _Recorder:
-    """Wraps a library, hands the agent named handles and notes every answer."""
+class Recorder:
+    """Wraps a library, hands the agent named handles and notes every answer: what
+    broker.nodeagent.agent.record walks with the agent's calls to make a recording."""
 
     def __init__(self, library: NvmlLibrary) -> None:
         self._library = library
@@ -254,19 +257,9 @@ class _Recorder:
             raise AttributeError(name)
         return lambda *args: self._call(name, *args)
 
-
-def record(library: NvmlLibrary, **metadata: Any) -> dict[str, Any]:
-    """A recording of ``library``: the answers to exactly the calls broker.nodeagent.agent.collect makes.
-
-    ``metadata`` (machine, description, source...) is stored beside the calls. NVML
-    errors are recorded, not raised; a library that cannot be initialised gives a
-    recording of that one failed ``nvmlInit``.
-    """
-    from broker.nodeagent.agent import collect  # the agent imports this module
-
-    recorder = _Recorder(library)
-    collect(recorder, "recording")
-    return {"format": RECORDING_FORMAT, **metadata, "calls": recorder.calls}
+    def recording(self, **metadata: Any) -> dict[str, Any]:
+        """The answers noted so far as a recording, ``metadata`` stored beside them."""
+        return {"format": RECORDING_FORMAT, **metadata, "calls": self.calls}
 
 
 def dump_recording(recording: dict[str, Any]) -> str:

@@ -59,6 +59,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker.client.sdk import GpushClient
+from broker.core.clock import Clock, utcnow
 from broker.core.errors import GpushError, NotFound
 from broker.core.schemas import JobOut, JobSpec
 from broker.core.states import TERMINAL, JobState
@@ -227,7 +228,7 @@ class GpushWorkers:
         demand: DemandReader | None = None,
         idle_timeout_minutes: float = RAY_DEFAULT_IDLE_TIMEOUT_MINUTES,
         min_workers: Mapping[str, int] | None = None,
-        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        now: Clock = utcnow,
     ):
         self.settings = settings
         self.cluster_name = cluster_name

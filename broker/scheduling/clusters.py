@@ -20,13 +20,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.core.adapter import ADAPTERS, AdapterError, ClusterAdapter, adapter_class
+from broker.core.adapter import ADAPTERS, AdapterError, Closable, ClusterAdapter, adapter_class, capability
+from broker.core.clock import Clock
 from broker.core.config import data_dir
 from broker.core.errors import Conflict, InvalidRequest, NotFound
 from broker.core.metrics import instrument
 from broker.core.models import Cluster
-
-Clock = Callable[[], datetime]
 
 
 @dataclass(frozen=True)
@@ -194,8 +193,7 @@ class AdapterPool:
         with self._lock:
             built, self._adapters = list(self._adapters.values()), {}
         for _, adapter in built:
-            if hasattr(adapter, "close"):
-                adapter.close()
+            _close(adapter)
 
     def override(self, name: str, adapter: ClusterAdapter) -> None:
         """Use ``adapter`` for cluster ``name`` in this process (tests, embedded tools)."""
@@ -210,10 +208,16 @@ class AdapterPool:
         with self._lock:
             cached = self._adapters.get(info.name)
             if cached is None or cached[0] != fingerprint:
-                if cached is not None and hasattr(cached[1], "close"):
-                    cached[1].close()  # the old configuration's watches and connections
+                if cached is not None:
+                    _close(cached[1])  # the old configuration's watches and connections
                 config = self._config_for(info, fingerprint)
                 adapter = make_adapter(info.name, info.kind, config, self._clock_for(info))
                 cached = (fingerprint, instrument(adapter, info.name, info.kind))
                 self._adapters[info.name] = cached
             return cached[1]
+
+
+def _close(adapter: ClusterAdapter) -> None:
+    closable = capability(adapter, Closable)
+    if closable is not None:
+        closable.close()

@@ -23,7 +23,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 
 from sqlalchemy import DateTime, Engine, func, select, type_coerce
 
@@ -34,6 +33,7 @@ from broker.core.adapter import (
     Placement,
     Sharing,
 )
+from broker.core.clock import Clock
 from broker.core.db import session_factory
 from broker.core.metrics import observe_cycle
 from broker.core.models import Job, Tenant
@@ -105,7 +105,7 @@ class Scheduler:
         engine: Engine,
         adapters: AdapterPool,
         *,
-        clock: Callable[[], datetime],
+        clock: Clock,
         policy_source: Callable[[object], object | None] | None = None,
         claim_limit: int = 1000,
     ):

@@ -5,9 +5,9 @@ What callers may assume:
 - **Within the job's range.** ``N`` must lie in the job's ``elastic`` range
   (``min_replicas`` .. ``max_replicas``); a job without one cannot be scaled.
 - **Only a job a cluster holds.** A queued job starts with ``min_replicas``; scaling
-  is for jobs in ``submitted`` or ``running`` whose cluster's adapter can scale
-  (``scale(job_id, replicas)``: the Kubernetes adapter patches the Deployment's scale
-  subresource). Others are refused with what to do instead.
+  is for jobs in ``submitted`` or ``running`` whose cluster's adapter declares the
+  :class:`~broker.core.adapter.Scaler` capability (the Kubernetes adapter patches the
+  Deployment's scale subresource). Others are refused with what to do instead.
 - **Under the tenant's quota.** Growing charges the extra replicas' physical
   GPU-equivalents to the tenant's ledger first: a tenant that would go over its GPU
   quota is refused with the same words the scheduler uses ("tenant vision at quota
@@ -26,7 +26,7 @@ from datetime import datetime
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from broker.core.adapter import AdapterError, ClusterAdapter, Placement, Rejected
+from broker.core.adapter import AdapterError, ClusterAdapter, Placement, Rejected, Scaler, capability
 from broker.core.auth import Principal
 from broker.core.errors import Conflict, InvalidRequest, Unavailable
 from broker.core.models import Job, JobEvent, Tenant
@@ -70,9 +70,8 @@ def scale_job(
     placement = Placement.from_dict(job.placement)
     if replicas == placement.replicas:
         return job
-    adapter = adapter_for(job.cluster)
-    scale = getattr(adapter, "scale", None)
-    if scale is None:
+    scaler = capability(adapter_for(job.cluster), Scaler)
+    if scaler is None:
         raise InvalidRequest(
             f"cluster {job.cluster} cannot change a running job's replicas; cancel and resubmit with the size you want"
         )
@@ -81,7 +80,7 @@ def scale_job(
     if grown > 0:
         _check_quota(session, job.tenant, grown)
     try:
-        scale(job_id, replicas)
+        scaler.scale(job_id, replicas)
     except Rejected as exc:
         raise InvalidRequest(f"{job.cluster} refused to scale job {job_id}: {exc}") from None
     except AdapterError as exc:

@@ -11,13 +11,7 @@ from dataclasses import dataclass, field
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
-from broker.core.adapter import (
-    AdapterError,
-    Placement,
-    Rejected,
-    Sharing,
-    submit_each,
-)
+from broker.core.adapter import AdapterError, Placement, Rejected, Sharing, submit_batch
 from broker.core.states import JobState, set_states
 from broker.scheduling.claim import Candidate
 from broker.scheduling.clusters import ClusterInfo
@@ -141,8 +135,8 @@ class Submission:
 
     def _hand_over(self, clusters, placed: Iterable[tuple[Candidate, Placement]], report: CycleReport) -> Answers:
         """The adapter calls of step 7, for jobs already committed in ``submitting``: one
-        ``submit_many`` per cluster where the adapter has it (broker.core.adapter), else one
-        ``submit`` per job."""
+        batch per cluster (broker.core.adapter.submit_batch: ``submit_many`` where the adapter
+        declares BatchSubmitter, else one ``submit`` per job)."""
         answers = Answers()
         by_cluster: dict[str, list[tuple[Candidate, Placement]]] = defaultdict(list)
         for job, placement in placed:
@@ -150,11 +144,7 @@ class Submission:
         with report.timing("submit"):
             for cluster, items in by_cluster.items():
                 adapter = self._adapter(clusters[cluster])
-                many = getattr(adapter, "submit_many", None)
-                if many is not None:
-                    results = many([(job.job_id, job.spec, placement) for job, placement in items])
-                else:
-                    results = submit_each(adapter, [(job.job_id, job.spec, placement) for job, placement in items])
+                results = submit_batch(adapter, [(job.job_id, job.spec, placement) for job, placement in items])
                 for (job, placement), result in zip(items, results):
                     if isinstance(result, Rejected):
                         answers.refused.append((job.job_id, placement, str(result)))

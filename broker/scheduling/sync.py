@@ -8,7 +8,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, text
@@ -18,6 +17,7 @@ from broker.core.adapter import (
     BackendState,
     ClusterAdapter,
 )
+from broker.core.clock import Clock
 from broker.core.models import Cluster, Job
 from broker.core.states import JobState, set_reasons, set_states
 from broker.scheduling.clusters import ClusterInfo
@@ -73,7 +73,7 @@ class StatusSync:
     as the transitions they make, then written in bulk (:class:`StatusChanges` writes them
     on a thread of its own beside steps 3 to 7)."""
 
-    def __init__(self, sessions, clock: Callable[[], datetime], adapter_of: Callable[[ClusterInfo], ClusterAdapter]):
+    def __init__(self, sessions, clock: Clock, adapter_of: Callable[[ClusterInfo], ClusterAdapter]):
         self.sessions = sessions
         self.clock = clock
         self._adapter = adapter_of

@@ -81,12 +81,12 @@ import os
 import secrets
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
@@ -101,12 +101,11 @@ from broker.core.adapter import (
     StatusPage,
     Unreachable,
 )
+from broker.core.clock import Clock
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, GpuModel, gpu_model, mig_layout_problem
 from broker.core.schemas import JobSpec, format_duration, parse_memory_mib, parse_time_limit
 from broker.core.yamltext import load_yaml
-
-Clock = Callable[[], datetime]
 
 DEFAULT_DURATION_S = 300
 # What a job killed for over-committing a time-sliced GPU exits with: the code a
@@ -842,6 +841,10 @@ class SimulatedCluster:
     (the cluster's name in the file, default ``name``) and ``"state_file"`` (JSON the
     simulator persists to and reloads from). See the module docstring for behaviour.
     """
+
+    # None of the optional ones (broker.core.adapter): calls are in-process and take
+    # microseconds, so one submit after another is as fast as a batch; nothing to close.
+    capabilities: ClassVar[frozenset[type]] = frozenset()
 
     def __init__(self, name: str, config: Mapping[str, Any], *, clock: Clock) -> None:
         unknown = set(config) - {"fleet", "fleet_yaml", "cluster", "state_file", "kind"}

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from broker.nodeagent.agent import collect, mps_control_pipe, proc_comm  # noqa: E402
-from broker.nodeagent.nvml import PynvmlLibrary, RecordedLibrary, dump_recording, record  # noqa: E402
+from broker.nodeagent.agent import collect, mps_control_pipe, proc_comm, record  # noqa: E402
+from broker.nodeagent.nvml import PynvmlLibrary, RecordedLibrary, dump_recording  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

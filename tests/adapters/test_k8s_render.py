@@ -95,7 +95,7 @@ def test_no_device_ids_anywhere():
     manifest = render(1, spec(), placement(Sharing.K8S_EXCLUSIVE), OPTIONS)
     text = json.dumps(manifest.body)
     assert "CUDA_VISIBLE_DEVICES" not in text and "NVIDIA_VISIBLE_DEVICES" not in text
-    with pytest.raises(Rejected, match="device plugin chooses the GPUs"):
+    with pytest.raises(Rejected, match="the cluster chooses the GPUs"):
         render(1, spec(env={"CUDA_VISIBLE_DEVICES": "0"}), placement(Sharing.K8S_EXCLUSIVE), OPTIONS)
 
 

@@ -19,7 +19,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.core import metrics
-from broker.core.adapter import Unreachable
+from broker.core.adapter import BatchSubmitter, Unreachable
 from broker.core.metrics import REGISTRY
 from broker.routing import versions as policystore
 from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
@@ -174,7 +174,7 @@ def test_an_unreachable_cluster_counts_errors_and_its_capacity_goes_away(engine,
     before = {m: value("gpush_adapter_call_errors_total", method=m, **labels) for m in ("statuses", "inventory")}
     calls = value("gpush_adapter_call_seconds_count", cluster="slurm-a", kind="sim", method="inventory")
 
-    fleet.get(cluster_info(sessions, "slurm-a")).simulate_outage("slurmctld not responding")
+    fleet.get(cluster_info(sessions, "slurm-a")).adapter.simulate_outage("slurmctld not responding")
     report = scheduler.run_cycle()
 
     assert any("slurmctld not responding" in e for e in report.errors)
@@ -196,6 +196,7 @@ def test_an_unreachable_cluster_counts_errors_and_its_capacity_goes_away(engine,
 def test_an_adapter_bug_is_counted_as_unexpected(sessions, fleet):
     class Broken:
         name = "k8s-a"
+        capabilities = frozenset({BatchSubmitter})
 
         def health(self):
             raise KeyError("nodes")

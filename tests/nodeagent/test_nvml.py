@@ -8,7 +8,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from broker.nodeagent.nvml import RECORDING_FORMAT, RecordedLibrary, RecordingMissing, _encode, record
+from broker.nodeagent.agent import record
+from broker.nodeagent.nvml import RECORDING_FORMAT, RecordedLibrary, RecordingMissing, _encode
 
 RECORDINGS = sorted((Path(__file__).parents[1] / "data" / "nvml").glob("*.json"))
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.core.adapter import Scaler
 from broker.placement import tenants
 from broker.routing import versions as policystore
 from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
@@ -25,6 +26,8 @@ ELASTIC = {
 
 class Scalable:
     """A cluster whose adapter scales jobs (as the Kubernetes adapter does), around a simulated one."""
+
+    capabilities = frozenset({Scaler})
 
     def __init__(self, inner, refuse: bool = False):
         self.inner, self.refuse, self.calls = inner, refuse, []

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import pynvml  # noqa: E402
 
-from broker.nodeagent.nvml import VALUE_NOT_AVAILABLE_UINT, dump_recording, record  # noqa: E402
+from broker.nodeagent.agent import record  # noqa: E402
+from broker.nodeagent.nvml import VALUE_NOT_AVAILABLE_UINT, dump_recording  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MIB = 1024 * 1024
