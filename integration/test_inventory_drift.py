@@ -26,13 +26,14 @@ from kubernetes import client, config
 from sqlalchemy import select
 
 from broker.core.auth import Principal
+from broker.core.clusters import AdapterPool, ClusterInfo, add_cluster, list_clusters
 from broker.core.gpus import gpu_model, mig_layout_problem
 from broker.core.models import Job
 from broker.core.schemas import Role
 from broker.nodeagent.agent import collect
 from broker.nodeagent.nvml import RecordedLibrary
 from broker.routing import versions as policystore
-from broker.scheduling.clusters import AdapterPool, ClusterInfo, add_cluster, cluster_views, list_clusters
+from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
 from integration.brokers import QueueAccess
 from integration.k8s import apiserver, simulator

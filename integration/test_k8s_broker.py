@@ -17,10 +17,11 @@ import pytest
 from kubernetes import client, config
 
 from broker.core.auth import Principal
+from broker.core.clusters import AdapterPool, add_cluster, list_clusters
 from broker.core.schemas import Role
 from broker.intake import queue
 from broker.routing import versions as policystore
-from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
+from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
 from broker.scheduling.scaling import scale_job
 from integration.brokers import QueueAccess

@@ -22,12 +22,13 @@ from sqlalchemy import select
 from adapters.slurm import SlurmAdapter
 from broker.core.adapter import Placement, Sharing
 from broker.core.auth import Principal
+from broker.core.clusters import AdapterPool, add_cluster, list_clusters
 from broker.core.models import Job, JobEvent
 from broker.core.schemas import JobSpec, Role
 from broker.intake import queue
 from broker.routing import policy as policy_engine
 from broker.routing import versions as policystore
-from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
+from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
 from broker.scheduling.submission import Submission
 from integration.brokers import QueueAccess

@@ -20,9 +20,9 @@ import broker
 from broker.api import admin, agent, clusters, health, inventory, jobs, policy, responses, tenants
 from broker.core import auth, metrics
 from broker.core.clock import Clock, utcnow
+from broker.core.clusters import AdapterPool
 from broker.core.db import session_factory
 from broker.core.errors import GpushError
-from broker.scheduling.clusters import AdapterPool
 
 ROUTERS = (health, admin, jobs, clusters, agent, inventory, tenants, policy)
 

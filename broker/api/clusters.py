@@ -9,12 +9,12 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
 from broker.api.deps import Adapters, Admin, AppClock, Db, Who
+from broker.core import clusters
 from broker.core.adapter import TimesliceConfigurator, capability
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster
 from broker.core.schemas import ClusterCreate
 from broker.intake import queue
-from broker.scheduling import clusters
 
 router = APIRouter(tags=["clusters"])
 

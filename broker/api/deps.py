@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.core import auth
 from broker.core.clock import Clock
+from broker.core.clusters import AdapterPool
 from broker.core.errors import NotAllowed
 from broker.core.schemas import Role
-from broker.scheduling.clusters import AdapterPool
 
 # Dependencies are async so that FastAPI runs them on the event loop: a sync
 # dependency costs a hop to the thread pool and back on every request.

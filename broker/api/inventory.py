@@ -10,14 +10,14 @@ from sqlalchemy.orm import Session
 
 from broker.api.deps import Adapters, AppClock, Clock, Db, Who
 from broker.api.responses import JSONBytes
+from broker.core import clusters
+from broker.core.clusters import AdapterPool
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster
 from broker.inventory import report_store as nodereports
 from broker.inventory.view import Inventory
 from broker.mig import queue as migqueue
 from broker.mig.config import GRES_STYLES, render_gres_conf
-from broker.scheduling import clusters
-from broker.scheduling.clusters import AdapterPool
 
 router = APIRouter(tags=["inventory"])
 

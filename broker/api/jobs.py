@@ -12,13 +12,14 @@ from pydantic import BaseModel, Field, ValidationError
 
 from broker.api.deps import Adapters, AppClock, Db, Who
 from broker.api.responses import JSONBytes
+from broker.core import clusters
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster
 from broker.core.schemas import JobBatch, JobEventOut, JobOut, JobPage, JobSpec, Kind
 from broker.core.states import JobState
 from broker.core.validation import describe_details, validation_details
 from broker.intake import queue
-from broker.scheduling import clusters, scaling
+from broker.scheduling import scaling
 
 router = APIRouter(tags=["jobs"])
 

@@ -8,13 +8,13 @@ from typing import Any
 from fastapi import APIRouter
 
 from broker.api.deps import Adapters, Admin, AppClock, Db, Who
+from broker.core import clusters
 from broker.core.errors import InvalidRequest
 from broker.core.schemas import ExplainRequest, JobSpec, PolicyApply, PolicyRollback, PolicyText
 from broker.intake import queue
 from broker.placement.capacity import CapacityView, Fit
 from broker.routing import policy as policy_engine
 from broker.routing import versions as policystore
-from broker.scheduling import clusters
 
 router = APIRouter(tags=["policy"])
 
@@ -29,7 +29,7 @@ def policy_schema() -> dict[str, Any]:
 def validate_policy(body: PolicyText, session: Db, _who: Who, adapters: Adapters) -> dict[str, Any]:
     """Check a policy against the registered clusters without applying it."""
     with session.begin():
-        views = clusters.cluster_views(session, adapters)
+        views = policystore.cluster_views(session, adapters)
     _parsed, report = policystore.check(body.text, views, source=body.source)
     return {**report.to_dict(), "describe": report.describe()}
 
@@ -38,7 +38,7 @@ def validate_policy(body: PolicyText, session: Db, _who: Who, adapters: Adapters
 def apply_policy(body: PolicyApply, session: Db, who: Admin, clock: AppClock, adapters: Adapters) -> dict[str, Any]:
     """Validate and activate a new policy version (refused: the active one stays)."""
     with session.begin():
-        views = clusters.cluster_views(session, adapters)
+        views = policystore.cluster_views(session, adapters)
         info, report = policystore.apply(
             session,
             body.text,
@@ -58,7 +58,7 @@ def rollback_policy(
 ) -> dict[str, Any]:
     """Make an earlier version active again (as a new version)."""
     with session.begin():
-        views = clusters.cluster_views(session, adapters)
+        views = policystore.cluster_views(session, adapters)
         info, report = policystore.rollback(
             session, body.version, comment=body.comment, author=who.user, now=clock(), views=views
         )

@@ -397,8 +397,8 @@ def scheduler_run(
 
     from broker.client.embedded import open_database
     from broker.core.clock import utcnow
+    from broker.core.clusters import AdapterPool
     from broker.core.errors import Conflict
-    from broker.scheduling.clusters import AdapterPool
     from broker.scheduling.cycle import Scheduler
     from broker.scheduling.leader import Leadership
 

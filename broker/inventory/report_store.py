@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 
 from broker.core import metrics
 from broker.core.adapter import AdapterError, CapacityUnit
+from broker.core.clusters import AdapterPool, ClusterInfo, list_clusters
 from broker.core.models import NodeReport as NodeReportRow
 from broker.inventory.agent_report import NodeReport
 from broker.inventory.reconcile import DEFAULT_STALE_AFTER, reconcile
 from broker.inventory.view import ClusterInventory, Finding, Inventory, mark_broken
-from broker.scheduling.clusters import AdapterPool, ClusterInfo, list_clusters
 
 
 def facts_of(body: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -25,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.core.adapter import Placement, Sharing
+from broker.core.clusters import ClusterInfo
 from broker.core.models import Job
 from broker.core.schemas import JobSpec
 from broker.core.states import JobState as S
@@ -35,7 +36,6 @@ from broker.mig.matching import SliceDemand
 from broker.mig.plan import MigPlan, gpus_from_reports, plan_mig
 from broker.routing import versions as policystore
 from broker.routing.policy import evaluate
-from broker.scheduling.clusters import ClusterInfo
 
 MIG_SHARING = (Sharing.SLURM_MIG, Sharing.K8S_MIG)
 _WAITING = (S.QUEUED.value, S.HELD.value)

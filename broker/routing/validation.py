@@ -5,7 +5,7 @@ look, each with its rule, line and column), what validation knows about one clus
 (:class:`ClusterView`, built from its inventory by :func:`cluster_view`), the isolation
 order a route must respect, the shadowed-rule check (a rule an earlier one takes every
 job of), and the MIG profile choice a MIG route is checked with. It is pure: the
-broker builds the views (broker.scheduling.clusters) and stores the policy.
+broker builds the views (broker.core.clusters) and stores the policy.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from broker.core.clusters import AdapterPool, list_clusters
 from broker.core.errors import Conflict, InvalidRequest, NotFound
 from broker.core.models import ActivePolicy, PolicyVersion
 from broker.routing import policy as policies
@@ -186,3 +187,17 @@ def diff(session: Session, a: int, b: int) -> str:
         tofile=f"version {b}",
     )
     return "".join(lines) or f"versions {a} and {b} are the same\n"
+
+
+def cluster_views(session: Session, pool: AdapterPool) -> dict[str, Any]:
+    """Every registered cluster's view for policy validation (broker.routing.policy.cluster_view),
+    from its adapter's inventory; a cluster that does not answer has an unknown inventory
+    (None), not an empty one, so checks that need it become warnings."""
+    views = {}
+    for info in list_clusters(session):
+        try:
+            units = pool.get(info).inventory()
+        except Exception:  # unreachable, whatever the adapter raised: unknown, not empty
+            units = None
+        views[info.name] = policies.cluster_view(info.name, info.kind, units)
+    return views

@@ -34,6 +34,7 @@ from broker.core.adapter import (
     Sharing,
 )
 from broker.core.clock import Clock
+from broker.core.clusters import AdapterPool, ClusterInfo, list_clusters
 from broker.core.db import session_factory
 from broker.core.metrics import observe_cycle
 from broker.core.models import Job, Tenant
@@ -44,7 +45,6 @@ from broker.placement.capacity import CapacityView
 from broker.placement.decision import CycleDecisions, Held, Placed
 from broker.placement.fairshare import FairShare
 from broker.scheduling.claim import Candidate, Claim
-from broker.scheduling.clusters import AdapterPool, ClusterInfo, list_clusters
 from broker.scheduling.steps import CycleReport, rows_by_id, unplaced
 from broker.scheduling.submission import Submission
 from broker.scheduling.sync import StatusChanges, StatusSync

@@ -12,9 +12,9 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from broker.core.adapter import AdapterError, Placement, Rejected, Sharing, submit_batch
+from broker.core.clusters import ClusterInfo
 from broker.core.states import JobState, set_states
 from broker.scheduling.claim import Candidate
-from broker.scheduling.clusters import ClusterInfo
 from broker.scheduling.steps import CycleReport, add_counts, unplaced
 
 if TYPE_CHECKING:

@@ -18,9 +18,9 @@ from broker.core.adapter import (
     ClusterAdapter,
 )
 from broker.core.clock import Clock
+from broker.core.clusters import ClusterInfo
 from broker.core.models import Cluster, Job
 from broker.core.states import JobState, set_reasons, set_states
-from broker.scheduling.clusters import ClusterInfo
 from broker.scheduling.steps import CycleReport, rows_by_id, side_by_side, unplaced
 
 S = JobState

@@ -323,9 +323,10 @@ class Broker:
     ):
         self.namespace = namespace
         from broker.client.embedded import open_database
+        from broker.core.clusters import AdapterPool, add_cluster
         from broker.core.db import session_factory
         from broker.routing import versions as policystore
-        from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views
+        from broker.routing.versions import cluster_views
         from broker.scheduling.cycle import Scheduler
 
         self.engine = open_database(url, auto_upgrade=True)

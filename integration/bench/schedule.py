@@ -287,10 +287,11 @@ class FrozenClock:
 def setup_broker(url: str, fleet_file: Path):
     """Register the two simulated clusters (no state file: nothing persisted between
     calls), apply the shipped policy, set the tenants; returns (engine, AdapterPool)."""
+    from broker.core.clusters import AdapterPool, add_cluster
     from broker.core.db import make_engine, session_factory
     from broker.placement import tenants
     from broker.routing import versions as policystore
-    from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views
+    from broker.routing.versions import cluster_views
 
     clock = FrozenClock()
     engine = make_engine(url)

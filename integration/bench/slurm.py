@@ -47,12 +47,13 @@ sys.path.insert(0, str(ROOT))
 from scratch import scratch_database  # noqa: E402
 
 from broker.core.auth import Principal  # noqa: E402
+from broker.core.clusters import AdapterPool, add_cluster  # noqa: E402
 from broker.core.db import make_engine, session_factory  # noqa: E402
 from broker.core.models import Job  # noqa: E402
 from broker.core.schemas import JobSpec, Role  # noqa: E402
 from broker.intake import queue  # noqa: E402
 from broker.routing import versions as policystore  # noqa: E402
-from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views  # noqa: E402
+from broker.routing.versions import cluster_views  # noqa: E402
 from broker.scheduling.cycle import Scheduler  # noqa: E402
 from integration.slurm.cluster import SlurmTestCluster, start  # noqa: E402
 

@@ -10,18 +10,23 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_SIDE = ("broker.api", "broker.scheduling", "broker.client.embedded", "broker.simulation", "fastapi", "uvicorn")
 
 
-def test_the_sdk_imports_nothing_of_the_server() -> None:
+@pytest.mark.parametrize("module", ["broker.client.sdk", "broker.nodeagent.agent", "broker.jobenv.budget"])
+def test_what_runs_outside_the_broker_imports_nothing_of_the_server(module: str) -> None:
+    """The SDK (laptops, jobs), the node agent (GPU nodes) and the budget helper (inside
+    jobs) run where the broker does not."""
     probe = (
-        "import sys, broker.client.sdk\n"
+        f"import sys, {module}\n"
         f"bad = sorted(m for m in sys.modules if m.startswith({SERVER_SIDE!r}))\n"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, f"broker.client.sdk pulls in {result.stdout.strip()} {result.stderr[-500:]}"
+    assert result.returncode == 0, f"{module} pulls in {result.stdout.strip()} {result.stderr[-500:]}"
 
 
 def _module_imports() -> dict[str, set[str]]:

@@ -20,9 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.core import metrics
 from broker.core.adapter import BatchSubmitter, Unreachable
+from broker.core.clusters import AdapterPool, add_cluster, list_clusters
 from broker.core.metrics import REGISTRY
 from broker.routing import versions as policystore
-from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
+from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,12 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from broker.core.adapter import BackendJob, BackendState, CapacityUnit, Health, Placement, Sharing, StatusPage
+from broker.core.clusters import AdapterPool, add_cluster
 from broker.core.gpus import gpu_model, mig_layout_problem
 from broker.core.models import NodeReport as NodeReportRow
 from broker.core.schemas import JobSpec
 from broker.nodeagent.agent import collect
 from broker.nodeagent.nvml import RecordedLibrary
-from broker.scheduling.clusters import AdapterPool, add_cluster
 from broker.scheduling.cycle import Scheduler
 
 NVML = Path(__file__).resolve().parents[1] / "data" / "nvml"

@@ -485,11 +485,11 @@ rules:
 
 def test_a_cycle_keeps_an_h100_route_on_h100s(engine, sessions, clock) -> None:
     from broker.core.auth import Principal
+    from broker.core.clusters import AdapterPool, add_cluster
     from broker.core.models import Job
     from broker.core.schemas import Role
     from broker.intake import queue
     from broker.routing.policy import load_policy
-    from broker.scheduling.clusters import AdapterPool, add_cluster
     from broker.scheduling.cycle import Scheduler
 
     admin = Principal(user="root", tenant="ops", role=Role.ADMIN)

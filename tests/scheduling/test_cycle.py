@@ -9,12 +9,13 @@ from sqlalchemy import select
 
 from broker.core.adapter import Sharing
 from broker.core.auth import Principal
+from broker.core.clusters import AdapterPool, add_cluster, list_clusters
 from broker.core.models import Job
 from broker.core.schemas import JobSpec, Role
 from broker.intake import queue
 from broker.placement import tenants
 from broker.routing import versions as policystore
-from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
+from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
 from broker.scheduling.leader import Leadership
 
@@ -268,7 +269,7 @@ def test_a_cluster_backlog_lets_that_many_unstarted_jobs_wait_in_its_own_queue()
     from datetime import UTC, datetime
 
     from broker.core.adapter import Placement
-    from broker.scheduling.clusters import ClusterInfo
+    from broker.core.clusters import ClusterInfo
     from broker.scheduling.cycle import _beyond_backlog
 
     def info(name, **config):

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from broker.core.adapter import Scaler
+from broker.core.clusters import AdapterPool, add_cluster, list_clusters
 from broker.placement import tenants
 from broker.routing import versions as policystore
-from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views, list_clusters
+from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,13 +18,14 @@ import yaml
 from sqlalchemy import select
 
 from broker.core.auth import Principal
+from broker.core.clusters import AdapterPool, add_cluster
 from broker.core.models import Job
 from broker.core.schemas import Role
 from broker.intake import queue
 from broker.placement import tenants as tenant_store
 from broker.routing import versions as policystore
 from broker.routing.policy import load_policy
-from broker.scheduling.clusters import AdapterPool, add_cluster, cluster_views
+from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
 from broker.simulation.fleet import SimulatedCluster, load_fleet
 from broker.simulation.replay import T0, replay

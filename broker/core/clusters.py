@@ -142,22 +142,6 @@ def summarize(info: ClusterInfo, adapter: ClusterAdapter) -> dict[str, Any]:
     return out
 
 
-def cluster_views(session: Session, pool: AdapterPool) -> dict[str, Any]:
-    """Every registered cluster's view for policy validation (broker.routing.policy.cluster_view),
-    from its adapter's inventory; a cluster that does not answer has an unknown inventory
-    (None), not an empty one, so checks that need it become warnings."""
-    from broker.routing.policy import cluster_view
-
-    views = {}
-    for info in list_clusters(session):
-        try:
-            units = pool.get(info).inventory()
-        except Exception:  # unreachable, whatever the adapter raised: unknown, not empty
-            units = None
-        views[info.name] = cluster_view(info.name, info.kind, units)
-    return views
-
-
 class AdapterPool:
     """One adapter per registered cluster in this process, rebuilt when its config changes."""
 
