@@ -51,25 +51,29 @@ with enough free units, found by bisection. Per-GPU slots as one entry per node 
 free level (free units, the node's free shared milli-GPU, node order), so a node's
 change moves one entry per level it has, not one per GPU. FGD scores a bounded
 candidate set: one node per distinct free level of each shape (at most
-:data:`_LEVELS` levels from the fullest up, each found by bisection; the first node
+:data:`LEVELS` levels from the fullest up, each found by bisection; the first node
 of a level is the one with the least free, FGD's tie-break; at most
-:data:`_PER_LEVEL` looked at for one whose GPU passes the memory guard), then the
+:data:`PER_LEVEL` looked at for one whose GPU passes the memory guard), then the
 GPUs of the chosen node; the increase of a level is computed once per workload and
 cached. Within those bounds the result is :func:`~broker.placement.fragmentation.choose`'s over
 every node: MPS (101 levels) and time-slicing with up to 127 replicas a GPU always
 are. Running totals per shape give the "n of m free" of a waiting job without a
 scan. Every change of a slot's free units goes through the view, which keeps that
-order.
+order. The index itself is :mod:`broker.placement.slots`.
+
+This module is one piece of about 800 lines on purpose: :class:`CapacityView` is one
+invariant (every change of free units goes through it, so the index, the replicas it
+spread and the memory guard stay in step), and its per-mode fits share that state;
+split across modules, the invariant would be too.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
-from collections import Counter, defaultdict
+from bisect import bisect_left
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cache
 
 from broker.core.adapter import CapacityUnit, Placement, Sharing
 from broker.core.gpus import gpu_model
@@ -77,44 +81,21 @@ from broker.core.schemas import JobSpec
 from broker.placement.fragmentation import (
     MILLI,
     TOLERANCE_MILLI,
-    TaskShape,
     WorkloadDistribution,
-    gpu_increase,
-    single_gpu,
 )
-
-_SHARED = (Sharing.SLURM_MPS, Sharing.K8S_TIMESLICE)  # fitted per physical GPU when reported so
-# The shares (milli-GPU) a learned workload starts from, one pseudo-job each: see the module docstring.
-DEFAULT_SHARES = (125, 250, 500, 1000)
-_LEVELS = 128  # distinct free levels of one shape that FGD scores per pick
-_PER_LEVEL = 32  # slots of one level looked at for one that passes the job's filters
-_MEMORY_SLACK = 1e-9  # GB: sums of memory limits that equal a GPU's memory fit it
-_REFRESH = 32  # jobs between refreshes of a learned workload, at least
-
-
-@cache
-def canonical_model(name: str) -> str:
-    """gpush's canonical name of a GPU model, or ``name`` itself if gpush does not know it."""
-    try:
-        return gpu_model(name).name
-    except ValueError:
-        return name
-
-
-def _milli(units: int, capacity: int) -> int:
-    """``units`` of a GPU divided into ``capacity`` units, in milli-GPU."""
-    return units * MILLI // capacity if capacity > 0 else 0
-
-
-@dataclass(slots=True)  # thousands per cycle: no per-instance dict
-class Slot:
-    """One CapacityUnit with what is still free this cycle."""
-
-    unit: CapacityUnit
-    free: int
-    # Time-slicing has no memory isolation: the GPU memory still unclaimed on the
-    # unit's GPU (a per-GPU unit) or on its node (a per-node unit).
-    memory_free_gb: float | None = None
+from broker.placement.slots import (
+    LEVELS,
+    MEMORY_SLACK,
+    PER_GPU_SHARING,
+    PER_LEVEL,
+    Shape,
+    Slot,
+    SlotGroup,
+    canonical_model,
+    fgd_gpu_on_node,
+    gpu_has_memory,
+    node_holds,
+)
 
 
 @dataclass(frozen=True)
@@ -153,238 +134,6 @@ def mps_share(gpu_memory_gb: float | None, gpu_memory: float) -> int:
     return max(1, math.ceil(gpu_memory_gb / gpu_memory * 100))
 
 
-class _Shape:
-    """Slots of one cluster and sharing mode that every fitting filter treats alike,
-    in fitting order (see the module docstring), with their free and total units summed."""
-
-    __slots__ = (
-        "model",
-        "model_name",
-        "profile",
-        "unit_memory_gb",
-        "capacity",
-        "gpu_memory_gb",
-        "per_gpu",
-        "first",
-        "order",
-        "free",
-        "total",
-    )
-
-    def __init__(self, unit: CapacityUnit, first: int, per_gpu: bool):
-        self.model = canonical_model(unit.gpu_model)
-        self.model_name = unit.gpu_model  # as the inventory names it, for reasons
-        self.profile = unit.mig_profile
-        self.unit_memory_gb = unit.unit_memory_gb
-        self.capacity = unit.capacity
-        self.gpu_memory_gb = unit.gpu_memory_gb
-        self.per_gpu = per_gpu
-        self.first = first  # the position of its first slot in the inventory
-        # Per node: (free, node, position), or (free, "", position) under MPS, where
-        # ties go to inventory order. Per GPU: (free, node's free milli, node number),
-        # one entry per node and free level above 0 (_Group.node_levels counts its GPUs).
-        self.order: list[tuple] = []
-        self.free = 0
-        self.total = 0
-
-    def first_with(self, need: int, slots: list[Slot], ok: Callable[[Slot], bool] | None = None) -> tuple | None:
-        """The best-fit entry among slots with at least ``need`` free that pass ``ok``."""
-        order = self.order
-        for i in range(bisect_left(order, (need,)), len(order)):
-            entry = order[i]
-            if ok is None or ok(slots[entry[-1]]):
-                return entry
-        return None
-
-    @property
-    def most_free(self) -> int:
-        return self.order[-1][0] if self.order else 0
-
-
-class _Fragmentation:
-    """FGD's measure for the shared GPUs of one cluster and mode: the increase of
-    placing a share on a GPU, per (GPU capacity, free units, units), cached until the
-    workload it is measured against changes."""
-
-    __slots__ = ("given", "seen", "fitted", "refresh_at", "distribution", "known")
-
-    def __init__(self, workload: WorkloadDistribution | None):
-        self.given = single_gpu(workload) if workload is not None else None
-        self.seen: Counter[int] = Counter()  # milli-GPU share -> replicas fitted here
-        self.fitted = 0
-        self.refresh_at = 0
-        self.distribution = self.given or self._learned()
-        self.known: dict[tuple[int, int, int], float] = {}  # increases computed so far
-
-    def _learned(self) -> WorkloadDistribution:
-        counts = Counter(DEFAULT_SHARES)
-        counts.update(self.seen)
-        total = sum(counts.values())
-        shares = sorted(counts)
-        return WorkloadDistribution(tuple(TaskShape(m) for m in shares), tuple(counts[m] / total for m in shares))
-
-    def observe(self, share_milli: int, replicas: int) -> None:
-        """Count a job about to be fitted into the learned workload."""
-        if self.given is not None:
-            return
-        seen = self.seen
-        new = share_milli not in seen
-        seen[share_milli] += replicas
-        self.fitted += replicas
-        # Weights move little between refreshes: refresh on a new share, and when the
-        # count has grown by a quarter (and by _REFRESH at least), so that cached
-        # increases serve many fits.
-        if new or self.fitted >= self.refresh_at:
-            self.distribution = self._learned()
-            self.known.clear()
-            self.refresh_at = self.fitted + max(self.fitted // 4, _REFRESH)
-
-    def increase(self, capacity: int, free: int, units: int) -> float:
-        key = (capacity, free, units)
-        value = self.known.get(key)
-        if value is None:
-            before = _milli(free, capacity)
-            value = gpu_increase(before, before - _milli(free - units, capacity), self.distribution)
-            self.known[key] = value
-        return value
-
-
-class _Group:
-    """The slots of one cluster under one sharing mode, indexed for fitting."""
-
-    __slots__ = (
-        "slots",
-        "keys",
-        "shapes",
-        "shape_at",
-        "by_model",
-        "by_node",
-        "offered",
-        "node_of",
-        "node_free",
-        "node_slots",
-        "node_levels",
-        "fragmentation",
-        "able",
-    )
-
-    def __init__(self, slots: list[Slot], sharing: Sharing, workload: WorkloadDistribution | None):
-        self.slots = slots
-        shared = sharing in _SHARED
-        by_node_order = sharing != Sharing.SLURM_MPS
-        self.keys = [s.unit.node if by_node_order else "" for s in slots]
-        # Per-GPU slots of shared modes: their node's number (in inventory order), each
-        # node's free milli-GPU over its shared GPUs, its per-GPU slots, and how many of
-        # them each (shape, free units) has: a shape's order holds one entry per node
-        # and free level, not per GPU, so a node's change moves few entries.
-        self.node_of = [-1] * len(slots)
-        self.node_free: list[int] = []
-        self.node_slots: list[list[int]] = []
-        self.node_levels: list[dict[tuple[_Shape, int], int]] = []
-        numbers: dict[str, int] = {}
-        for position, slot in enumerate(slots):
-            unit = slot.unit
-            if shared and len(unit.gpus) == 1:
-                k = numbers.get(unit.node)
-                if k is None:
-                    k = numbers[unit.node] = len(self.node_free)
-                    self.node_free.append(0)
-                    self.node_slots.append([])
-                    self.node_levels.append({})
-                self.node_of[position] = k
-                self.node_free[k] += _milli(slot.free, unit.capacity)
-                self.node_slots[k].append(position)
-        self.shapes: dict[tuple, _Shape] = {}
-        self.shape_at: list[_Shape] = []
-        self.by_model: dict[str | None, list[_Shape]] = defaultdict(list)
-        self.by_node: dict[str, list[int]] = defaultdict(list)
-        # MIG profiles on offer and their memory, per model and in all (None), as the
-        # inventory lists them (the last wins).
-        self.offered: dict[str | None, dict[str, float]] = defaultdict(dict)
-        for position, slot in enumerate(slots):
-            unit = slot.unit
-            per_gpu = self.node_of[position] >= 0
-            model = canonical_model(unit.gpu_model)
-            key = (model, unit.mig_profile, unit.unit_memory_gb, unit.capacity, unit.gpu_memory_gb, per_gpu)
-            shape = self.shapes.get(key)
-            if shape is None:
-                shape = self.shapes[key] = _Shape(unit, position, per_gpu)
-                self.by_model[None].append(shape)
-                self.by_model[model].append(shape)
-            self.shape_at.append(shape)
-            k = self.node_of[position]
-            if k < 0:
-                shape.order.append((slot.free, self.keys[position], position))
-            else:
-                levels = self.node_levels[k]
-                level = (shape, slot.free)
-                levels[level] = levels.get(level, 0) + 1
-                if slot.free and levels[level] == 1:
-                    shape.order.append((slot.free, self.node_free[k], k))
-            shape.free += slot.free
-            shape.total += unit.capacity
-            self.by_node[unit.node].append(position)
-            if unit.mig_profile:
-                self.offered[None][unit.mig_profile] = unit.unit_memory_gb
-                self.offered[model][unit.mig_profile] = unit.unit_memory_gb
-        for shape in self.shapes.values():
-            shape.order.sort()
-        self.fragmentation = _Fragmentation(workload) if shared else None
-        # What a job's filters leave of the shapes, by the job's fields: shapes never change.
-        self.able: dict[tuple, tuple] = {}
-
-    def shapes_of(self, model: str | None) -> list[_Shape]:
-        return self.by_model.get(model, [])
-
-    def set_free(self, position: int, free: int) -> None:
-        slot = self.slots[position]
-        old = slot.free
-        if free == old:
-            return
-        shape = self.shape_at[position]
-        shape.free += free - old
-        slot.free = free
-        k = self.node_of[position]
-        if k < 0:
-            order = shape.order
-            key = self.keys[position]
-            del order[bisect_left(order, (old, key, position))]
-            insort(order, (free, key, position))
-            return
-        # A per-GPU slot: the node's entries are (free level, node's free milli, node),
-        # one per shape and level it has GPUs at (a full GPU is never a candidate: none
-        # for level 0). Its node's free changes, so they all move: a few, not a GPU each.
-        capacity = slot.unit.capacity
-        before = self.node_free[k]
-        after = before + free * MILLI // capacity - old * MILLI // capacity
-        self.node_free[k] = after
-        levels = self.node_levels[k]
-        if after != before:
-            for other, level in levels:
-                if level:
-                    order = other.order
-                    del order[bisect_left(order, (level, before, k))]
-        elif levels[(shape, old)] == 1 and old:
-            del shape.order[bisect_left(shape.order, (old, before, k))]
-        leaving = (shape, old)
-        if levels[leaving] == 1:
-            del levels[leaving]
-        else:
-            levels[leaving] -= 1
-        arriving = (shape, free)
-        levels[arriving] = levels.get(arriving, 0) + 1
-        if after != before:
-            for other, level in levels:
-                if level:
-                    insort(other.order, (level, after, k))
-        elif levels[arriving] == 1 and free:
-            insort(shape.order, (free, after, k))
-
-    def positions(self, node: str | None) -> Iterable[int]:
-        """Positions of the slots on ``node`` (every slot when None), in inventory order."""
-        return range(len(self.slots)) if node is None else self.by_node.get(node, ())
-
-
 @dataclass
 class CapacityView:
     """Free units per cluster, mutable within one cycle as the scheduler places jobs.
@@ -399,7 +148,7 @@ class CapacityView:
     workload: WorkloadDistribution | None = None
     # Clusters whose inventory could not be read this cycle, and why (their adapter's error).
     unavailable: dict[str, str] = field(default_factory=dict)
-    _groups: dict[tuple[str, Sharing], _Group] = field(default_factory=dict, repr=False, compare=False)
+    _groups: dict[tuple[str, Sharing], SlotGroup] = field(default_factory=dict, repr=False, compare=False)
     # Where the replicas of multi-replica fits of shared modes went, so that they come
     # back exactly: (position, units) per replica, by the placement as one replica on
     # that replica's node (what give_back receives when a caller returns them node by
@@ -455,7 +204,7 @@ class CapacityView:
                 by_sharing[unit.sharing].append(Slot(unit, unit.free, memory))
             view.slots[cluster] = dict(by_sharing)
             for sharing, slots in by_sharing.items():
-                view._groups[(cluster, sharing)] = _Group(slots, sharing, workload)
+                view._groups[(cluster, sharing)] = SlotGroup(slots, sharing, workload)
         for placement in pending:
             view.take(placement)
         return view
@@ -498,7 +247,7 @@ class CapacityView:
         if group is None:
             return
         memory = placement.gpu_memory_gb or 0
-        if sharing in _SHARED and (self._replicas or placement.node is None):
+        if sharing in PER_GPU_SHARING and (self._replicas or placement.node is None):
             nodes = [placement.node] * placement.replicas
             if placement.node is None:
                 spread = self._spread.get(placement)
@@ -522,18 +271,18 @@ class CapacityView:
     def _slots(self, cluster: str, sharing: Sharing) -> list[Slot]:
         return self.slots.get(cluster, {}).get(sharing, [])
 
-    def _group(self, cluster: str, sharing: Sharing) -> _Group | None:
+    def _group(self, cluster: str, sharing: Sharing) -> SlotGroup | None:
         """The index of ``slots[cluster][sharing]``, made on first use for a view built by hand."""
         group = self._groups.get((cluster, sharing))
         if group is None:
             slots = self._slots(cluster, sharing)
             if not slots:
                 return None
-            group = self._groups[(cluster, sharing)] = _Group(slots, Sharing(sharing), self.workload)
+            group = self._groups[(cluster, sharing)] = SlotGroup(slots, Sharing(sharing), self.workload)
         return group
 
     @staticmethod
-    def _slot_for(group: _Group, placement: Placement, gpu: int | None, units: int, *, refund: bool) -> int | None:
+    def _slot_for(group: SlotGroup, placement: Placement, gpu: int | None, units: int, *, refund: bool) -> int | None:
         """The slot ``placement`` holds (or takes) ``units`` on: its node, model and MIG
         profile, and the unit on device ``gpu`` when it names one; among several, the
         first with room for the change."""
@@ -558,7 +307,7 @@ class CapacityView:
         return found
 
     @staticmethod
-    def _refund(group: _Group, position: int, units: int, memory_gb: float) -> None:
+    def _refund(group: SlotGroup, position: int, units: int, memory_gb: float) -> None:
         slot = group.slots[position]
         group.set_free(position, min(slot.free + units, slot.unit.capacity))
         if slot.memory_free_gb is not None and memory_gb:
@@ -649,7 +398,7 @@ class CapacityView:
 
     # -- per sharing mode ----------------------------------------------------------
 
-    def _fit_whole(self, spec, cluster, sharing, group: _Group, shapes, model, partition) -> Fit | NoFit:
+    def _fit_whole(self, spec, cluster, sharing, group: SlotGroup, shapes, model, partition) -> Fit | NoFit:
         memory = spec.gpu_memory_gb or 0
         able = [s for s in shapes if s.unit_memory_gb >= memory and s.capacity >= spec.gpus]
         kind = f"{shapes[0].model_name} GPU" if model else "GPU"
@@ -659,7 +408,7 @@ class CapacityView:
             return NoFit(f"needs {what} on one node; the most {cluster} has is {largest}", never=True)
         return self._take_best(spec, cluster, sharing, group, able, spec.gpus, None, model, what, partition)
 
-    def _fit_mig(self, spec, cluster, sharing, group: _Group, shapes, model, of, partition) -> Fit | NoFit:
+    def _fit_mig(self, spec, cluster, sharing, group: SlotGroup, shapes, model, of, partition) -> Fit | NoFit:
         memory = spec.gpu_memory_gb or 0
         offered = sorted(group.offered.get(model, {}).items(), key=lambda item: (item[1], item[0]))
         profiles = [p for p, mem in offered if mem >= memory]
@@ -685,13 +434,13 @@ class CapacityView:
             waiting_for=(cluster, sharing.value, smallest, model),
         )
 
-    def _fit_mps(self, spec, cluster, group: _Group, shapes, model, of, partition) -> Fit | NoFit:
+    def _fit_mps(self, spec, cluster, group: SlotGroup, shapes, model, of, partition) -> Fit | NoFit:
         if spec.gpus > 1:
             return NoFit("MPS shares one GPU among processes: a job with gpus > 1 cannot use it", never=True)
         key = ("mps", model, spec.gpu_memory_gb)
         cached = group.able.get(key)
         if cached is None:
-            able: list[tuple[_Shape, int]] = []
+            able: list[tuple[Shape, int]] = []
             for shape in shapes:
                 gpu_memory = shape.gpu_memory_gb or shape.unit_memory_gb * 100
                 share = mps_share(spec.gpu_memory_gb, gpu_memory)
@@ -725,7 +474,7 @@ class CapacityView:
             waiting_for=(cluster, Sharing.SLURM_MPS.value, None, model),
         )
 
-    def _fit_timeslice(self, spec, cluster, group: _Group, shapes, model, of, partition) -> Fit | NoFit:
+    def _fit_timeslice(self, spec, cluster, group: SlotGroup, shapes, model, of, partition) -> Fit | NoFit:
         memory = spec.gpu_memory_gb or 0
         units = spec.gpus
         key = ("timeslice", model, memory, units)
@@ -773,13 +522,13 @@ class CapacityView:
             waiting_for=(cluster, Sharing.K8S_TIMESLICE.value, None, model),
         )
 
-    def _timeslice_by_node(self, spec, cluster, group: _Group, able, replicas, partition) -> Fit | None:
+    def _timeslice_by_node(self, spec, cluster, group: SlotGroup, able, replicas, partition) -> Fit | None:
         """Per-node time-slice units: best fit for each replica, the memory guard per node."""
         need_memory = (spec.gpu_memory_gb or 0) * spec.gpus
         slots = group.slots
 
         def has_memory(s: Slot) -> bool:
-            return s.memory_free_gb is None or s.memory_free_gb >= need_memory - _MEMORY_SLACK
+            return s.memory_free_gb is None or s.memory_free_gb >= need_memory - MEMORY_SLACK
 
         def best() -> tuple | None:
             found = None
@@ -836,7 +585,7 @@ class CapacityView:
     # -- shared GPUs: FGD over a bounded candidate set ----------------------------------
 
     def _pick(
-        self, group: _Group, able: dict[_Shape, int], replicas: int, memory_gb: float
+        self, group: SlotGroup, able: dict[Shape, int], replicas: int, memory_gb: float
     ) -> list[tuple[int, int]] | None:
         """A per-GPU slot for each replica, chosen by FGD and taken; (position, units)
         per replica, or None (nothing taken) when they do not all fit now. ``able``:
@@ -867,7 +616,7 @@ class CapacityView:
             node = None if node is None else group.node_of[node]
         for _ in range(replicas):
             if node is not None:
-                position = _on_node(group, able, memory_gb, node)
+                position = fgd_gpu_on_node(group, able, memory_gb, node)
             else:
                 position = self._fgd(group, able, memory_gb)
             if position is None:
@@ -883,7 +632,7 @@ class CapacityView:
         return picks
 
     @staticmethod
-    def _fgd(group: _Group, able: dict[_Shape, int], memory_gb: float, replicas: int = 1) -> int | None:
+    def _fgd(group: SlotGroup, able: dict[Shape, int], memory_gb: float, replicas: int = 1) -> int | None:
         """FGD's choice among the per-GPU slots of ``able`` shapes with ``memory_gb`` of
         GPU memory unclaimed (on nodes with room for ``replicas`` such replicas): the
         least increase of fragmentation; within :data:`TOLERANCE_MILLI` of it, the node
@@ -893,7 +642,7 @@ class CapacityView:
         free: the tie-break's choice), looking at a few for one that passes the filters."""
         fragmentation = group.fragmentation
         known = fragmentation.known
-        need = memory_gb - _MEMORY_SLACK
+        need = memory_gb - MEMORY_SLACK
         found: list[tuple[float, int, int]] = []  # (increase, node's free milli after, node)
         least = math.inf
         for shape, units in able.items():
@@ -903,16 +652,16 @@ class CapacityView:
             demand = units * MILLI // capacity
             i = bisect_left(order, (units,))
             levels = 0
-            while i < size and levels < _LEVELS:
+            while i < size and levels < LEVELS:
                 entry = order[i]
                 free = entry[0]
                 end = bisect_left(order, (free + 1,), i)
                 if memory_gb or replicas > 1:
                     # The first node at this level whose GPU there has the memory (a few looked at).
-                    j, stop = i, min(end, i + _PER_LEVEL)
+                    j, stop = i, min(end, i + PER_LEVEL)
                     while j < stop and not (
-                        (not memory_gb or _has_memory(group, order[j][2], shape, free, need))
-                        and (replicas == 1 or _holds(group, order[j][2], able, memory_gb, replicas))
+                        (not memory_gb or gpu_has_memory(group, order[j][2], shape, free, need))
+                        and (replicas == 1 or node_holds(group, order[j][2], able, memory_gb, replicas))
                     ):
                         j += 1
                     if j == stop:
@@ -935,9 +684,9 @@ class CapacityView:
         for increase, after, k in found:
             if increase <= limit and (node is None or (after, k) < node):
                 node = (after, k)
-        return _on_node(group, able, memory_gb, node[1])
+        return fgd_gpu_on_node(group, able, memory_gb, node[1])
 
-    def _shared_placement(self, spec, cluster, sharing, group: _Group, picks, replicas, partition) -> Placement:
+    def _shared_placement(self, spec, cluster, sharing, group: SlotGroup, picks, replicas, partition) -> Placement:
         slots = group.slots
         first = slots[picks[0][0]].unit
         units = picks[0][1]
@@ -965,7 +714,7 @@ class CapacityView:
     # -- helpers -------------------------------------------------------------------
 
     def _take_best(
-        self, spec, cluster, sharing, group: _Group, able, units, profile, model, what, partition
+        self, spec, cluster, sharing, group: SlotGroup, able, units, profile, model, what, partition
     ) -> Fit | NoFit:
         replicas = replicas_of(spec)
         need = units * replicas
@@ -984,7 +733,7 @@ class CapacityView:
             )
         return self._commit(spec, cluster, sharing, group, best[-1], units, profile, replicas, partition)
 
-    def _commit(self, spec, cluster, sharing, group: _Group, position, units, profile, replicas, partition) -> Fit:
+    def _commit(self, spec, cluster, sharing, group: SlotGroup, position, units, profile, replicas, partition) -> Fit:
         slot = group.slots[position]
         group.set_free(position, slot.free - units * replicas)
         unit = slot.unit
@@ -1004,62 +753,6 @@ class CapacityView:
         )
 
 
-def _on_node(group: _Group, able: dict[_Shape, int], memory_gb: float, k: int) -> int | None:
-    """FGD's GPU on node ``k``: of the per-GPU slots of ``able`` shapes with room and
-    ``memory_gb`` unclaimed, the least increase, then least left free, then lowest index."""
-    fragmentation = group.fragmentation
-    known = fragmentation.known
-    slots, shape_at = group.slots, group.shape_at
-    need = memory_gb - _MEMORY_SLACK
-    best = None
-    for position in group.node_slots[k]:
-        slot = slots[position]
-        free = slot.free
-        units = able.get(shape_at[position])
-        if units is None or free < units:
-            continue
-        if memory_gb and slot.memory_free_gb is not None and slot.memory_free_gb < need:
-            continue
-        capacity = slot.unit.capacity
-        increase = known.get((capacity, free, units))
-        if increase is None:
-            increase = fragmentation.increase(capacity, free, units)
-        key = (increase, (free - units) * MILLI // capacity, slot.unit.gpus[0], position)
-        if best is None or key < best:
-            best = key
-    return None if best is None else best[-1]
-
-
-def _holds(group: _Group, k: int, able: dict[_Shape, int], memory_gb: float, replicas: int) -> bool:
-    """Whether node ``k`` has room for ``replicas`` replicas (each on one GPU)."""
-    slots, shape_at = group.slots, group.shape_at
-    room = 0
-    for position in group.node_slots[k]:
-        units = able.get(shape_at[position])
-        if units is None:
-            continue
-        slot = slots[position]
-        fit = slot.free // units
-        if memory_gb and slot.memory_free_gb is not None:
-            fit = min(fit, int((slot.memory_free_gb + _MEMORY_SLACK) // memory_gb))
-        room += fit
-        if room >= replicas:
-            return True
-    return False
-
-
-def _has_memory(group: _Group, k: int, shape: _Shape, free: int, need: float) -> bool:
-    """Whether node ``k`` has a GPU of ``shape`` with ``free`` units and ``need`` GB unclaimed."""
-    slots, shape_at = group.slots, group.shape_at
-    for position in group.node_slots[k]:
-        slot = slots[position]
-        if slot.free == free and shape_at[position] is shape:
-            memory = slot.memory_free_gb
-            if memory is None or memory >= need:
-                return True
-    return False
-
-
 def _replica_key(placement: Placement, node: str | None) -> tuple:
     """What identifies one replica of ``placement`` on ``node``: every field but the node
     and the replica count, so ``replace(placement, node=n, replicas=k)`` finds it."""
@@ -1075,7 +768,7 @@ def _charges(placement: Placement) -> list[tuple[int | None, int]]:
         return [(gpu, placement.units) for gpu in gpus]
     if len(gpus) == 1:
         return [(gpus[0], placement.units * placement.replicas)]
-    if Sharing(placement.sharing) in _SHARED:
+    if Sharing(placement.sharing) in PER_GPU_SHARING:
         return [(None, placement.units)] * placement.replicas
     return [(None, placement.units * placement.replicas)]
 

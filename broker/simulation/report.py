@@ -15,8 +15,9 @@ from broker.simulation import traces
 from broker.simulation.fleet import load_fleet_file
 from broker.simulation.inflation import inflation_experiment
 from broker.simulation.plots import shows_tenants, write_plots
-from broker.simulation.replay import PLACEMENT_ON_FLEET, replay, replay_shared
+from broker.simulation.replay import PLACEMENT_ON_FLEET, replay
 from broker.simulation.results import PERCENTILES, ReplayResult
+from broker.simulation.shared import replay_shared
 from broker.simulation.workload import TenantTerms, load_workload
 
 # -- reports ------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import Any
 from broker.core.errors import InvalidRequest
 from broker.simulation import traces
 from broker.simulation.inflation import InflationRun, inflation_experiment
-from broker.simulation.replay import replay_shared
+from broker.simulation.shared import replay_shared
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba-openb-2023"
 FIRST_SEED = 42  # the paper's artifact scripts use seeds 42..51
