@@ -374,7 +374,7 @@ def submit_each(adapter: ClusterAdapter, items: Sequence[SubmitItem], *, threads
 
 # The one place the broker names adapter modules: kind -> "module:Class".
 ADAPTERS: dict[str, str] = {
-    "sim": "broker.simulation.fleet:SimulatedCluster",
+    "sim": "broker.simulation.cluster:SimulatedCluster",
     "slurm": "adapters.slurm:SlurmAdapter",
     "k8s": "adapters.k8s:KubernetesAdapter",
 }

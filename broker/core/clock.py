@@ -2,7 +2,7 @@
 
 Everything that reads the time takes a :data:`Clock` (the scheduler, the adapter pool,
 adapters, the API, the node agent), so tests and replays run on a clock of their own
-and a simulated cluster on virtual time (broker.simulation.fleet). :func:`utcnow` is
+and a simulated cluster on virtual time (broker.simulation.cluster). :func:`utcnow` is
 the wall clock they default to: timezone-aware UTC, as every timestamp gpush stores.
 """
 

@@ -7,7 +7,7 @@ nodes of a trace) decide through the one decision of the live scheduler
 they bring and what they do with an outcome.
 
 - **Replay on a simulated fleet** (:func:`replay`): one
-  :class:`broker.simulation.fleet.SimulatedCluster` per fleet cluster, driven from event
+  :class:`broker.simulation.cluster.SimulatedCluster` per fleet cluster, driven from event
   to event (an arrival or a job's end). Each event is one scheduling cycle as
   :class:`broker.scheduling.cycle.Scheduler` runs it: the clusters' status changes are
   read, the capacity is built from their inventories less what they have not started,
@@ -41,7 +41,8 @@ from broker.placement.capacity import CapacityView
 from broker.placement.decision import CycleDecisions, Placed
 from broker.placement.fairshare import FairShare
 from broker.routing.policy import Policy
-from broker.simulation.fleet import Fleet, SimulatedCluster
+from broker.simulation.cluster import SimulatedCluster
+from broker.simulation.fleet import Fleet
 from broker.simulation.loop import ReplayJob, ReplayLoop, VirtualClock, WaitingQueue, fair_share_note
 from broker.simulation.results import JobRecord, ReplayResult, Timeline
 from broker.simulation.workload import (

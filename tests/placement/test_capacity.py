@@ -15,7 +15,8 @@ from broker.core.adapter import BackendState, CapacityUnit, Placement, Sharing
 from broker.core.schemas import JobSpec
 from broker.placement.capacity import CapacityView, Fit, NoFit
 from broker.placement.fragmentation import NodeState, TaskShape, WorkloadDistribution, best_fit, choose, single_gpu
-from broker.simulation.fleet import SimulatedCluster, load_fleet
+from broker.simulation.cluster import SimulatedCluster
+from broker.simulation.fleet import load_fleet
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 DEMO_FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"

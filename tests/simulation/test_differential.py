@@ -27,7 +27,8 @@ from broker.routing import versions as policystore
 from broker.routing.policy import load_policy
 from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
-from broker.simulation.fleet import SimulatedCluster, load_fleet
+from broker.simulation.cluster import SimulatedCluster
+from broker.simulation.fleet import load_fleet
 from broker.simulation.replay import T0, replay
 from broker.simulation.results import JobRecord
 from broker.simulation.workload import Workload, read_workload

@@ -11,7 +11,8 @@ import pytest
 from broker.core.adapter import BackendState, ClusterAdapter, Placement, Rejected, Sharing, Unreachable, adapter_class
 from broker.core.errors import InvalidRequest
 from broker.core.schemas import JobSpec
-from broker.simulation.fleet import SimulatedCluster, load_fleet, load_fleet_file
+from broker.simulation.cluster import SimulatedCluster
+from broker.simulation.fleet import load_fleet, load_fleet_file
 
 DEMO_FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)

@@ -1,0 +1,608 @@
+"""The simulated cluster: one cluster of a fleet file behind the adapter protocol, in virtual time.
+
+This module owns :class:`SimulatedCluster`, the first implementation of the adapter
+protocol (:mod:`broker.core.adapter`): when jobs start and end, their status log, and
+the state file. It drives the embedded demo, the tests and trace replays, so from the
+broker's side it behaves like a real cluster, only far faster than real time. The
+fleet file it is built from is :mod:`broker.simulation.fleet`; what a submission must
+satisfy, and how long a job runs, is :mod:`broker.simulation.admission`; how units are
+counted, handed out and reported is :mod:`broker.simulation.pools`.
+
+How a simulated cluster behaves (what a broker or a test may rely on):
+
+- **Virtual time.** Every public call first advances the cluster to ``clock()``. Jobs
+  end at their exact virtual end time, and waiting jobs start at the virtual time the
+  units they wait for freed, not at the time of the call. :meth:`SimulatedCluster.advance`
+  and :meth:`SimulatedCluster.next_event_time` let a replay jump from event to event.
+- **Node choice.** A placement's ``node`` is honoured (the job waits there if the node
+  is busy). Without one, the job takes the first node, in fleet-file order, with room.
+  Under MPS and time-slicing a placement's ``gpus`` (one device index per replica, or
+  one for all of them; only with a ``node``) are honoured too: each replica runs on its
+  GPU, and the job waits in the node's queue until those GPUs have room, behind the
+  jobs there that want the same GPUs (or any GPU), not behind those pinned to others.
+  Whole GPUs and MIG instances are counted per node, not per device, so ``gpus`` is
+  ignored there.
+- **Queueing.** Jobs wait in FIFO order, without backfill: per node for jobs pinned to a
+  node, and per unit kind across the cluster for the others. Units on a node where
+  pinned jobs wait go to no unpinned job until those have started, so a large job is
+  not starved by small ones. A multi-unit job takes all its units on one node at once, or waits.
+  Replicas (``placement.replicas``) are placed together on one node.
+- **Time-slicing OOM.** There is no memory isolation: when the ``gpu_memory_gb`` of the
+  jobs on one physical GPU adds up to more than the GPU has, the job that pushed it over
+  fails with ``OOMKilled: time-sliced GPU memory over-committed`` (exit code 137), as a
+  CUDA allocation would; the jobs already there keep running.
+- **Status.** ``statuses(cursor)`` returns every change since the cursor, in order, each
+  at its virtual time; without a cursor (or with one from a cluster whose state was
+  lost) it returns every known job's current state.
+- **Persistence.** With ``state_file``, jobs, allocations and the status log are
+  written there (JSON) after every call that changed them and reloaded on start, so a
+  simulated cluster outlives a broker restart as a real one does.
+- **Not simulated:** CPU and host memory on nodes (reported in the file, not enforced),
+  partitions, node failures, preemption.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import secrets
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+from broker.core.adapter import (
+    BackendJob,
+    BackendState,
+    CapacityUnit,
+    Health,
+    Placement,
+    Rejected,
+    StatusPage,
+    Unreachable,
+)
+from broker.core.clock import Clock
+from broker.core.errors import InvalidRequest
+from broker.core.gpus import gpu_model
+from broker.core.schemas import JobSpec, format_duration
+from broker.simulation.admission import Admission
+from broker.simulation.fleet import Fleet, FleetCluster, load_fleet, load_fleet_file
+from broker.simulation.pools import SHARED_SHARINGS, Pool, SimJob, UnitClass, UnitKey, gpu_pins, pools_of
+
+# What a job killed for over-committing a time-sliced GPU exits with: the code a
+# container killed by SIGKILL reports, which is what Kubernetes shows with OOMKilled.
+OOM_EXIT_CODE = 137
+STATE_FORMAT = 1
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_FINISHED = (BackendState.SUCCEEDED, BackendState.FAILED, BackendState.CANCELLED)
+
+
+def _to_us(moment: datetime) -> int:
+    # Integer microseconds keep virtual times exact: a job of 600 s started at t ends at t + 600 s.
+    if moment.tzinfo is None:
+        raise ValueError(f"the simulator's clock returned {moment!r} without a time zone: return an aware datetime")
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def _to_dt(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+class SimulatedCluster:
+    """One simulated cluster of a fleet file, behind the adapter protocol, in virtual time.
+
+    ``config``: ``{"fleet": path}`` or ``{"fleet_yaml": text}``; optionally ``"cluster"``
+    (the cluster's name in the file, default ``name``) and ``"state_file"`` (JSON the
+    simulator persists to and reloads from). See the module docstring for behaviour.
+    """
+
+    # None of the optional ones (broker.core.adapter): calls are in-process and take
+    # microseconds, so one submit after another is as fast as a batch; nothing to close.
+    capabilities: ClassVar[frozenset[type]] = frozenset()
+
+    def __init__(self, name: str, config: Mapping[str, Any], *, clock: Clock) -> None:
+        unknown = set(config) - {"fleet", "fleet_yaml", "cluster", "state_file", "kind"}
+        if unknown:
+            raise InvalidRequest(
+                f"simulated cluster {name}: unknown setting {', '.join(sorted(unknown))}: "
+                "use fleet (a file) or fleet_yaml (text), and optionally cluster and state_file"
+            )
+        if ("fleet" in config) == ("fleet_yaml" in config):
+            raise InvalidRequest(
+                f"simulated cluster {name}: give exactly one of fleet (path to a fleet file) or fleet_yaml (its text)"
+            )
+        if "fleet" in config:
+            fleet = load_fleet_file(config["fleet"])
+        else:
+            fleet = load_fleet(config["fleet_yaml"], f"fleet_yaml of {name}")
+        self._setup(name, fleet.cluster(config.get("cluster") or name), clock, config.get("state_file"))
+
+    @classmethod
+    def from_fleet(
+        cls,
+        fleet: Fleet,
+        cluster: str,
+        *,
+        clock: Clock,
+        name: str | None = None,
+        state_file: str | os.PathLike[str] | None = None,
+    ) -> SimulatedCluster:
+        """A simulated cluster from a loaded fleet (tests and the replay driver)."""
+        self = cls.__new__(cls)
+        self._setup(name or cluster, fleet.cluster(cluster), clock, state_file)
+        return self
+
+    def _setup(self, name: str, layout: FleetCluster, clock: Clock, state_file: str | os.PathLike[str] | None) -> None:
+        self.name = name
+        self.layout = layout
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._state_file = Path(state_file) if state_file else None
+        self._outage: str | None = None
+
+        self._pools: list[Pool] = []
+        node_pools: dict[str, list[Pool]] = {}
+        for node in layout.nodes:
+            pools = pools_of(node, layout.flavor)
+            self._pools.extend(pools)
+            node_pools[node.name] = pools
+        self._pool_by_key = {(p.node, p.sharing, p.profile, p.model.name): p for p in self._pools}
+        members: dict[UnitKey, list[Pool]] = {}
+        for pool in self._pools:
+            for key in ((pool.sharing, pool.profile, pool.model.name), (pool.sharing, pool.profile, None)):
+                members.setdefault(key, []).append(pool)
+        self._classes = {key: UnitClass(key, pools) for key, pools in members.items()}
+        self._admission = Admission(name, layout, node_pools, self._classes)
+        for unit_class in self._classes.values():
+            for slot, pool in enumerate(unit_class.pools):
+                pool.slots.append((unit_class, slot))
+        for pool in self._pools:
+            pool.refresh()
+
+        self._jobs: dict[int, SimJob] = {}
+        self._ends: list[tuple[int, int, SimJob]] = []  # (end time, tie-breaker, job): the event heap
+        self._ticket = 0
+        self._next_seq = 1
+        # The status log: (job_id, state, reason, node, exit_code, at); a cursor is an index into it.
+        self._log: list[tuple[int, BackendState, str | None, str | None, int | None, int]] = []
+        # A cursor from another incarnation of this cluster (its state lost) must not be
+        # read as an index into this one's log.
+        self._epoch = secrets.token_hex(4)
+        self._now_us = _to_us(clock())
+        self._running = 0
+        self._pending = 0
+        self._dirty = False
+        if self._state_file is not None and self._state_file.exists():
+            self._load(self._state_file)
+
+    # -- the adapter protocol ----------------------------------------------------------
+
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+        with self._lock:
+            self._answer()
+            if job_id not in self._jobs:
+                job = self._admission.admit(job_id, spec, placement)
+                job.seq = self._next_seq
+                self._next_seq += 1
+                self._jobs[job_id] = job
+                self._place(job)
+                self._save()
+            return self._backend_id(job_id)
+
+    def cancel(self, job_id: int) -> None:
+        with self._lock:
+            self._answer()
+            job = self._jobs.get(job_id)
+            if job is None or job.state in _FINISHED:
+                return
+            t = self._now_us
+            if job.state is BackendState.RUNNING:
+                pool = job.pool
+                self._finish(job, t, BackendState.CANCELLED, "cancelled while running", None)
+                self._dispatch([pool], t)
+            else:
+                self._pending -= 1
+                job.state = BackendState.CANCELLED
+                job.reason = "cancelled before it started"
+                job.at_us = t
+                self._record(job)
+                if job.pinned:
+                    job.pool.waiting_count -= 1
+                    job.pool.refresh()
+                    self._dispatch([job.pool], t)
+                else:
+                    job.unit_class.waiting_count -= 1
+                    self._drain_classes([job.unit_class], t)
+            self._save()
+
+    def find(self, job_id: int) -> BackendJob | None:
+        with self._lock:
+            self._answer()
+            self._save()
+            job = self._jobs.get(job_id)
+            return None if job is None else self._view(job)
+
+    def statuses(self, cursor: str | None = None) -> StatusPage:
+        with self._lock:
+            self._answer()
+            self._save()
+            end = len(self._log)
+            start = self._cursor_position(cursor)
+            if start is None:
+                jobs = [self._view(job) for job in sorted(self._jobs.values(), key=lambda j: j.seq)]
+            else:
+                jobs = [self._entry_view(entry) for entry in self._log[start:end]]
+            return StatusPage(jobs, f"{self._epoch}:{end}")
+
+    def inventory(self) -> list[CapacityUnit]:
+        """Whole GPUs and MIG instances per node and kind; MPS and time-slicing per GPU."""
+        with self._lock:
+            self._answer()
+            self._save()
+            units: list[CapacityUnit] = []
+            for pool in self._pools:
+                units.extend(pool.inventory(self.name))
+            return units
+
+    def health(self) -> Health:
+        with self._lock:
+            if self._outage is not None:
+                return Health(False, f"simulated outage: {self._outage}", "sim")
+            self._advance(self._clock_us())
+            self._save()
+            return Health(
+                True,
+                f"simulated {self.layout.flavor} cluster {self.name}: {len(self.layout.nodes)} nodes, "
+                f"{self.layout.gpu_count} GPUs; {self._running} jobs running, {self._pending} pending",
+                "sim",
+            )
+
+    # -- virtual time and test hooks ---------------------------------------------------
+
+    def advance(self, to: datetime) -> None:
+        """Run the cluster up to virtual time ``to`` (no-op if it is already past it)."""
+        with self._lock:
+            self._advance(_to_us(to))
+            self._save()
+
+    def next_event_time(self) -> datetime | None:
+        """When the next running job ends (the next moment anything changes), or None."""
+        with self._lock:
+            ends = self._ends
+            while ends and not self._is_live(ends[0]):
+                heapq.heappop(ends)
+            return _to_dt(ends[0][0]) if ends else None
+
+    @property
+    def now(self) -> datetime:
+        """The virtual time the cluster has reached."""
+        return _to_dt(self._now_us)
+
+    def simulate_outage(self, reason: str | None) -> None:
+        """Make every call but health() raise Unreachable with ``reason`` (None ends the
+        outage), to test how the broker copes with a cluster that stops answering."""
+        with self._lock:
+            self._outage = reason
+
+    # -- submission --------------------------------------------------------------------
+
+    def _place(self, job: SimJob) -> None:
+        t = self._now_us
+        if job.pinned:
+            pool = job.pool
+            if pool.fits(job) and (pool.waiting_count == 0 or not pool.blocked(job)):
+                self._start(job, pool, t)
+                return
+            job.reason = pool.waiting_reason(job)
+            pool.waiting.append(job)
+            pool.waiting_count += 1
+            pool.refresh()
+        else:
+            unit_class = job.unit_class
+            pool = unit_class.find_room(job) if unit_class.waiting_count == 0 else None
+            if pool is not None:
+                self._start(job, pool, t)
+                return
+            job.reason = unit_class.waiting_reason(job, self.name)
+            unit_class.waiting.append(job)
+            unit_class.waiting_count += 1
+        job.at_us = t
+        self._pending += 1
+        self._record(job)
+
+    # -- running and ending ------------------------------------------------------------
+
+    def _start(self, job: SimJob, pool: Pool, t: int) -> None:
+        over = pool.take(job)
+        job.pool = pool
+        job.node = pool.node
+        job.state = BackendState.RUNNING
+        job.reason = None
+        job.started_us = job.at_us = t
+        self._running += 1
+        self._record(job)
+        if over:
+            gpu = pool.gpus[over[0]]
+            used = pool.gpu_memory[over[0]]
+            self._finish(
+                job,
+                t,
+                BackendState.FAILED,
+                "OOMKilled: time-sliced GPU memory over-committed "
+                f"(jobs on GPU {gpu} of {pool.node} ask {used:g} GB of its {pool.model.memory_gb:g} GB)",
+                OOM_EXIT_CODE,
+            )
+            return
+        duration = job.duration_us
+        if job.limit_us is not None and duration > job.limit_us:
+            duration = job.limit_us
+        job.ends_us = t + duration
+        self._ticket += 1
+        heapq.heappush(self._ends, (job.ends_us, self._ticket, job))
+        pool.refresh()
+
+    def _finish(self, job: SimJob, t: int, state: BackendState, reason: str | None, exit_code: int | None) -> None:
+        pool = job.pool
+        pool.release(job)
+        self._running -= 1
+        job.state = state
+        job.reason = reason
+        job.exit_code = exit_code
+        job.ends_us = None
+        job.at_us = t
+        self._record(job)
+        pool.refresh()
+
+    def _end(self, job: SimJob, t: int) -> None:
+        """A running job reached its end time."""
+        if job.limit_us is not None and job.duration_us > job.limit_us:
+            limit = format_duration(job.limit_us // 1_000_000)
+            self._finish(job, t, BackendState.FAILED, f"TIMEOUT: ran past its time limit of {limit}", None)
+        elif job.exit_at_end:
+            self._finish(job, t, BackendState.FAILED, f"exited with code {job.exit_at_end}", job.exit_at_end)
+        else:
+            self._finish(job, t, BackendState.SUCCEEDED, None, 0)
+
+    def _is_live(self, event: tuple[int, int, SimJob]) -> bool:
+        job = event[2]
+        return job.state is BackendState.RUNNING and job.ends_us == event[0]
+
+    def _advance(self, to_us: int) -> None:
+        ends = self._ends
+        while ends and ends[0][0] <= to_us:
+            t = ends[0][0]
+            freed: dict[Pool, None] = {}  # ordered, and O(1) when thousands end at once
+            # Every job ending at the same instant frees its units before anyone starts,
+            # so a job waiting for four GPUs sees all four that free at once.
+            while ends and ends[0][0] == t:
+                event = heapq.heappop(ends)
+                if self._is_live(event):
+                    job = event[2]
+                    freed[job.pool] = None
+                    self._end(job, t)
+            if t > self._now_us:
+                self._now_us = t
+            self._dispatch(freed, t)
+        if to_us > self._now_us:
+            self._now_us = to_us
+
+    def _dispatch(self, pools: Iterable[Pool], t: int) -> None:
+        """Start waiting jobs on ``pools`` whose units just freed: jobs pinned there first,
+        then the cluster-wide queues those pools serve."""
+        classes: list[UnitClass] = []
+        for pool in pools:
+            if pool.waiting_count:
+                self._drain_pool(pool, t)
+                pool.refresh()  # unmask the pool if its queue emptied
+            for unit_class, _slot in pool.slots:
+                if unit_class.waiting_count and unit_class not in classes:
+                    classes.append(unit_class)
+        if classes:
+            self._drain_classes(classes, t)
+
+    def _drain_pool(self, pool: Pool, t: int) -> None:
+        waiting = pool.waiting
+        kept: deque[SimJob] = deque()
+        held: set[int] = set()  # GPUs that jobs still waiting are pinned to
+        while waiting:
+            job = waiting[0]
+            if job.state is not BackendState.PENDING:
+                waiting.popleft()
+                continue
+            pins = job.pins
+            if (pins is None or not any(pos in held for pos, _ in pins)) and pool.fits(job):
+                waiting.popleft()
+                pool.waiting_count -= 1
+                self._pending -= 1
+                self._start(job, pool, t)
+                continue
+            if pins is None:
+                break  # FIFO without backfill: nothing passes a job that may take any GPU
+            # A job pinned to GPUs holds up only the jobs that want those GPUs.
+            kept.append(waiting.popleft())
+            held.update(pos for pos, _ in pins)
+        waiting.extendleft(reversed(kept))
+
+    def _drain_classes(self, classes: list[UnitClass], t: int) -> None:
+        blocked: list[UnitClass] = []
+        while True:
+            best: UnitClass | None = None
+            best_head: SimJob | None = None
+            for unit_class in classes:
+                if not unit_class.waiting_count or unit_class in blocked:
+                    continue
+                head = unit_class.head()
+                if head is not None and (best_head is None or head.seq < best_head.seq):
+                    best, best_head = unit_class, head
+            if best is None:
+                return
+            pool = best.find_room(best_head)
+            if pool is None:
+                blocked.append(best)
+                continue
+            best.waiting.popleft()
+            best.waiting_count -= 1
+            self._pending -= 1
+            self._start(best_head, pool, t)
+
+    # -- status ------------------------------------------------------------------------
+
+    def _record(self, job: SimJob) -> None:
+        self._log.append((job.job_id, job.state, job.reason, job.node, job.exit_code, job.at_us))
+        self._dirty = True
+
+    def _backend_id(self, job_id: int) -> str:
+        return f"sim-{self.name}-{job_id}"
+
+    def _view(self, job: SimJob) -> BackendJob:
+        return BackendJob(
+            job.job_id,
+            self._backend_id(job.job_id),
+            job.state,
+            job.reason,
+            job.node,
+            job.exit_code,
+            _to_dt(job.at_us),
+        )
+
+    def _entry_view(self, entry: tuple[int, BackendState, str | None, str | None, int | None, int]) -> BackendJob:
+        job_id, state, reason, node, exit_code, at_us = entry
+        return BackendJob(job_id, self._backend_id(job_id), state, reason, node, exit_code, _to_dt(at_us))
+
+    def _cursor_position(self, cursor: str | None) -> int | None:
+        """Where in the log a cursor points, or None for 'everything' (no cursor, or one
+        from another incarnation of this cluster)."""
+        if cursor is None:
+            return None
+        epoch, sep, position = cursor.partition(":")
+        if not sep or not position.isdigit():
+            raise ValueError(f"{cursor!r} is not a status cursor of {self.name}: pass back the cursor statuses() gave")
+        if epoch != self._epoch or int(position) > len(self._log):
+            return None
+        return int(position)
+
+    def _clock_us(self) -> int:
+        return _to_us(self._clock())
+
+    def _answer(self) -> None:
+        """What every public call does first: fail if the cluster is 'down', else catch up with the clock."""
+        if self._outage is not None:
+            raise Unreachable(f"{self.name}: {self._outage}")
+        self._advance(self._clock_us())
+
+    # -- persistence -------------------------------------------------------------------
+
+    def _save(self) -> None:
+        if self._state_file is None or not self._dirty:
+            return
+        state = {
+            "format": STATE_FORMAT,
+            "cluster": self.name,
+            "epoch": self._epoch,
+            "now_us": self._now_us,
+            "next_seq": self._next_seq,
+            "jobs": [self._job_state(job) for job in self._jobs.values()],
+            "log": [[job_id, state.value, *rest] for job_id, state, *rest in self._log],
+        }
+        tmp = self._state_file.with_name(self._state_file.name + ".tmp")
+        tmp.write_text(json.dumps(state, separators=(",", ":")))
+        os.replace(tmp, self._state_file)  # a crash mid-write leaves the previous state whole
+        self._dirty = False
+
+    def _job_state(self, job: SimJob) -> dict[str, Any]:
+        pool = job.pool
+        return {
+            "job_id": job.job_id,
+            "seq": job.seq,
+            "placement": job.placement.to_dict(),
+            "memory_gb": job.memory_gb,
+            "duration_us": job.duration_us,
+            "limit_us": job.limit_us,
+            "exit_at_end": job.exit_at_end,
+            "state": job.state.value,
+            "reason": job.reason,
+            "node": job.node,
+            "exit_code": job.exit_code,
+            "at_us": job.at_us,
+            "pool": [pool.node, pool.sharing.value, pool.profile, pool.model.name] if pool else None,
+            "holdings": [list(h) for h in job.holdings],
+            "started_us": job.started_us,
+            "ends_us": job.ends_us,
+        }
+
+    def _load(self, path: Path) -> None:
+        try:
+            state = json.loads(path.read_text())
+            if state.get("format") != STATE_FORMAT:
+                raise ValueError(f"format {state.get('format')!r}, expected {STATE_FORMAT}")
+            if state["cluster"] != self.name:
+                raise InvalidRequest(
+                    f"state file {path} holds the jobs of simulated cluster {state['cluster']}, not {self.name}: "
+                    "give each simulated cluster its own state_file"
+                )
+            self._epoch = state["epoch"]
+            # The saved virtual time, not the clock's: jobs that ended while the broker was
+            # down end on the next call, at their own end times, as on a real cluster.
+            self._now_us = state["now_us"]
+            self._next_seq = state["next_seq"]
+            self._log = [(e[0], BackendState(e[1]), *e[2:]) for e in state["log"]]
+            records = sorted(state["jobs"], key=lambda r: r["seq"])
+            jobs = [self._restore(record) for record in records]
+        except InvalidRequest:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise InvalidRequest(
+                f"cannot read the simulator's state file {path}: {exc}; delete it to start the cluster empty"
+            ) from None
+        self._running = sum(job.state is BackendState.RUNNING for job in jobs)
+        self._pending = sum(job.state is BackendState.PENDING for job in jobs)
+        # The fleet file may have grown since: let waiting jobs take what is free now.
+        self._dispatch(self._pools, self._now_us)
+
+    def _restore(self, record: dict[str, Any]) -> SimJob:
+        placement = Placement.from_dict(record["placement"])
+        model_name = gpu_model(placement.gpu_model).name if placement.gpu_model else None
+        unit_class = self._classes.get((placement.sharing, placement.mig_profile, model_name))
+        job = SimJob(record["job_id"], record["seq"], placement, unit_class)
+        for name in ("memory_gb", "duration_us", "limit_us", "exit_at_end", "reason", "node", "exit_code", "at_us"):
+            setattr(job, name, record[name])
+        job.state = BackendState(record["state"])
+        job.started_us, job.ends_us = record["started_us"], record["ends_us"]
+        job.holdings = tuple((pos, units) for pos, units in record["holdings"])
+        self._jobs[job.job_id] = job
+        pool = self._pool_by_key.get(tuple(record["pool"])) if record["pool"] else None
+        job.pool = pool
+        if pool is not None and placement.gpus and placement.sharing in SHARED_SHARINGS:
+            try:
+                job.pins = gpu_pins(pool, job)
+            except (Rejected, ValueError):
+                pool = job.pool = None  # the fleet file changed under it: no such GPU any more
+        if job.state is BackendState.RUNNING:
+            if pool is None:
+                # The node left the fleet file while the job ran: what Slurm calls NODE_FAIL.
+                self._lost(job, f"node {job.node} is no longer in the fleet file")
+            else:
+                pool.restore(job)
+                self._ticket += 1
+                heapq.heappush(self._ends, (job.ends_us, self._ticket, job))
+        elif job.state is BackendState.PENDING:
+            if job.pinned and pool is not None:
+                pool.waiting.append(job)
+                pool.waiting_count += 1
+            elif not job.pinned and unit_class is not None:
+                unit_class.waiting.append(job)
+                unit_class.waiting_count += 1
+            else:
+                self._lost(job, "no node of the fleet file offers what it waits for any more")
+        return job
+
+    def _lost(self, job: SimJob, reason: str) -> None:
+        job.state, job.reason, job.exit_code, job.ends_us = BackendState.FAILED, reason, None, None
+        job.holdings = ()
+        job.at_us = self._now_us
+        self._record(job)
