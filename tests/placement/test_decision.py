@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from broker.core.adapter import Placement, Sharing
 from broker.core.schemas import JobSpec
 from broker.placement.capacity import Fit, NoFit
-from broker.placement.decision import NO_POLICY, CycleDecisions, Held, Placed, Waiting, WaitCause
+from broker.placement.decision import NO_POLICY, CycleDecisions, Held, Placed, WaitCause, Waiting
 from broker.placement.fairshare import FairShare
 from broker.routing.policy import load_policy
 
