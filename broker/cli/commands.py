@@ -1,8 +1,9 @@
 """What each ``gpush`` command does, free of the argument parser.
 
 Each function takes a client (or a database URL), plain arguments and an
-:class:`~broker.cli.console.Output`, and returns the exit code. ``broker.cli.main`` only
-parses arguments and calls these; tests and other front ends call them directly.
+:class:`~broker.cli.console.Output`, and returns the exit code. The click commands
+(``broker.cli.main`` and the command-group modules beside it) only parse arguments and
+call these; tests and other front ends call them directly.
 """
 
 from __future__ import annotations
