@@ -34,22 +34,31 @@ How a simulated cluster behaves (what a broker or a test may rely on):
 - **Status.** ``statuses(cursor)`` returns every change since the cursor, in order, each
   at its virtual time; without a cursor (or with one from a cluster whose state was
   lost) it returns every known job's current state.
-- **Persistence.** With ``state_file``, jobs, allocations and the status log are
+- **Persistence, shared.** With ``state_file``, jobs, allocations and the status log are
   written there (JSON) after every call that changed them and reloaded on start, so a
-  simulated cluster outlives a broker restart as a real one does.
+  simulated cluster outlives a broker restart as a real one does. The file is the
+  cluster: several broker processes on one database (API replicas, the leader and the
+  one that takes over when it dies) each have an instance, and every call holds an
+  exclusive lock on ``<state_file>.lock`` and first reloads the file when another
+  instance wrote it since, so no instance acts on, or writes back, a stale view. Without
+  that, an API replica's health check overwrote the leader's jobs and a new leader
+  never learnt of the jobs the old one had submitted (they stayed ``submitted`` for
+  good, holding their tenant's share).
 - **Not simulated:** CPU and host memory on nodes (reported in the file, not enforced),
   partitions, node failures, preemption.
 """
 
 from __future__ import annotations
 
+import fcntl
 import heapq
 import json
 import os
 import secrets
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -144,7 +153,18 @@ class SimulatedCluster:
         self._lock = threading.RLock()
         self._state_file = Path(state_file) if state_file else None
         self._outage: str | None = None
+        # The version of the state file this instance last read or wrote: each save
+        # writes a new random one into the lock file (file times and inodes are too coarse
+        # to tell two quick saves apart).
+        self._seen: str | None = None
+        self._lock_fd: int | None = None
+        self._fresh()
+        if self._state_file is not None and self._state_file.exists():
+            self._load(self._state_file)
 
+    def _fresh(self) -> None:
+        """The cluster empty, as its fleet file lays it out (state is loaded on top)."""
+        layout, name, clock = self.layout, self.name, self._clock
         self._pools: list[Pool] = []
         node_pools: dict[str, list[Pool]] = {}
         for node in layout.nodes:
@@ -177,13 +197,35 @@ class SimulatedCluster:
         self._running = 0
         self._pending = 0
         self._dirty = False
-        if self._state_file is not None and self._state_file.exists():
-            self._load(self._state_file)
+
+    @contextmanager
+    def _shared(self) -> Iterator[None]:
+        """One call's hold on the cluster: this process's lock and, with a state file, the
+        file's lock across processes, with the file reloaded first when another instance
+        wrote it (see the module docstring)."""
+        with self._lock:
+            if self._state_file is None:
+                yield
+                return
+            fd = os.open(self._state_file.with_name(self._state_file.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._lock_fd = fd
+                version = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or None
+                if version is not None and version != self._seen and self._state_file.exists():
+                    self._fresh()
+                    self._load(self._state_file)
+                    self._seen = version
+                yield
+            finally:
+                self._lock_fd = None
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
 
     # -- the adapter protocol ----------------------------------------------------------
 
     def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
-        with self._lock:
+        with self._shared():
             self._answer()
             if job_id not in self._jobs:
                 job = self._admission.admit(job_id, spec, placement)
@@ -195,7 +237,7 @@ class SimulatedCluster:
             return self._backend_id(job_id)
 
     def cancel(self, job_id: int) -> None:
-        with self._lock:
+        with self._shared():
             self._answer()
             job = self._jobs.get(job_id)
             if job is None or job.state in _FINISHED:
@@ -221,14 +263,14 @@ class SimulatedCluster:
             self._save()
 
     def find(self, job_id: int) -> BackendJob | None:
-        with self._lock:
+        with self._shared():
             self._answer()
             self._save()
             job = self._jobs.get(job_id)
             return None if job is None else self._view(job)
 
     def statuses(self, cursor: str | None = None) -> StatusPage:
-        with self._lock:
+        with self._shared():
             self._answer()
             self._save()
             end = len(self._log)
@@ -241,7 +283,7 @@ class SimulatedCluster:
 
     def inventory(self) -> list[CapacityUnit]:
         """Whole GPUs and MIG instances per node and kind; MPS and time-slicing per GPU."""
-        with self._lock:
+        with self._shared():
             self._answer()
             self._save()
             units: list[CapacityUnit] = []
@@ -250,7 +292,7 @@ class SimulatedCluster:
             return units
 
     def health(self) -> Health:
-        with self._lock:
+        with self._shared():
             if self._outage is not None:
                 return Health(False, f"simulated outage: {self._outage}", "sim")
             self._advance(self._clock_us())
@@ -266,13 +308,13 @@ class SimulatedCluster:
 
     def advance(self, to: datetime) -> None:
         """Run the cluster up to virtual time ``to`` (no-op if it is already past it)."""
-        with self._lock:
+        with self._shared():
             self._advance(_to_us(to))
             self._save()
 
     def next_event_time(self) -> datetime | None:
         """When the next running job ends (the next moment anything changes), or None."""
-        with self._lock:
+        with self._shared():
             ends = self._ends
             while ends and not self._is_live(ends[0]):
                 heapq.heappop(ends)
@@ -286,7 +328,7 @@ class SimulatedCluster:
     def simulate_outage(self, reason: str | None) -> None:
         """Make every call but health() raise Unreachable with ``reason`` (None ends the
         outage), to test how the broker copes with a cluster that stops answering."""
-        with self._lock:
+        with self._shared():
             self._outage = reason
 
     # -- submission --------------------------------------------------------------------
@@ -511,6 +553,12 @@ class SimulatedCluster:
         }
         tmp = self._state_file.with_name(self._state_file.name + ".tmp")
         tmp.write_text(json.dumps(state, separators=(",", ":")))
+        if self._lock_fd is not None:
+            # A new version for the other instances (see _shared), before the file: killed
+            # in between, they reload the old file, which is then still the truth.
+            self._seen = secrets.token_hex(8)
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, self._seen.encode("ascii"), 0)
         os.replace(tmp, self._state_file)  # a crash mid-write leaves the previous state whole
         self._dirty = False
 
