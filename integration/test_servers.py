@@ -32,8 +32,8 @@ def gpush(*args: str, env: dict[str, str] | None = None, check: bool = True) -> 
     return result
 
 
-def start_server(database_url: str, *options: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def start_server(database_url: str, *options: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    port = port or free_port()
     proc = subprocess.Popen(
         [GPUSH, "--database-url", database_url, "server", "--port", str(port), "--log-level", "warning", *options],
         stdout=subprocess.PIPE,

@@ -51,7 +51,7 @@ from adapters.k8s.render import (
 from broker.core.adapter import CapacityUnit, Sharing
 from broker.core.gpus import MODELS, GpuModel, gpu_model
 
-_MIG_PRODUCT = re.compile(r"^(?P<parent>.+)-MIG-(?P<profile>\d+g\.\d+gb)$")
+_MIG_PRODUCT = re.compile(r"^(?P<parent>.+)-MIG-(?P<profile>\d+g\.\d+gb)\Z")
 _FINISHED = ("Succeeded", "Failed")
 
 
@@ -247,7 +247,7 @@ def node_units(
             continue
         capacity = quantity(value)
         profile = resource.removeprefix(MIG_RESOURCE_PREFIX)
-        if capacity <= 0 or not re.match(r"^\d+g\.\d+gb$", profile):
+        if capacity <= 0 or not re.match(r"^\d+g\.\d+gb\Z", profile):
             continue
         mig_product = labels.get(f"{resource}.product", "")
         match = _MIG_PRODUCT.match(mig_product)

@@ -74,8 +74,8 @@ SHARED_SUFFIX = "-SHARED"
 CONTAINER = "job"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _RESERVED_LABEL_DOMAINS = (DOMAIN, "kubernetes.io", "k8s.io")
-_TAG = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_TAG = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?\Z")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 _DNS_LABEL_MAX = 63
 
 

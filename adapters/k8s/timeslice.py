@@ -36,6 +36,8 @@ import yaml
 from adapters.k8s.client import AlreadyExists, KubeClient, NotFound
 from adapters.k8s.render import DEVICE_PLUGIN_CONFIG, GPU_RESOURCE
 from broker.core.adapter import Rejected
+from broker.core.errors import InvalidRequest
+from broker.core.yamltext import load_yaml
 
 CLUSTER_POLICY = ("nvidia.com", "v1", "clusterpolicies")
 DEFAULT_CONFIG = "gpu-operator/time-slicing-config"
@@ -62,8 +64,10 @@ def replicas_in(config_text: str) -> int | None:
     """The ``nvidia.com/gpu`` replicas a device plugin config gives (1: not shared); None
     when the text is not a config gpush can read."""
     try:
-        config = yaml.safe_load(config_text)
-    except yaml.YAMLError:
+        # Anyone who may edit the ConfigMap writes this text: read it within the limits
+        # of every YAML gpush reads.
+        config = load_yaml(config_text, source="the device plugin config")
+    except InvalidRequest:
         return None
     if not isinstance(config, dict):
         return None

@@ -66,7 +66,7 @@ from broker.core.clock import Clock, utcnow
 from broker.core.gpus import MODELS, GpuModel, gpu_model
 from broker.core.schemas import JobSpec
 
-MIG_TYPE = re.compile(r"^\d+g\.\d+gb$")
+MIG_TYPE = re.compile(r"^\d+g\.\d+gb\Z")
 _FINAL = FINAL_STATES
 # Slurm's times have a resolution of 1 s: after a restart, changes this close to the
 # cursor are reported again rather than missed (a repeat changes nothing).

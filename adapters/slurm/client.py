@@ -5,11 +5,13 @@ Both backends answer the same five questions in version-independent records
 ``jobs()``, ``nodes()``, ``cancel(job_id)``, and ``finished(since)`` for jobs that
 have left squeue. What callers may assume:
 
-- **Typed failures.** A refusal by Slurm that retrying will not fix (a GRES no node
-  has, an unknown partition or account) raises :class:`broker.core.adapter.Rejected` with
-  Slurm's own message; a controller or slurmrestd that does not answer raises
-  :class:`broker.core.adapter.Unreachable`. Calls are retried only where they are safe to
-  repeat (reads, cancel), never a submission.
+- **Typed failures.** A submission Slurm answers with an error about the job (a GRES
+  no node has, an unknown partition, a script sbatch refuses) raises
+  :class:`broker.core.adapter.Rejected` with Slurm's own words; only a controller or
+  slurmrestd that could not be asked or could not answer now (:data:`_OUTAGES`) raises
+  :class:`broker.core.adapter.Unreachable`, and so does an answer that is not Slurm's.
+  Calls are retried only where they are safe to repeat (reads, cancel), never a
+  submission.
 - **Slurm's versions.** The REST backend asks the server which OpenAPI versions it
   serves and takes the newest it knows (:data:`REST_VERSIONS`: v0.0.38 in Slurm 22.05
   to v0.0.42 in 24.11); the CLI backend reads ``squeue --json`` / ``sinfo --json``,
@@ -25,6 +27,7 @@ site's issuer); the CLI backend suits a broker on a login node.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -45,21 +48,42 @@ from broker.core.adapter import Rejected, Unreachable
 # Newest first: the REST backend takes the first the server offers.
 REST_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
 
-# Slurm errors that mean "this job can never run as asked", whatever the retry.
-_REFUSALS = (
-    "Requested node configuration is not available",
-    "Invalid generic resource",
-    "Invalid gres",
-    "Invalid partition",
-    "Invalid account",
-    "Invalid qos",
-    "Job violates accounting/QOS policy",
-    "Invalid feature specification",
-    "More processors requested than permitted",
-    "Memory required by task is not available",
-    "Requested time limit is invalid",
-    "Invalid Trackable RESource (TRES) specification",
-    "Access/permission denied",
+# Slurm's errors that say the controller could not be asked, or could not answer now:
+# a later try may succeed. Any other error Slurm gives a submission is about the job (a
+# GRES no node has, DOS line ends, a name too long) and no retry fixes it. A list of
+# known refusals instead took every refusal not on it for an outage, and the job was
+# submitted again every cycle, for ever.
+_OUTAGES = (
+    "Unable to contact slurm controller",
+    "Slurm controller not responding",
+    "not responding",
+    "Socket timed out",
+    "Zero Bytes were transmitted or received",
+    "Communication connection failure",
+    "Connection refused",
+    "Connection reset",
+    "Transport endpoint is not connected",
+    "temporarily unable to accept job",
+    "Resource temporarily unavailable",
+    "try again",  # "Unable to create job record, try again"
+    "standby mode",  # a backup controller that is not in charge
+    "shutting down",
+    "Protocol authentication error",  # munge on the broker's host or the controller
+    "slurm.conf",  # the broker's own Slurm configuration, not the job
+)
+# Slurm's error numbers (slurm_errno.h) of its communication layer (1000s) and sockets
+# (5000s), and the system's of a connection, as slurmrestd reports them.
+_OUTAGE_NUMBERS = (range(1000, 2000), range(5000, 6000))
+_OUTAGE_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.ETIMEDOUT,
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+    }
 )
 
 _read_retry = retry(
@@ -80,8 +104,12 @@ class SlurmClient(Protocol):
     def finished(self, since: datetime | None) -> list[FinishedRecord]: ...
 
 
-def _refusal(message: str) -> bool:
-    return any(text.lower() in message.lower() for text in _REFUSALS)
+def _outage(message: str, numbers: tuple[int, ...] = ()) -> bool:
+    """Whether Slurm's error says it could not be asked or answer now (see _OUTAGES)."""
+    text = message.lower()
+    return any(words.lower() in text for words in _OUTAGES) or any(
+        n in _OUTAGE_ERRNOS or any(n in span for span in _OUTAGE_NUMBERS) for n in numbers
+    )
 
 
 # -- the command line -----------------------------------------------------------------
@@ -152,10 +180,13 @@ class CliBackend:
         done = self._run("sbatch", *job.sbatch_args(), stdin=job.script, env=clean)
         if done.returncode == 0:
             return done.stdout.strip().split(";", 1)[0]
-        message = _last_line(done.stderr) or f"sbatch exited {done.returncode}"
-        if _refusal(message):
+        # sbatch says why in "sbatch: error: ..." lines, sometimes two for one reason
+        # (DOS line breaks). No such line (killed, a missing library) is not Slurm's answer.
+        said = [line.split(" error: ", 1)[1] for line in done.stderr.splitlines() if " error: " in line]
+        message = " ".join(said) or _last_line(done.stderr) or f"sbatch exited {done.returncode}"
+        if done.returncode > 0 and said and not _outage(message):
             raise Rejected(f"Slurm refused the job: {message}")
-        raise Unreachable(message)
+        raise Unreachable(f"sbatch: {message}")
 
     @_read_retry
     def jobs(self) -> list[SlurmJob]:
@@ -324,8 +355,10 @@ class RestBackend:
         ]
         if response.status_code >= 400 or (errors and method != "GET"):
             message = "; ".join(str(e.get("error") or e.get("description")) for e in errors) or response.text[:200]
-            error = RestError(response.status_code, message)
-            raise error
+            numbers = tuple(
+                n for e in errors for n in (e.get("error_number"), e.get("error_code")) if isinstance(n, int)
+            )
+            raise RestError(response.status_code, message, numbers=numbers, from_slurm=bool(errors))
         return data
 
     def api_version(self) -> str:
@@ -381,7 +414,7 @@ class RestBackend:
         try:
             data = self._request("POST", "job/submit", body)
         except RestError as exc:
-            if _refusal(exc.message):
+            if exc.from_slurm and not _outage(exc.message, exc.numbers):
                 raise Rejected(f"Slurm refused the job: {exc.message}") from None
             raise Unreachable(f"slurmrestd: {exc.message}") from None
         job_id = data.get("job_id")
@@ -447,12 +480,17 @@ class RestBackend:
 
 
 class RestError(Unreachable):
-    """slurmrestd answered with an error: Unreachable unless a caller knows it is a refusal."""
+    """slurmrestd answered with an error: Unreachable unless a caller knows it is a refusal.
 
-    def __init__(self, status: int, message: str):
+    ``from_slurm``: the answer carried Slurm's own errors (``numbers``: their error
+    numbers), rather than being a proxy's page or a server that is not slurmrestd."""
+
+    def __init__(self, status: int, message: str, *, numbers: tuple[int, ...] = (), from_slurm: bool = False):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message
+        self.numbers = numbers
+        self.from_slurm = from_slurm
 
 
 def _tres(gres: str) -> str:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 # name:type:count or name:count, an optional "(S:0-1)" or "(IDX:0,2)" after it.
-_GRES_ITEM = re.compile(r"^(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[^:(=]+))?[:=](?P<count>\d+)(?P<extra>\(.*\))?$")
+_GRES_ITEM = re.compile(r"^(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[^:(=]+))?[:=](?P<count>\d+)(?P<extra>\(.*\))?\Z")
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,18 @@ from typing import Any
 from fastapi import APIRouter
 
 from broker.api.deps import Agent, AppClock, Db
+from broker.api.responses import AUTH, BODY, errors
+from broker.core import auth
 from broker.inventory import report_store as nodereports
 from broker.inventory.agent_report import NodeReport
 
-router = APIRouter(tags=["inventory"])
+router = APIRouter(tags=["inventory"], responses=errors(*AUTH))
 
 
-@router.post("/v1/agent/reports", status_code=202)
+@router.post("/v1/agent/reports", status_code=202, responses=errors(403, *BODY))
 def agent_report(report: NodeReport, session: Db, who: Agent, clock: AppClock) -> dict[str, Any]:
     """A node agent's view of its GPUs (gpush agent); the newest per node is kept."""
+    auth.check_may_report(who, report.node)  # an agent token reports for its own nodes only
     with session.begin():
         row = nodereports.save_report(session, report, by=who.user, now=clock())
         return {"node": row.node, "collected_at": row.collected_at, "received_at": row.received_at}

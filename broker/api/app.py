@@ -2,8 +2,9 @@
 
 It owns what one app shares across its routes, put on ``app.state`` for the
 dependencies of broker.api.deps (engine, session factory, clock, adapter pool, token
-cache, metrics registry), the error handlers of broker.api.responses, and which
-routers it serves: one module per resource in broker.api.
+cache, metrics registry, HTTP limits), the error handlers of broker.api.responses,
+the edge limits of broker.api.limits, and which routers it serves: one module per
+resource in broker.api.
 
 Routes own the transaction: each opens ``with session.begin()`` around the model
 functions of ``broker.intake.queue`` and ``broker.core.auth``, which only flush. Errors leave
@@ -15,9 +16,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy import Engine
+from starlette.exceptions import HTTPException
 
 import broker
 from broker.api import admin, agent, clusters, health, inventory, jobs, policy, responses, tenants
+from broker.api.limits import EdgeLimits, HttpLimits
 from broker.core import auth, metrics
 from broker.core.clock import Clock, utcnow
 from broker.core.clusters import AdapterPool
@@ -27,8 +30,12 @@ from broker.core.errors import GpushError
 ROUTERS = (health, admin, jobs, clusters, agent, inventory, tenants, policy)
 
 
-def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float = 5.0) -> FastAPI:
-    """The broker's ASGI application on ``engine`` (schema must be at head)."""
+def create_app(
+    engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float = 5.0, limits: HttpLimits | None = None
+) -> FastAPI:
+    """The broker's ASGI application on ``engine`` (schema must be at head); ``limits``
+    default to ``HttpLimits.from_env()``."""
+    limits = HttpLimits.from_env() if limits is None else limits
     app = FastAPI(
         title="gpush broker",
         version=broker.__version__,
@@ -40,10 +47,14 @@ def create_app(engine: Engine, *, clock: Clock = utcnow, token_cache_ttl: float 
     app.state.token_cache = auth.TokenCache(ttl=token_cache_ttl)
     app.state.adapters = AdapterPool(clock)
     app.state.metrics_registry = metrics.app_registry(engine)
+    app.state.limits = limits
+    app.add_middleware(EdgeLimits, limits=limits)
 
     app.add_exception_handler(GpushError, responses.gpush_error)
     app.add_exception_handler(RequestValidationError, responses.validation_error)
+    app.add_exception_handler(HTTPException, responses.http_error)
 
     for module in ROUTERS:
         app.include_router(module.router)
+    app.state.route_methods = responses.route_methods([module.router for module in ROUTERS])
     return app

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
 from broker.api.deps import Adapters, Admin, AppClock, Db, Who
+from broker.api.responses import AUTH, BODY, errors
 from broker.core import clusters
 from broker.core.adapter import TimesliceConfigurator, capability
 from broker.core.errors import InvalidRequest, NotFound
@@ -16,7 +17,7 @@ from broker.core.models import Cluster
 from broker.core.schemas import ClusterCreate
 from broker.intake import queue
 
-router = APIRouter(tags=["clusters"])
+router = APIRouter(tags=["clusters"], responses=errors(*AUTH))
 
 
 class TimesliceRequest(BaseModel):
@@ -24,7 +25,7 @@ class TimesliceRequest(BaseModel):
     node_label: str | None = Field(None, description="KEY=VALUE: only the nodes with this label")
 
 
-@router.post("/v1/clusters", status_code=201)
+@router.post("/v1/clusters", status_code=201, responses=errors(403, 409, *BODY))
 def add_cluster(body: ClusterCreate, session: Db, who: Admin, clock: AppClock, adapters: Adapters) -> dict[str, Any]:
     """Register a cluster; its adapter must accept the config and the cluster must answer."""
 
@@ -45,18 +46,18 @@ def add_cluster(body: ClusterCreate, session: Db, who: Admin, clock: AppClock, a
             check=answers,
         )
         queue.release_held(session, reason=f"cluster {info.name} registered", now=clock())
-    return clusters.summarize(info, adapters.get(info))
+    return clusters.summarize(info, adapters)
 
 
-@router.get("/v1/clusters")
+@router.get("/v1/clusters", responses=errors(403))
 def list_clusters(session: Db, _who: Who, adapters: Adapters) -> list[dict[str, Any]]:
     """Registered clusters with their health and capacity (GPU-equivalents by sharing mode)."""
     with session.begin():
         infos = clusters.list_clusters(session)
-    return [clusters.summarize(info, adapters.get(info)) for info in infos]
+    return [clusters.summarize(info, adapters) for info in infos]
 
 
-@router.post("/v1/clusters/{name}/timeslice")
+@router.post("/v1/clusters/{name}/timeslice", responses=errors(403, 404, *BODY))
 def apply_timeslice(name: str, body: TimesliceRequest, session: Db, _who: Admin, adapters: Adapters) -> dict[str, Any]:
     """Render and apply a Kubernetes cluster's time-slicing config (the GPU Operator's
     device-plugin ConfigMap and ClusterPolicy patch); returns what changed."""
@@ -72,7 +73,7 @@ def apply_timeslice(name: str, body: TimesliceRequest, session: Db, _who: Admin,
     return {"cluster": name, "changes": timeslicer.apply_timeslice(plan), "rendered": plan.to_yaml()}
 
 
-@router.delete("/v1/clusters/{name}", status_code=204)
+@router.delete("/v1/clusters/{name}", status_code=204, responses=errors(403, 404, 409, 422))
 def remove_cluster(name: str, session: Db, _who: Admin) -> Response:
     with session.begin():
         clusters.remove_cluster(session, name)

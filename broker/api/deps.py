@@ -3,24 +3,27 @@
 It owns how a route gets what ``create_app`` set up once per app on ``app.state``
 (engine, session factory, clock, adapter pool, token cache, metrics registry), its
 database session, and the caller: who they are (``AnyWho``) and what their role lets
-them do (``Who``, ``Admin``, ``Agent``). Routes name these through the ``Annotated``
-aliases at the bottom, so no route reads ``app.state`` or a module global itself, and
-several apps (one per test) live side by side in one process.
+them do (``Who``, ``Admin``, ``Agent``), and the integer ids routes take in their paths
+and queries, bounded to the database's 64-bit integers (``RowId``, ``Version``).
+Routes name these through the ``Annotated`` aliases at the bottom, so no route reads
+``app.state`` or a module global itself, and several apps (one per test) live side by
+side in one process.
 """
 
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.api.limits import MAX_AUTHORIZATION_CHARS, HttpLimits
 from broker.core import auth
 from broker.core.clock import Clock
 from broker.core.clusters import AdapterPool
-from broker.core.errors import NotAllowed
+from broker.core.errors import NotAllowed, Unauthenticated
 from broker.core.schemas import Role
 
 # Dependencies are async so that FastAPI runs them on the event loop: a sync
@@ -47,6 +50,10 @@ async def metrics_registry(request: Request) -> CollectorRegistry:
     return request.app.state.metrics_registry
 
 
+async def limits(request: Request) -> HttpLimits:
+    return request.app.state.limits
+
+
 async def db(request: Request) -> AsyncIterator[Session]:
     sessions: sessionmaker[Session] = request.app.state.sessions
     with sessions() as session:
@@ -61,6 +68,12 @@ def _lookup_token(sessions: sessionmaker[Session], token: str | None, cache: aut
 async def any_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> auth.Principal:
     cache: auth.TokenCache = request.app.state.token_cache
     token = None
+    if authorization and len(authorization) > MAX_AUTHORIZATION_CHARS:
+        # Refused before hashing or looking it up: a long header would cost both.
+        raise Unauthenticated(
+            f"the Authorization header is too long ({len(authorization)} characters) to hold an API token: "
+            "send `Bearer gpush_...` with the token `gpush admin token create` printed"
+        )
     if authorization:
         scheme, _, value = authorization.partition(" ")
         token = value.strip() if scheme.lower() == "bearer" else None
@@ -103,3 +116,10 @@ Adapters = Annotated[AdapterPool, Depends(adapters)]
 DbEngine = Annotated[Engine, Depends(engine)]
 CachedTokens = Annotated[auth.TokenCache, Depends(token_cache)]
 MetricsRegistry = Annotated[CollectorRegistry, Depends(metrics_registry)]
+Limits = Annotated[HttpLimits, Depends(limits)]
+
+# Ids and versions are BIGINT columns (SQLite INTEGER): a larger number is refused
+# here with a 422, rather than failing in the driver (OverflowError, "bigint out of range").
+MAX_DB_INT = 2**63 - 1
+RowId = Annotated[int, Path(ge=1, le=MAX_DB_INT)]
+Version = Annotated[int, Query(ge=1, le=MAX_DB_INT, description="a stored policy version")]

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from sqlalchemy.orm import Session
 
 from broker.api.deps import Adapters, AppClock, Clock, Db, Who
-from broker.api.responses import JSONBytes
+from broker.api.responses import AUTH, JSONBytes, errors
 from broker.core import clusters
 from broker.core.clusters import AdapterPool
 from broker.core.errors import InvalidRequest, NotFound
@@ -19,7 +19,7 @@ from broker.inventory.view import Inventory
 from broker.mig import queue as migqueue
 from broker.mig.config import GRES_STYLES, render_gres_conf
 
-router = APIRouter(tags=["inventory"])
+router = APIRouter(tags=["inventory"], responses=errors(*AUTH, 403, 404, 422))
 
 
 def _inventory_of(session: Session, cluster: str | None, adapters: AdapterPool, clock: Clock) -> Inventory:

@@ -2,16 +2,19 @@
 
 Submit and list answer with ``JSONBytes`` (job rows rendered by orjson), the hot
 path; the query and header parsing that turns a bad value into a named
-``InvalidRequest`` lives here too.
+``InvalidRequest`` lives here too. A page of jobs holds at most ``GPUSH_MAX_PAGE`` jobs
+and ``GPUSH_MAX_PAGE_BYTES`` bytes (broker.api.limits): past either it ends early,
+with a ``next_cursor`` that goes on from there.
 """
 
 from typing import Annotated
 
+import orjson
 from fastapi import APIRouter, Header, Query
 from pydantic import BaseModel, Field, ValidationError
 
-from broker.api.deps import Adapters, AppClock, Db, Who
-from broker.api.responses import JSONBytes
+from broker.api.deps import Adapters, AppClock, Db, Limits, RowId, Who
+from broker.api.responses import AUTH, BODY, JSONBytes, errors
 from broker.core import clusters
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster
@@ -21,7 +24,7 @@ from broker.core.validation import describe_details, validation_details
 from broker.intake import queue
 from broker.scheduling import scaling
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], responses=errors(*AUTH))
 
 
 class ScaleRequest(BaseModel):
@@ -45,7 +48,9 @@ class BatchResult(BaseModel):
     created: int
 
 
-@router.post("/v1/jobs", response_model=JobOut, status_code=201, response_class=JSONBytes)
+@router.post(
+    "/v1/jobs", response_model=JobOut, status_code=201, response_class=JSONBytes, responses=errors(403, 409, *BODY)
+)
 async def submit(
     spec: JobSpec,
     session: Db,
@@ -65,7 +70,13 @@ async def submit(
     return JSONBytes(result.job, status_code=201 if result.created else 200)
 
 
-@router.post("/v1/jobs:batch", response_model=BatchResult, status_code=201, response_class=JSONBytes)
+@router.post(
+    "/v1/jobs:batch",
+    response_model=BatchResult,
+    status_code=201,
+    response_class=JSONBytes,
+    responses=errors(403, 409, *BODY),
+)
 def submit_batch(batch: JobBatch, session: Db, who: Who, clock: AppClock) -> JSONBytes:
     """Queue many jobs in one transaction: all of them, or none when one is refused."""
     with session.begin():
@@ -83,10 +94,11 @@ def submit_batch(batch: JobBatch, session: Db, who: Who, clock: AppClock) -> JSO
     return JSONBytes({"jobs": items, "created": created}, status_code=201 if created else 200)
 
 
-@router.get("/v1/jobs", response_model=JobPage, response_class=JSONBytes)
+@router.get("/v1/jobs", response_model=JobPage, response_class=JSONBytes, responses=errors(403, 422))
 def list_jobs(
     session: Db,
     who: Who,
+    limits: Limits,
     state: Annotated[list[str] | None, Query(description="repeat or comma-separate")] = None,
     tenant: str | None = None,
     user: str | None = None,
@@ -95,7 +107,8 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=queue.MAX_PAGE)] = 50,
     cursor: str | None = None,
 ) -> JSONBytes:
-    """Jobs newest first, one page at a time (``next_cursor`` until the last page)."""
+    """Jobs newest first, one page at a time (``next_cursor`` until the last page). A
+    page ends early at the broker's page limits; its ``next_cursor`` goes on from there."""
     states = _parse_states(state or [])
     labels = _parse_labels(label or [])
     with session.begin():
@@ -107,36 +120,45 @@ def list_jobs(
             user=user,
             kind=kind,
             labels=labels,
-            limit=limit,
+            limit=min(limit, limits.max_page),
             cursor=cursor,
         )
-        return JSONBytes({"jobs": [queue.job_row(j) for j in jobs], "next_cursor": next_cursor})
+        rows = [orjson.dumps(queue.job_row(j), option=orjson.OPT_UTC_Z) for j in jobs]
+    kept, size = 0, len(b'{"jobs":[],"next_cursor":""}') + 64
+    # The first job is always sent, or a page could never move past a large one.
+    while kept < len(rows) and (kept == 0 or size + len(rows[kept]) + 1 <= limits.max_page_bytes):
+        size += len(rows[kept]) + 1
+        kept += 1
+    if kept < len(rows):
+        next_cursor = queue.encode_cursor(jobs[kept - 1].id)
+    body = b'{"jobs":[' + b",".join(rows[:kept]) + b'],"next_cursor":' + orjson.dumps(next_cursor) + b"}"
+    return JSONBytes(body)
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobOut, response_class=JSONBytes)
-def get_job(job_id: int, session: Db, who: Who) -> JSONBytes:
+@router.get("/v1/jobs/{job_id}", response_model=JobOut, response_class=JSONBytes, responses=errors(403, 404, 422))
+def get_job(job_id: RowId, session: Db, who: Who) -> JSONBytes:
     with session.begin():
         return JSONBytes(queue.job_row(queue.get_job(session, job_id, who)))
 
 
-@router.get("/v1/jobs/{job_id}/events", response_model=list[JobEventOut])
-def job_events(job_id: int, session: Db, who: Who) -> list[JobEventOut]:
+@router.get("/v1/jobs/{job_id}/events", response_model=list[JobEventOut], responses=errors(403, 404, 422))
+def job_events(job_id: RowId, session: Db, who: Who) -> list[JobEventOut]:
     """Every state change of the job, oldest first, with time, reason and actor."""
     with session.begin():
         events = queue.job_events(session, job_id, who)
         return [JobEventOut.model_validate(e, from_attributes=True) for e in events]
 
 
-@router.post("/v1/jobs/{job_id}/cancel", response_model=CancelResult)
-def cancel(job_id: int, session: Db, who: Who, clock: AppClock) -> CancelResult:
+@router.post("/v1/jobs/{job_id}/cancel", response_model=CancelResult, responses=errors(403, 404, 409, 422))
+def cancel(job_id: RowId, session: Db, who: Who, clock: AppClock) -> CancelResult:
     """End a job that no cluster has yet, or record the intent for the adapter to act on."""
     with session.begin():
         job, outcome = queue.cancel_job(session, job_id, who, now=clock())
         return CancelResult(job=JobOut.model_validate(queue.job_row(job)), outcome=outcome)
 
 
-@router.post("/v1/jobs/{job_id}/scale", response_model=JobOut)
-def scale(job_id: int, body: ScaleRequest, session: Db, who: Who, clock: AppClock, adapters: Adapters) -> JobOut:
+@router.post("/v1/jobs/{job_id}/scale", response_model=JobOut, responses=errors(403, 404, 409, *BODY))
+def scale(job_id: RowId, body: ScaleRequest, session: Db, who: Who, clock: AppClock, adapters: Adapters) -> JobOut:
     """Change a running elastic job's replicas within its range, under its tenant's quota
     (broker.scheduling.scaling). Ray's autoscaler and Ray Serve call this."""
 

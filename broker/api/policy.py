@@ -3,11 +3,12 @@ applying and rolling back versions (admins), showing, listing and diffing them, 
 explaining where a job would be routed and placed now.
 """
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
-from broker.api.deps import Adapters, Admin, AppClock, Db, Who
+from broker.api.deps import MAX_DB_INT, Adapters, Admin, AppClock, Db, Version, Who
+from broker.api.responses import AUTH, BODY, errors
 from broker.core import clusters
 from broker.core.errors import InvalidRequest
 from broker.core.schemas import ExplainRequest, JobSpec, PolicyApply, PolicyRollback, PolicyText
@@ -16,16 +17,17 @@ from broker.placement.capacity import CapacityView, Fit
 from broker.routing import policy as policy_engine
 from broker.routing import versions as policystore
 
-router = APIRouter(tags=["policy"])
+router = APIRouter(tags=["policy"], responses=errors(*AUTH))
 
 
-@router.get("/v1/policy/schema")
-def policy_schema() -> dict[str, Any]:
-    """JSON Schema of the policy YAML, for editors."""
+@router.get("/v1/policy/schema", responses=errors(403))
+def policy_schema(_who: Who) -> dict[str, Any]:
+    """JSON Schema of the policy YAML, for editors. It needs a token, as every endpoint
+    but /healthz and /readyz does (the README says so, and clients rely on one rule)."""
     return policy_engine.policy_json_schema()
 
 
-@router.post("/v1/policy:validate")
+@router.post("/v1/policy:validate", responses=errors(403, *BODY))
 def validate_policy(body: PolicyText, session: Db, _who: Who, adapters: Adapters) -> dict[str, Any]:
     """Check a policy against the registered clusters without applying it."""
     with session.begin():
@@ -34,7 +36,7 @@ def validate_policy(body: PolicyText, session: Db, _who: Who, adapters: Adapters
     return {**report.to_dict(), "describe": report.describe()}
 
 
-@router.post("/v1/policy", status_code=201)
+@router.post("/v1/policy", status_code=201, responses=errors(403, 409, *BODY))
 def apply_policy(body: PolicyApply, session: Db, who: Admin, clock: AppClock, adapters: Adapters) -> dict[str, Any]:
     """Validate and activate a new policy version (refused: the active one stays)."""
     with session.begin():
@@ -52,7 +54,7 @@ def apply_policy(body: PolicyApply, session: Db, who: Admin, clock: AppClock, ad
     return {**info.to_dict(), "warnings": [f.to_dict() for f in report.warnings], "describe": report.describe()}
 
 
-@router.post("/v1/policy:rollback", status_code=201)
+@router.post("/v1/policy:rollback", status_code=201, responses=errors(403, 404, 409, *BODY))
 def rollback_policy(
     body: PolicyRollback, session: Db, who: Admin, clock: AppClock, adapters: Adapters
 ) -> dict[str, Any]:
@@ -65,8 +67,14 @@ def rollback_policy(
     return {**info.to_dict(), "describe": report.describe()}
 
 
-@router.get("/v1/policy")
-def show_policy(session: Db, _who: Who, version: int | None = None) -> dict[str, Any]:
+@router.get("/v1/policy", responses=errors(403, 404, 422))
+def show_policy(
+    session: Db,
+    _who: Who,
+    version: Annotated[
+        int | None, Query(ge=1, le=MAX_DB_INT, description="a stored version; default the active one")
+    ] = None,
+) -> dict[str, Any]:
     """The active policy, or a stored version, with its text."""
     with session.begin():
         row, active = policystore.get_version(session, version)
@@ -80,19 +88,19 @@ def show_policy(session: Db, _who: Who, version: int | None = None) -> dict[str,
         }
 
 
-@router.get("/v1/policy/history")
+@router.get("/v1/policy/history", responses=errors(403))
 def policy_history(session: Db, _who: Who) -> list[dict[str, Any]]:
     with session.begin():
         return [v.to_dict() for v in policystore.history(session)]
 
 
-@router.get("/v1/policy/diff")
-def policy_diff(a: int, b: int, session: Db, _who: Who) -> dict[str, str]:
+@router.get("/v1/policy/diff", responses=errors(403, 404, 422))
+def policy_diff(a: Version, b: Version, session: Db, _who: Who) -> dict[str, str]:
     with session.begin():
         return {"diff": policystore.diff(session, a, b)}
 
 
-@router.post("/v1/policy:explain")
+@router.post("/v1/policy:explain", responses=errors(403, 404, *BODY))
 def explain(body: ExplainRequest, session: Db, who: Who, adapters: Adapters) -> dict[str, Any]:
     """Every rule tried for a job, in order, and why; then where it would be placed now."""
     with session.begin():

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from broker.api.app import create_app
+from broker.api.limits import HttpLimits
 from broker.client.embedded import open_database
 from broker.core.clock import utcnow
 from broker.core.config import database_url
@@ -66,6 +67,7 @@ def serve(url: str, *, host: str, port: int, workers: int, log_level: str, sched
     os.environ["GPUSH_DATABASE_URL"] = url
     os.environ["GPUSH_SCHEDULER"] = "1" if scheduler else "0"
     os.environ["GPUSH_CYCLE_INTERVAL"] = str(interval)
+    limits = HttpLimits.from_env()
     uvicorn.run(
         "broker.api.server:app_from_env",
         factory=True,
@@ -74,4 +76,7 @@ def serve(url: str, *, host: str, port: int, workers: int, log_level: str, sched
         workers=workers if workers > 1 else None,
         log_level=log_level,
         access_log=log_level == "debug",
+        # h11 buffers at most this much of a request's head; the app's EdgeLimits
+        # refuses larger headers (431) whichever parser uvicorn picked.
+        h11_max_incomplete_event_size=limits.max_header_bytes,
     )

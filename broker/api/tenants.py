@@ -7,13 +7,14 @@ from typing import Any
 from fastapi import APIRouter
 
 from broker.api.deps import Admin, AppClock, Db, Who
+from broker.api.responses import AUTH, BODY, errors
 from broker.core.schemas import TenantSet
 from broker.placement import tenants
 
-router = APIRouter(tags=["tenants"])
+router = APIRouter(tags=["tenants"], responses=errors(*AUTH))
 
 
-@router.put("/v1/tenants/{name}")
+@router.put("/v1/tenants/{name}", responses=errors(403, *BODY))
 def set_tenant(name: str, body: TenantSet, session: Db, _who: Admin, clock: AppClock) -> dict[str, Any]:
     """Set a tenant's fair-share weight and GPU quota (physical GPU-equivalents)."""
     with session.begin():
@@ -29,7 +30,7 @@ def set_tenant(name: str, body: TenantSet, session: Db, _who: Admin, clock: AppC
     return usage[name].__dict__
 
 
-@router.get("/v1/tenants")
+@router.get("/v1/tenants", responses=errors(403))
 def list_tenants(session: Db, who: Who) -> list[dict[str, Any]]:
     """Tenants with weight, quota and the GPU-equivalents they hold now."""
     with session.begin():

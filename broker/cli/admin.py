@@ -31,6 +31,12 @@ def token() -> None:
     show_default=True,
     help="agent: a node agent's token (gpush agent), which may only report its node's GPUs.",
 )
+@click.option(
+    "--nodes",
+    metavar="NAMES",
+    help="Required with --role agent: the nodes the token may report for, comma-separated names or globs "
+    "(gpu-01,gpu-*); '*' for any node.",
+)
 @click.option("--description", help="A note, such as what the token is for.")
 @json_option
 @click.pass_obj

@@ -178,15 +178,24 @@ def whoami(client: GpushClient, out: Output) -> int:
 
 
 def token_create(
-    client: GpushClient, out: Output, *, user: str, tenant: str, role: str, description: str | None
+    client: GpushClient,
+    out: Output,
+    *,
+    user: str,
+    tenant: str,
+    role: str,
+    description: str | None,
+    nodes: str | None = None,
 ) -> int:
-    created = client.create_token(user=user, tenant=tenant, role=role, description=description)
+    patterns = [n.strip() for n in nodes.split(",") if n.strip()] if nodes is not None else None
+    created = client.create_token(user=user, tenant=tenant, role=role, description=description, nodes=patterns)
     if out.json_mode:
         out.json(created)
     else:
         out.line(created.token)
+        bound = f", nodes {', '.join(created.nodes)}" if created.nodes is not None else ""
         out.note(
-            f"token {created.id} for {created.user} (tenant {created.tenant}, role {created.role.value}); "
+            f"token {created.id} for {created.user} (tenant {created.tenant}, role {created.role.value}{bound}); "
             "it is shown only now: give it to its user, who sets GPUSH_TOKEN"
         )
     return EXIT_OK
@@ -583,7 +592,8 @@ def agent(settings: Any, out: Output, *, node: str | None, interval: float, once
         if not settings.token:
             raise InvalidRequest(
                 "gpush agent needs a token to report to the broker: an admin creates one with "
-                "`gpush admin token create --role agent --user <node> --tenant agents`; set it as GPUSH_TOKEN"
+                "`gpush admin token create --role agent --user <node> --tenant agents --nodes <node>`; "
+                "set it as GPUSH_TOKEN"
             )
         delivered = run_agent(settings.url, settings.token, node, interval, library, once)
     else:

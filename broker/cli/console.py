@@ -197,8 +197,8 @@ def events_table(events: list[Any]) -> Table:
 
 def tokens_table(tokens: list[Any]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "PREFIX", "USER", "TENANT", "ROLE", "CREATED", "REVOKED", "DESCRIPTION"):
-        table.add_column(column, no_wrap=column != "DESCRIPTION", overflow="fold")
+    for column in ("ID", "PREFIX", "USER", "TENANT", "ROLE", "NODES", "CREATED", "REVOKED", "DESCRIPTION"):
+        table.add_column(column, no_wrap=column not in ("NODES", "DESCRIPTION"), overflow="fold")
     for t in tokens:
         table.add_row(
             str(t.id),
@@ -206,6 +206,7 @@ def tokens_table(tokens: list[Any]) -> Table:
             t.user,
             t.tenant,
             t.role.value,
+            ", ".join(t.nodes) if t.nodes is not None else "-",
             local_time(t.created_at),
             local_time(t.revoked_at) if t.revoked_at else "-",
             t.description or "",

@@ -260,9 +260,18 @@ class GpushClient:
         return Whoami.model_validate(self._request("GET", "/v1/whoami"))
 
     def create_token(
-        self, *, user: str, tenant: str, role: str = "user", description: str | None = None
+        self,
+        *,
+        user: str,
+        tenant: str,
+        role: str = "user",
+        description: str | None = None,
+        nodes: list[str] | None = None,
     ) -> TokenCreated:
+        """``nodes``: an agent token's node names or globs (required for role agent; ``["*"]``: any)."""
         body = {"user": user, "tenant": tenant, "role": role, "description": description}
+        if nodes is not None:  # a broker from before node-bound agent tokens refuses the field
+            body["nodes"] = nodes
         return TokenCreated.model_validate(self._request("POST", "/v1/admin/tokens", json=body, safe_to_retry=False))
 
     def list_tokens(self) -> list[TokenOut]:

@@ -222,6 +222,12 @@ class Unreachable(AdapterError):
     """The cluster did not answer; the call may be retried later."""
 
 
+class Misconfigured(Unreachable):
+    """The cluster's adapter cannot be built from its registered config (a setting it
+    refuses, a fleet file or kubeconfig gone). An :class:`Unreachable`: the cycle skips
+    the cluster and its jobs go back to the queue until an admin fixes the config."""
+
+
 @runtime_checkable
 class ClusterAdapter(Protocol):
     """What every cluster kind implements (see the module docstring for guarantees)."""

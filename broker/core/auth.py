@@ -3,6 +3,12 @@
 A token is ``gpush_`` followed by 43 random URL-safe characters. Only its sha256 is
 stored: tokens are high-entropy secrets, so a fast hash is enough and lets the
 broker find a token by its hash in one indexed lookup.
+
+An agent token lives on every GPU node it serves, so it is bound to the node names (or
+globs, ``gpu-*``) it may report for: one taken from a node cannot rewrite what the
+broker believes about the rest of the fleet (:func:`check_may_report`). A new agent
+token must name its nodes (``['*']`` says any node, on purpose); agent tokens from
+before the binding (no nodes stored) report for any node, as they always did.
 """
 
 from __future__ import annotations
@@ -11,13 +17,15 @@ import hashlib
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from fnmatch import fnmatchcase
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from broker.core.errors import NotFound, Unauthenticated
+from broker.core.errors import InvalidRequest, NotAllowed, NotFound, Unauthenticated
 from broker.core.models import ApiToken
 from broker.core.schemas import Role
 
@@ -32,6 +40,8 @@ class Principal:
     tenant: str
     role: Role
     token_id: int | None = None
+    # An agent token's node names or globs; None: any node (see the module docstring).
+    nodes: tuple[str, ...] | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -57,8 +67,21 @@ def create_token(
     role: Role,
     description: str | None,
     now: datetime,
+    nodes: Sequence[str] | None = None,
 ) -> tuple[ApiToken, str]:
-    """Store a new token and return it with its secret (which is not stored)."""
+    """Store a new token and return it with its secret (which is not stored); an agent
+    token with the nodes it may report for, which it must name."""
+    if role == Role.AGENT and not nodes:
+        raise InvalidRequest(
+            "an agent token needs the nodes it may report for: give their names or globs "
+            "(gpush admin token create --role agent --nodes gpu-01,gpu-*), or '*' for any node",
+            details=[{"field": "nodes", "value": None}],
+        )
+    if role != Role.AGENT and nodes is not None:
+        raise InvalidRequest(
+            f"only agent tokens are bound to nodes; a {role.value} token is not: drop nodes, or use role agent",
+            details=[{"field": "nodes", "value": list(nodes)}],
+        )
     secret = new_token()
     row = ApiToken(
         token_hash=hash_token(secret),
@@ -68,10 +91,22 @@ def create_token(
         role=role.value,
         description=description,
         created_at=now,
+        nodes=list(dict.fromkeys(nodes)) if nodes is not None else None,
     )
     session.add(row)
     session.flush()
     return row, secret
+
+
+def check_may_report(who: Principal, node: str) -> None:
+    """Raise :class:`NotAllowed` unless ``who`` may post the GPU report of ``node``."""
+    if who.nodes is None or any(fnmatchcase(node, pattern) for pattern in who.nodes):
+        return
+    raise NotAllowed(
+        f"the agent token of {who.user!r} may report for {', '.join(who.nodes)}, not for node {node!r}: "
+        "run the agent with --node set to one of those, or have an admin create a token for this node "
+        f"(gpush admin token create --role agent --nodes {node} ...)"
+    )
 
 
 def revoke_token(session: Session, token_id: int, *, now: datetime) -> ApiToken:
@@ -128,7 +163,8 @@ def authenticate(session: Session, token: str | None, cache: TokenCache | None =
     ).scalar_one_or_none()
     if row is None:
         raise Unauthenticated("the API token is unknown or revoked: ask an admin for a new one")
-    principal = Principal(user=row.user, tenant=row.tenant, role=Role(row.role), token_id=row.id)
+    nodes = tuple(row.nodes) if row.nodes is not None else None
+    principal = Principal(user=row.user, tenant=row.tenant, role=Role(row.role), token_id=row.id, nodes=nodes)
     if cache is not None:
         cache.put(digest, principal)
     return principal

@@ -4,14 +4,24 @@ An admin registers a cluster (`gpush cluster add NAME --kind sim|slurm|k8s ...`)
 its kind picks the adapter class (broker.core.adapter.adapter_class) and its config is
 handed to the adapter. :class:`AdapterPool` keeps one adapter per cluster and
 process, rebuilt when the cluster's config changes.
+
+A config is checked whole before it is stored (:func:`add_cluster` builds the adapter
+from it, and checks the settings the pool itself reads, a simulated cluster's
+``speed``). A stored cluster whose adapter still cannot be built (a row written before
+that check, a fleet file or kubeconfig since removed) is one unhealthy cluster: the pool
+raises :class:`broker.core.adapter.Misconfigured` for it, which the scheduling cycle and
+the cluster list handle as any cluster that does not answer, and the others go on.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,12 +30,26 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.core.adapter import ADAPTERS, AdapterError, Closable, ClusterAdapter, adapter_class, capability
+from broker.core.adapter import (
+    ADAPTERS,
+    AdapterError,
+    Closable,
+    ClusterAdapter,
+    Misconfigured,
+    adapter_class,
+    capability,
+)
 from broker.core.clock import Clock
 from broker.core.config import data_dir
 from broker.core.errors import Conflict, InvalidRequest, NotFound
 from broker.core.metrics import instrument
 from broker.core.models import Cluster
+
+log = logging.getLogger("gpush.clusters")
+# How long the pool answers with a cluster's build error before it tries to build the
+# adapter again: a fleet file or kubeconfig put back is picked up within this, and a
+# cycle (four adapter calls per cluster) does not rebuild, and log, four times.
+REBUILD_AFTER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -50,9 +74,30 @@ def _check_kind(kind: str) -> None:
         )
 
 
+def sim_speed(name: str, config: dict[str, Any]) -> float:
+    """A simulated cluster's ``speed`` (virtual seconds per wall-clock second, default 1),
+    or InvalidRequest: the pool, not the simulator, applies it, so the simulator's own
+    check of its settings never sees it."""
+    value = config.get("speed", 1.0)
+    try:
+        # bool is an int to Python, but speed=true is a mistake, not a speed of 1.
+        speed = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        speed = math.nan
+    if not (math.isfinite(speed) and speed > 0):
+        raise InvalidRequest(
+            f"simulated cluster {name}: speed {value!r} is not a number above 0: give how many times "
+            "faster than the wall clock its virtual time runs, e.g. speed=10 (default 1)",
+            details=[{"field": "config.speed", "value": value}],
+        )
+    return speed
+
+
 def make_adapter(name: str, kind: str, config: dict[str, Any], clock: Clock) -> ClusterAdapter:
     """Build the adapter; a config it refuses is the admin's error (InvalidRequest)."""
     _check_kind(kind)
+    if kind == "sim":
+        sim_speed(name, config)
     try:
         cls = adapter_class(kind)
     except (ImportError, AttributeError) as exc:
@@ -89,8 +134,11 @@ def add_cluster(
         old_tag = (row.config or {}).get("tag") if row is not None else None
         config = {**config, "tag": old_tag or f"gpush{secrets.token_hex(2)}"}
     adapter = make_adapter(name, kind, config, clock=lambda: now)
-    if check is not None:
-        check(adapter)
+    try:
+        if check is not None:
+            check(adapter)
+    finally:
+        _close(adapter)  # only a check: the pool builds the one that serves
     if row is not None and not replace:
         raise Conflict(f"cluster {name} is already registered: pass --replace to change its configuration")
     if row is None:
@@ -118,10 +166,12 @@ def list_clusters(session: Session, *, enabled_only: bool = False) -> list[Clust
     return [ClusterInfo.of(row) for row in session.execute(query).scalars()]
 
 
-def summarize(info: ClusterInfo, adapter: ClusterAdapter) -> dict[str, Any]:
-    """Health and capacity of one cluster, for `gpush cluster list` and GET /v1/clusters."""
+def summarize(info: ClusterInfo, pool: AdapterPool) -> dict[str, Any]:
+    """Health and capacity of one cluster, for `gpush cluster list` and GET /v1/clusters;
+    a cluster whose adapter cannot be built is unhealthy, saying why."""
     out: dict[str, Any] = {"name": info.name, "kind": info.kind, "enabled": info.enabled}
     try:
+        adapter = pool.get(info)
         health = adapter.health()
         out["health"] = {"ok": health.ok, "detail": health.detail, "version": health.version}
         units = adapter.inventory() if health.ok else []
@@ -148,13 +198,16 @@ class AdapterPool:
     def __init__(self, clock: Clock, overrides: dict[str, ClusterAdapter] | None = None):
         self.clock = clock
         self._adapters: dict[str, tuple[str, ClusterAdapter]] = {}
+        # Per cluster: the config's fingerprint, why its adapter could not be built, and
+        # when (time.monotonic) to try again.
+        self._failed: dict[str, tuple[str, str, float]] = {}
         self._overrides = dict(overrides or {})
         self._lock = threading.Lock()
 
     def _clock_for(self, info: ClusterInfo) -> Clock:
         """Simulated clusters may run faster than the wall clock (config ``speed``): virtual
         time counts from the cluster's registration, so every process agrees on it."""
-        speed = float(info.config.get("speed", 1.0)) if info.kind == "sim" else 1.0
+        speed = sim_speed(info.name, info.config) if info.kind == "sim" else 1.0
         if speed == 1.0:
             return self.clock
         epoch = info.created_at
@@ -185,20 +238,41 @@ class AdapterPool:
             self._overrides[name] = adapter
 
     def get(self, info: ClusterInfo) -> ClusterAdapter:
-        """The cluster's adapter, its calls measured (broker.core.metrics), overrides included."""
+        """The cluster's adapter, its calls measured (broker.core.metrics), overrides included.
+
+        :class:`Misconfigured` (an :class:`~broker.core.adapter.Unreachable`) when the
+        adapter cannot be built from the stored config: callers handle it as a cluster
+        that does not answer, so one bad cluster never stops the others.
+        """
         if info.name in self._overrides:
             return instrument(self._overrides[info.name], info.name, info.kind)
         fingerprint = hashlib.sha256(json.dumps([info.kind, info.config], sort_keys=True).encode()).hexdigest()
         with self._lock:
             cached = self._adapters.get(info.name)
             if cached is None or cached[0] != fingerprint:
+                failed = self._failed.get(info.name)
+                if failed is not None and failed[0] == fingerprint and time.monotonic() < failed[2]:
+                    raise Misconfigured(failed[1])
                 if cached is not None:
+                    del self._adapters[info.name]
                     _close(cached[1])  # the old configuration's watches and connections
-                config = self._config_for(info, fingerprint)
-                adapter = make_adapter(info.name, info.kind, config, self._clock_for(info))
-                cached = (fingerprint, instrument(adapter, info.name, info.kind))
+                cached = (fingerprint, instrument(self._build(info, fingerprint), info.name, info.kind))
                 self._adapters[info.name] = cached
+                self._failed.pop(info.name, None)
             return cached[1]
+
+    def _build(self, info: ClusterInfo, fingerprint: str) -> ClusterAdapter:
+        try:
+            config = self._config_for(info, fingerprint)
+            return make_adapter(info.name, info.kind, config, self._clock_for(info))
+        except Exception as exc:  # whatever the adapter raised: this cluster is broken, not the broker
+            error = Misconfigured(
+                f"cluster {info.name} cannot be used: its {info.kind} adapter refuses its registered config "
+                f"({exc}): fix it with `gpush cluster add {info.name} --kind {info.kind} --replace --config ...`"
+            )
+            log.warning("%s", error, exc_info=not isinstance(exc, InvalidRequest))
+            self._failed[info.name] = (fingerprint, str(error), time.monotonic() + REBUILD_AFTER_S)
+            raise error from exc
 
 
 def _close(adapter: ClusterAdapter) -> None:

@@ -8,9 +8,12 @@ setting can be overridden by a ``GPUSH_*`` environment variable or a CLI option.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import platformdirs
+
+from broker.core.errors import GpushError
 
 APP_NAME = "gpush"
 DEFAULT_PORT = 8642
@@ -41,3 +44,21 @@ def normalize_database_url(url: str) -> str:
 
 def database_url(explicit: str | None = None) -> str:
     return normalize_database_url(explicit or os.environ.get("GPUSH_DATABASE_URL") or default_database_url())
+
+
+def positive_int_settings(variables: Mapping[str, str]) -> dict[str, int]:
+    """The settings of ``variables`` (name -> environment variable) that are set, as
+    whole numbers above zero, by name; unset ones are left out (their default holds).
+
+    A value that is not such a number is an error naming the variable, rather than a
+    limit quietly left at its default.
+    """
+    settings = {}
+    for name, variable in variables.items():
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            continue
+        if not (text.isascii() and text.isdigit() and int(text) > 0):
+            raise GpushError(f"{variable}={text!r} is not a whole number above 0: set it to one, or unset it")
+        settings[name] = int(text)
+    return settings

@@ -3,10 +3,17 @@
 SQLite (the embedded default) runs in WAL mode with a busy timeout so the API and
 the CLI can share one file; PostgreSQL is the production database that several
 broker processes share. The schema is owned by Alembic (``migrations/``).
+
+A SQLite database holds what PostgreSQL keeps behind its own login: jobs' environment
+values, token hashes. Its file (and so its ``-wal`` and ``-shm``, which SQLite creates
+with the database file's mode) is the user's alone (0600), and a directory created for
+it is 0700, whatever the umask (:func:`_private_sqlite_file`).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import orjson
@@ -32,8 +39,8 @@ def is_sqlite(engine: Engine) -> bool:
 def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
+            _private_sqlite_file(Path(parsed.database))
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
@@ -70,6 +77,26 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     return create_engine(
         url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800, json_serializer=_json_text
     )
+
+
+def _private_sqlite_file(path: Path) -> None:
+    """Create the database file 0600 (its directory 0700 when it is created here) before
+    SQLite opens it, and take group and others' access from one an older gpush left
+    0644. Not by umask: that is the whole process's, and other threads create files."""
+    if not path.parent.exists():
+        # Only the last directory: those above it (a home, /srv) are not gpush's to close.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        # SQLite gives a new -wal or -shm the database's mode, but keeps one that exists.
+        for existing in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            try:
+                mode = stat.S_IMODE(existing.stat().st_mode)
+                if mode & 0o077:
+                    existing.chmod(mode & 0o700)
+            except OSError:  # not there, or another user's: SQLite's own open says if it may be used
+                continue
 
 
 def _json_text(value: object) -> str:

@@ -160,6 +160,9 @@ class ApiToken(Base):
     description: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # An agent token's node names or globs (gpu-*) it may report for; NULL: any node
+    # (user and admin tokens, and agent tokens from before revision 0005).
+    nodes: Mapped[list[str] | None] = mapped_column(Document)
 
 
 class Cluster(Base):

@@ -1,13 +1,20 @@
 """Pydantic schemas at the edge: the job spec users submit and what the API returns.
 
 Validation happens here, before anything is written. Each error names the field,
-the value and what is allowed. Values are normalised (memory to a Slurm-style size,
-time limits to seconds, a shell command string to ``["/bin/sh", "-c", ...]``) so
-that two specs that mean the same thing hash the same for idempotent submission.
+the value and what is allowed. How much a spec and a batch may hold is
+:class:`SpecLimits`, one place, each limit overridable by a ``GPUSH_MAX_*`` variable;
+text no cluster can take (NUL, a carriage return, a lone UTF-16 surrogate) and
+numbers that are not finite are refused here, not found later by a cluster.
+
+Values are normalised (memory to a Slurm-style size, time limits to seconds, a shell
+command string to ``["/bin/sh", "-c", ...]``) so that two specs that mean the same
+thing hash the same for idempotent submission.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import math
 import re
@@ -27,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from broker.core import config
 from broker.core.states import JobState
 
 
@@ -53,9 +61,101 @@ DEFAULT_ISOLATION = {
     Kind.BATCH: Isolation.EXCLUSIVE,
 }
 
+
+# -- how much a spec may hold ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecLimits:
+    """How much one job spec, and one batch of them, may hold (README, "Configuration").
+
+    A 10 MB command or 100,000 labels was accepted, stored, and sent back in every list.
+    The defaults are generous for real jobs and keep a spec well inside what both
+    clusters take: Linux passes at most 128 KiB in one argument or variable
+    (MAX_ARG_STRLEN), Kubernetes stores a Pod in at most 1.5 MB. Each limit is the
+    variable ``GPUSH_MAX_<NAME>`` (:meth:`setting`) to override. Lengths that are
+    another system's syntax (a Kubernetes label's 63, a name's 64) stay in their
+    patterns: raising them would only move the refusal to the cluster.
+    """
+
+    command_items: int = 4096  # argv items; a shell command string is three
+    arg_chars: int = 128 * 1024  # one argv item
+    command_chars: int = 256 * 1024  # all argv items together
+    env_vars: int = 1024
+    env_name_chars: int = 256
+    env_value_chars: int = 128 * 1024  # one value
+    env_chars: int = 256 * 1024  # all names and values together
+    labels: int = 128
+    image_chars: int = 1024
+    batch_jobs: int = 10_000  # jobs in one batch submission
+
+    @staticmethod
+    def setting(name: str) -> str:
+        """The environment variable of limit ``name``: ``GPUSH_MAX_ENV_VARS``."""
+        return f"GPUSH_MAX_{name.upper()}"
+
+
+@functools.cache
+def spec_limits() -> SpecLimits:
+    """The limits in force: the defaults with the ``GPUSH_MAX_*`` overrides, read once per
+    process (``spec_limits.cache_clear()`` reads them again)."""
+    names = {field.name: SpecLimits.setting(field.name) for field in dataclasses.fields(SpecLimits)}
+    return SpecLimits(**config.positive_int_settings(names))
+
+
+def _over_limit(found: str, allowed: str, limit: str, remedy: str) -> ValueError:
+    """The refusal of a value over limit ``limit``: what was sent, what is allowed (``{}``
+    stands for the limit), what to do, and the setting that holds the limit."""
+    value = getattr(spec_limits(), limit)
+    return ValueError(
+        f"{found}, but {allowed.format(f'{value:,}')}: {remedy} "
+        f"(the broker's limit {SpecLimits.setting(limit)}; its admin may raise it)"
+    )
+
+
+def _text_problem(text: str) -> str | None:
+    """What no cluster can take in ``text``, in words, or None."""
+    if "\x00" in text:
+        return "a NUL character (\\0), which no cluster or database takes: remove it"
+    if "\r" in text:
+        return "a carriage return (\\r), which sbatch refuses as a DOS line end: end lines with \\n only"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a lone UTF-16 surrogate, which is no character and cannot be stored: send the text as UTF-8"
+    return None
+
+
+def _check_text(value: Any, where: str) -> None:
+    """Refuse text no cluster can take anywhere in ``value`` (a string, list or mapping)."""
+    if isinstance(value, str):
+        if problem := _text_problem(value):
+            raise ValueError(f"{where} holds {problem}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_text(item, f"{where} item {index}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, f"{where} key {_short(key)}")
+            _check_text(item, f"{where} {_short(key)}")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``value`` for a message: its repr, cut to ``limit`` characters."""
+    text = repr(value[: limit + 1] if isinstance(value, str) else value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _finite(value: Any, what: str) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} {value!r} is not a finite number: give a number, or quote it if you mean the text")
+    return value
+
+
 _MEMORY_UNITS = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 # 16G, 16GB, 16GiB (Slurm and people) and 16Gi (Kubernetes).
-_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B|i)?\s*$", re.IGNORECASE)
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B|i)?\s*\Z", re.IGNORECASE)
 
 
 def parse_memory_mib(value: Any) -> int:
@@ -63,7 +163,7 @@ def parse_memory_mib(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("expected a size such as 16G or 512M")
     if isinstance(value, (int, float)):
-        mib = float(value)
+        mib = float(_finite(value, "a memory size of"))
     else:
         match = _MEMORY_RE.match(str(value))
         if not match:
@@ -87,7 +187,7 @@ def _normalize_memory(value: Any) -> str:
     return format_memory(parse_memory_mib(value))
 
 
-_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?\Z")
 
 
 def parse_time_limit(value: Any) -> int:
@@ -147,8 +247,40 @@ def _normalize_command(value: Any) -> Any:
     if isinstance(value, str):
         if not value.strip():
             raise ValueError("the command is empty")
-        return ["/bin/sh", "-c", value]
+        value = ["/bin/sh", "-c", value]
+    if isinstance(value, list):
+        _bound_command(value)
     return value
+
+
+def _bound_command(argv: list[Any]) -> None:
+    # Before the items are validated: 100,000 of them are refused at once, not read.
+    limits = spec_limits()
+    if len(argv) > limits.command_items:
+        raise _over_limit(
+            f"the command has {len(argv):,} items",
+            "a job may have at most {}",
+            "command_items",
+            "pass long lists in a file the program reads",
+        )
+    total = 0
+    for index, item in enumerate(argv):
+        if isinstance(item, str):
+            if len(item) > limits.arg_chars:
+                raise _over_limit(
+                    f"command item {index} is {len(item):,} characters",
+                    "one item may have at most {}",
+                    "arg_chars",
+                    "put long text (a script, data) in a file or the image",
+                )
+            total += len(item)
+    if total > limits.command_chars:
+        raise _over_limit(
+            f"the command is {total:,} characters in all",
+            "a job's command may have at most {}",
+            "command_chars",
+            "put long text (a script, data) in a file or the image",
+        )
 
 
 def _check_argv(value: list[str] | None) -> list[str] | None:
@@ -157,10 +289,14 @@ def _check_argv(value: list[str] | None) -> list[str] | None:
     return value
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Python's `$` also matches before a final newline ("X\n" passed as a variable name and
+# broke the Slurm script's export), so `re` patterns here end with `\Z`. The `pattern=`
+# of pydantic fields (_NAME) runs on Rust's regex, where `$` is the end of the text and
+# `\Z` is not known.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # Label keys and values as Kubernetes accepts them, so labels can travel to Pods.
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 
 Memory = Annotated[str, BeforeValidator(_normalize_memory)]
@@ -168,12 +304,16 @@ Memory = Annotated[str, BeforeValidator(_normalize_memory)]
 TimeLimit = Annotated[str, BeforeValidator(lambda v: format_duration(parse_time_limit(v)))]
 Command = Annotated[list[str] | None, BeforeValidator(_normalize_command), AfterValidator(_check_argv)]
 Principal = Annotated[str, Field(pattern=_NAME, description="letters, digits and _ . @ -, at most 64")]
+# A node name as Slurm and Kubernetes spell them, or a glob of them (fnmatch: * ? [...]).
+NodePattern = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9_.:@*?\[\]!-]{1,253}$", description="a node name, or a glob such as gpu-*")
+]
 
 
 class Elastic(BaseModel):
     """Replica range of an inference job that scales."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     min_replicas: int = Field(1, ge=0, le=10_000)
     max_replicas: int = Field(1, ge=1, le=10_000)
@@ -190,7 +330,8 @@ class JobSpec(BaseModel):
 
     # No str_strip_whitespace: argv elements and env values must reach the program
     # byte for byte; name-like fields refuse whitespace through their patterns.
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: NaN, Infinity and 1e400 (read as inf) are no size or count.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = Field(None, pattern=_NAME, description="a name to recognise the job by")
     kind: Kind
@@ -206,7 +347,7 @@ class JobSpec(BaseModel):
     memory: Memory | None = Field(None, description="host memory per replica, such as 16G")
     time_limit: TimeLimit | None = Field(None, description="[D-]HH:MM:SS; accepts 90 (minutes), 2h, 1h30m, 1-00:00:00")
     command: Command = Field(None, description="argv list, or a string run by /bin/sh -c")
-    image: str | None = Field(None, min_length=1, max_length=512, validate_default=True)
+    image: str | None = Field(None, min_length=1, validate_default=True, description="at most GPUSH_MAX_IMAGE_CHARS")
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     tenant: Principal | None = None
@@ -214,21 +355,70 @@ class JobSpec(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000)
     idempotency_key: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text_clusters_take(cls, value: Any, info: ValidationInfo) -> Any:
+        # Every string of a spec goes to sbatch or a Pod, and to the database. Accepted,
+        # a NUL or a CR failed later as "cluster unreachable", retried every cycle for
+        # ever, and a lone surrogate could not even be stored: refuse them here.
+        _check_text(value, str(info.field_name))
+        return value
+
     @field_validator("env", "labels", mode="before")
     @classmethod
-    def _scalars_as_strings(cls, mapping: Any) -> Any:
+    def _scalars_as_strings(cls, mapping: Any, info: ValidationInfo) -> Any:
         # YAML reads `OMP_NUM_THREADS: 4` as a number and `debug: true` as a bool;
         # the user meant the text, as a shell would pass it.
         if not isinstance(mapping, dict):
             return mapping
+        # Counted before the items are validated: 100,000 are refused at once, not read.
+        limit = "env_vars" if info.field_name == "env" else "labels"
+        if len(mapping) > getattr(spec_limits(), limit):
+            raise _over_limit(
+                f"{len(mapping):,} {'environment variables' if limit == 'env_vars' else 'labels'}",
+                "a job may have at most {}",
+                limit,
+                "pass the rest in a file the program reads, or in the image"
+                if limit == "env_vars"
+                else "keep labels for what you select jobs by",
+            )
         return {
-            k: ("true" if v else "false") if isinstance(v, bool) else str(v) if isinstance(v, int | float) else v
+            k: ("true" if v else "false")
+            if isinstance(v, bool)
+            else str(_finite(v, f"{info.field_name} {_short(k)}:"))
+            if isinstance(v, int | float)
+            else v
             for k, v in mapping.items()
         }
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        limits = spec_limits()
+        total = 0
+        for key, value in env.items():
+            if len(key) > limits.env_name_chars:
+                raise _over_limit(
+                    f"environment variable name {_short(key)} is {len(key):,} characters",
+                    "a name may have at most {}",
+                    "env_name_chars",
+                    "use a shorter name",
+                )
+            if len(value) > limits.env_value_chars:
+                raise _over_limit(
+                    f"environment variable {_short(key)} is {len(value):,} characters",
+                    "a value may have at most {}",
+                    "env_value_chars",
+                    "put long text in a file the program reads, or in the image",
+                )
+            total += len(key) + len(value)
+        if total > limits.env_chars:
+            raise _over_limit(
+                f"the environment is {total:,} characters in all",
+                "a job's environment may have at most {}",
+                "env_chars",
+                "put long text in a file the program reads, or in the image",
+            )
         for key in env:
             if not _ENV_NAME.match(key):
                 raise ValueError(
@@ -241,10 +431,12 @@ class JobSpec(BaseModel):
     def _label_syntax(cls, labels: dict[str, str]) -> dict[str, str]:
         for key, value in labels.items():
             if not _LABEL_KEY.match(key):
-                raise ValueError(f"label key {key!r} is not valid: [prefix/]name, name at most 63 of A-Z a-z 0-9 - _ .")
+                raise ValueError(
+                    f"label key {_short(key)} is not valid: [prefix/]name, name at most 63 of A-Z a-z 0-9 - _ ."
+                )
             if not _LABEL_VALUE.match(value):
                 raise ValueError(
-                    f"label {key}={value!r}: a value is at most 63 of A-Z a-z 0-9 - _ . "
+                    f"label {key}={_short(value)}: a value is at most 63 of A-Z a-z 0-9 - _ . "
                     "and starts and ends alphanumeric"
                 )
         return labels
@@ -283,6 +475,13 @@ class JobSpec(BaseModel):
     def _something_to_run(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None and info.data.get("command") is None and "command" in info.data:
             raise ValueError("a job needs a command, an image, or both")
+        if value is not None and len(value) > spec_limits().image_chars:
+            raise _over_limit(
+                f"the image is {len(value):,} characters",
+                "an image reference may have at most {}",
+                "image_chars",
+                "name the image by registry, path and tag or digest",
+            )
         return value
 
     def fingerprint(self, *, tenant: str | None = None, user: str | None = None) -> str:
@@ -306,7 +505,20 @@ class JobSpec(BaseModel):
 class JobBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    jobs: list[JobSpec] = Field(min_length=1, max_length=50_000)
+    jobs: list[JobSpec] = Field(min_length=1, description="at most GPUSH_MAX_BATCH_JOBS jobs")
+
+    @field_validator("jobs", mode="before")
+    @classmethod
+    def _bounded(cls, jobs: Any) -> Any:
+        # Counted before any job is validated: an over-long batch costs nothing to refuse.
+        if isinstance(jobs, list) and len(jobs) > spec_limits().batch_jobs:
+            raise _over_limit(
+                f"the batch has {len(jobs):,} jobs",
+                "one batch may have at most {}",
+                "batch_jobs",
+                "submit them in several batches",
+            )
+        return jobs
 
 
 class JobOut(BaseModel):
@@ -359,6 +571,12 @@ class TokenCreate(BaseModel):
     tenant: Principal
     role: Role = Role.USER
     description: str | None = Field(None, max_length=512)
+    nodes: list[NodePattern] | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        description="agent tokens (required): the nodes it may report for, names or globs; ['*'] for any node",
+    )
 
 
 class TokenOut(BaseModel):
@@ -370,6 +588,7 @@ class TokenOut(BaseModel):
     description: str | None
     created_at: datetime
     revoked_at: datetime | None
+    nodes: list[str] | None = Field(None, description="the nodes an agent token may report for; null: any node")
 
 
 class TokenCreated(TokenOut):
@@ -401,6 +620,11 @@ class TenantSet(BaseModel):
     clear_quota: bool = False
 
 
+# Ids and versions are BIGINT columns: a larger number in a body is a 422 here, not an
+# OverflowError in the driver.
+MAX_ROW_ID = 2**63 - 1
+
+
 class PolicyText(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -411,20 +635,25 @@ class PolicyText(BaseModel):
 class PolicyApply(PolicyText):
     comment: str = Field(min_length=1, max_length=2000, description="why: kept in the policy's history")
     base_version: int | None = Field(
-        None, description="the active version this edit was made against; refused if another admin applied since"
+        None,
+        ge=1,
+        le=MAX_ROW_ID,
+        description="the active version this edit was made against; refused if another admin applied since",
     )
 
 
 class PolicyRollback(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: int
+    version: int = Field(ge=1, le=MAX_ROW_ID)
     comment: str = ""
 
 
 class ExplainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    job_id: int | None = None
+    job_id: int | None = Field(None, ge=1, le=MAX_ROW_ID)
     spec: JobSpec | None = None
-    version: int | None = Field(None, description="a stored policy version; default the active one")
+    version: int | None = Field(
+        None, ge=1, le=MAX_ROW_ID, description="a stored policy version; default the active one"
+    )

@@ -7,6 +7,8 @@ bad job reads the same wherever it is refused.
 from __future__ import annotations
 
 import difflib
+import math
+import reprlib
 from typing import Any
 
 from pydantic import BaseModel
@@ -48,6 +50,49 @@ def _is_job(body: type[BaseModel] | None) -> bool:
     return body is None or body in (JobSpec, JobBatch)
 
 
+# What an error shows of a value: enough to recognise it. A 10 MB command or 100,000
+# labels echoed whole made a message (and a 422 body) the size of the request.
+SHOWN_CHARS = 200
+_shown_repr = reprlib.Repr()
+_shown_repr.maxstring = _shown_repr.maxother = SHOWN_CHARS
+_shown_repr.maxlevel = 3
+
+
+def shown_value(value: Any) -> Any:
+    """``value`` as an error shows it: numbers, booleans and short strings as they are;
+    what JSON cannot carry (NaN, the infinities, a lone surrogate) and anything long or
+    nested as a short repr, with any lone surrogate escaped."""
+    if value is None or isinstance(value, bool | int) and abs(value) < 2**63:
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if isinstance(value, str) and len(value) <= SHOWN_CHARS:
+        return _escaped(value)
+    try:
+        text = _shown_repr.repr(value)
+    except ValueError:  # an integer too long for Python to print
+        return f"<a {type(value).__name__} too large to show>"
+    if isinstance(value, dict | list) and "..." not in text and _plain(value):
+        return value  # small enough to show whole, and JSON can carry it
+    return _escaped(text)
+
+
+def _escaped(text: str) -> str:
+    # A lone surrogate cannot be written as UTF-8; its escape can.
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _plain(value: Any) -> bool:
+    """Whether JSON carries ``value`` as it is (called on small values only)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(k) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(item) for item in value)
+    if isinstance(value, str):
+        return _escaped(value) == value
+    return shown_value(value) is value
+
+
 def validation_details(
     errors: list[dict[str, Any]], skip: int = 0, *, body: type[BaseModel] | None = None
 ) -> list[dict[str, Any]]:
@@ -61,6 +106,7 @@ def validation_details(
         value = err.get("input")
         if isinstance(value, dict | list) and loc == [] or err.get("type") == "missing":
             value = None
+        value = shown_value(value)
         details.append(
             {"field": ".".join(loc) or ("(job)" if _is_job(body) else "(body)"), "value": value, "message": message}
         )

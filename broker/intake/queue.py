@@ -239,7 +239,8 @@ def decode_cursor(cursor: str) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         before = json.loads(raw)["before"]
-        if not isinstance(before, int):
+        # A bool is an int to Python; past 2**63 no id exists (and the driver would overflow).
+        if not isinstance(before, int) or isinstance(before, bool) or not 0 < before < 2**63:
             raise ValueError
         return before
     except (ValueError, KeyError, TypeError, binascii.Error, json.JSONDecodeError):

@@ -14,55 +14,66 @@ A100-SXM4-80GB"), which broker.core.gpus maps to gpush's models.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 REPORT_VERSION = 1
 
+# Any agent token may post a report, so every number and list is bounded to what a real
+# node can have (an unbounded integer once crashed the report's storage with a 500).
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+MiB = Annotated[int, Field(ge=0, le=2**40)]  # a mebibyte count up to an exbibyte
+Text = Annotated[str, Field(max_length=256)]
+MAX_GPUS = 64  # per node; the largest servers have 16
+MAX_MIG_INSTANCES = 64  # per GPU; NVML allows 7 (A100/H100)
+MAX_PROCESSES = 4096  # per GPU
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=4096)
 
 
 class MigInstance(_Strict):
     """One MIG GPU instance (and its compute instance) as NVML lists it."""
 
-    profile: str  # "1g.10gb", from the GPU instance profile's slice count and memory
-    gi_id: int  # GPU instance id
-    ci_id: int | None = None  # compute instance id (None: no compute instance created)
-    uuid: str | None = None  # "MIG-…", what CUDA_VISIBLE_DEVICES and the device plugin use
-    placement_start: int  # first memory slot
-    placement_size: int  # memory slots taken
-    memory_mb: int | None = None
+    profile: Text  # "1g.10gb", from the GPU instance profile's slice count and memory
+    gi_id: Count  # GPU instance id
+    ci_id: Count | None = None  # compute instance id (None: no compute instance created)
+    uuid: Text | None = None  # "MIG-…", what CUDA_VISIBLE_DEVICES and the device plugin use
+    placement_start: Count  # first memory slot
+    placement_size: Count  # memory slots taken
+    memory_mb: MiB | None = None
 
 
 class GpuProcess(_Strict):
-    pid: int
-    used_memory_mb: int | None = None
-    name: str | None = None  # the process's command name, when the agent can read it
+    pid: Count
+    used_memory_mb: MiB | None = None
+    name: Text | None = None  # the process's command name, when the agent can read it
     mig_uuid: str | None = None  # the MIG instance it runs on, if any
 
 
 class GpuReport(_Strict):
-    index: int  # NVML's device index on the node (what Slurm's gres.conf File= orders by)
-    uuid: str | None = None  # "GPU-…"
-    product: str | None = None  # NVML's name: "NVIDIA A100-SXM4-80GB"
-    memory_mb: int | None = None
-    pci_bus_id: str | None = None
+    index: Annotated[int, Field(ge=0, lt=MAX_GPUS)]  # NVML's device index (what gres.conf File= orders by)
+    uuid: Text | None = None  # "GPU-…"
+    product: Text | None = None  # NVML's name: "NVIDIA A100-SXM4-80GB"
+    memory_mb: MiB | None = None
+    pci_bus_id: Text | None = None
     mig_mode_current: bool | None = None  # None: the GPU is not MIG-capable or NVML did not say
     mig_mode_pending: bool | None = None  # differs from current until the GPU is reset
-    mig_instances: list[MigInstance] = Field(default_factory=list)
+    mig_instances: list[MigInstance] = Field(default_factory=list, max_length=MAX_MIG_INSTANCES)
     mps: bool = False  # an MPS control daemon serves this GPU
-    processes: list[GpuProcess] = Field(default_factory=list)
+    processes: list[GpuProcess] = Field(default_factory=list, max_length=MAX_PROCESSES)
     error: str | None = None  # what NVML said when reading this GPU failed (the rest still counts)
 
 
 class NodeReport(_Strict):
-    node: str  # the node's name as the clusters know it (hostname -s by default)
-    report_version: int = REPORT_VERSION
-    agent_version: str
+    # The node's name as the clusters know it (hostname -s by default): a DNS name.
+    node: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+    report_version: Annotated[int, Field(ge=1, le=1000)] = REPORT_VERSION
+    agent_version: Text
     collected_at: datetime
-    driver_version: str | None = None
-    cuda_version: str | None = None
-    gpus: list[GpuReport] = Field(default_factory=list)
+    driver_version: Text | None = None
+    cuda_version: Text | None = None
+    gpus: list[GpuReport] = Field(default_factory=list, max_length=MAX_GPUS)
     error: str | None = None  # NVML could not be read at all (no driver, no library)

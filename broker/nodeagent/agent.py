@@ -432,7 +432,8 @@ def _deliver(
             if status in (401, 403):
                 raise AgentTokenRejected(
                     f"the broker at {url} refused the agent's token ({status}: {_broker_message(response)}); "
-                    "create an agent token with `gpush admin token create --role agent` and start the agent with it"
+                    f"create an agent token with `gpush admin token create --role agent --nodes {report.node}` "
+                    "and start the agent with it"
                 )
             if status < 500:
                 log.error(

@@ -29,7 +29,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
@@ -42,6 +41,8 @@ from ray.autoscaler.tags import (
     TAG_RAY_USER_NODE_TYPE,
 )
 
+from broker.core.errors import InvalidRequest
+from broker.core.yamltext import load_yaml
 from broker.ray.workers import (
     HEAD_NODE_ID,
     RAY_DEFAULT_IDLE_TIMEOUT_MINUTES,
@@ -70,8 +71,8 @@ def monitor_cluster_config(argv: Sequence[str] | None = None) -> dict[str, Any] 
         return None
     try:
         with open(os.path.expanduser(path)) as f:
-            config = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as exc:
+            config = load_yaml(f.read(), source=path)
+    except (OSError, InvalidRequest) as exc:
         logger.warning("gpush: could not read the cluster config %s: %s", path, exc)
         return None
     return config if isinstance(config, dict) else None

@@ -46,6 +46,7 @@ from broker.core.adapter import Sharing
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, gpu_model
 from broker.core.schemas import Isolation, Kind
+from broker.core.yamltext import EXCERPT_CHARS, BoundedLoader, excerpt, yaml_problem
 
 MIG_SHARING = frozenset({Sharing.SLURM_MIG, Sharing.K8S_MIG})
 
@@ -251,17 +252,46 @@ class Rule(BaseModel):
         return [self.route, *self.fallbacks]
 
 
+# The most rules a policy may hold. Any user may ask to validate a policy, every
+# policy is read and checked whole, and routing a job tries rules in order, so each
+# queued job of each cycle may walk them all: without a cap the cost of one request
+# and of every cycle has no bound. 10,000 is the largest policy issue 14 set a target
+# for (validated in well under 2 s, integration/bench/policy.py), and far above what
+# people write: the shipped policies have 6 rules, and a rule for each of a thousand
+# tenants is 1,000. Rules that route alike fold into one with lists.
+MAX_RULES = 10_000
+
+
 class Policy(BaseModel):
     """A routing policy: rules tried in order, the first that matches a job routes it."""
 
     model_config = ConfigDict(extra="forbid", title="gpush routing policy")
 
-    rules: list[Rule] = Field(min_length=1, description="tried in order; the first rule that matches routes the job")
+    rules: list[Rule] = Field(
+        min_length=1,
+        max_length=MAX_RULES,
+        description=f"tried in order; the first rule that matches routes the job; at most {MAX_RULES:,}",
+    )
 
     # Where each node sat in the YAML it was loaded from, so that findings name a
     # line and column; empty for a policy built from plain data.
     _source: str | None = PrivateAttr(None)
     _value_marks: dict[tuple[Any, ...], tuple[int, int]] = PrivateAttr(default_factory=dict)
+
+    @field_validator("rules", mode="before")
+    @classmethod
+    def _at_most_max_rules(cls, rules: Any) -> Any:
+        # Before each rule is validated, so an oversized policy is refused at once and
+        # with what to do (max_length alone would say only "at most 10000 items").
+        if isinstance(rules, list | tuple) and len(rules) > MAX_RULES:
+            raise PydanticCustomError(
+                "too_many_rules",
+                "the policy has {count} rules, more than the {cap} a policy may hold: merge rules that match "
+                "and route alike into one rule with lists (tenant: [team-a, team-b], kind: [training, batch]), "
+                "or split the clusters between brokers, each with its own policy",
+                {"count": f"{len(rules):,}", "cap": f"{MAX_RULES:,}"},
+            )
+        return rules
 
     @field_validator("rules")
     @classmethod
@@ -324,7 +354,9 @@ def _message(err: Mapping[str, Any], loc: tuple[Any, ...]) -> str:
         parent = next((p for p in reversed(loc[:-1]) if isinstance(p, str)), None)
         model, what = _NESTED.get(parent, (None, ""))
         known = list(model.model_fields) if model else []
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        # A key far longer than any field is no typo of one (and difflib's work grows with it).
+        written = str(loc[-1])
+        close = difflib.get_close_matches(written, known, n=1) if len(written) <= 64 else []
         hint = f"; did you mean {close[0]!r}?" if close else "."
         return f"unknown field{hint} {what} has: {', '.join(known)}." if known else f"unknown field{hint}"
     if kind == "missing" and loc:
@@ -336,11 +368,10 @@ def _message(err: Mapping[str, Any], loc: tuple[Any, ...]) -> str:
     return str(err.get("msg", "invalid")).removeprefix("Value error, ")
 
 
-def _record_marks(node: yaml.Node, path: tuple[Any, ...], values: dict, keys: dict, depth: int = 0) -> None:
-    """Line and column (1-based) of every node, by its path; also of every mapping key."""
+def _record_marks(node: yaml.Node, path: tuple[Any, ...], values: dict, keys: dict) -> None:
+    """Line and column (1-based) of every node, by its path; also of every mapping key.
+    The loader bounds how deep and how many (aliases walked once per use) they are."""
     values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    if depth > 64:  # a recursive alias; nothing a policy needs lies that deep
-        return
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
@@ -350,14 +381,14 @@ def _record_marks(node: yaml.Node, path: tuple[Any, ...], values: dict, keys: di
                 # YAML keeps the last of two equal keys; in a policy that silently
                 # drops a route or a match, so say so.
                 raise _YamlProblem(
-                    f"key {key!r} appears twice in this mapping (first on line {seen[key]})", line, column
+                    f"key {excerpt(key)} appears twice in this mapping (first on line {seen[key]})", line, column
                 )
             seen[key] = line
             keys[path + (key,)] = (line, column)
-            _record_marks(value_node, path + (key,), values, keys, depth + 1)
+            _record_marks(value_node, path + (key,), values, keys)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _record_marks(item, path + (index,), values, keys, depth + 1)
+            _record_marks(item, path + (index,), values, keys)
 
 
 class _YamlProblem(Exception):
@@ -370,19 +401,29 @@ def _where(source: str, line: int | None, column: int | None) -> str:
     return f"{source}, line {line}, column {column}" if line is not None else source
 
 
+# The most errors one refusal lists: a file with thousands of bad values gets the first
+# ones and a count, not a message many times its own size.
+MAX_LISTED_ERRORS = 50
+
+
 def _refuse(source: str, details: list[dict[str, Any]]) -> InvalidRequest:
     lines = []
-    for d in details:
-        shown = "" if d["value"] is None else f" = {d['value']!r}"
+    for d in details[:MAX_LISTED_ERRORS]:
+        shown = "" if d["value"] is None else f" = {excerpt(d['value'])}"
         field_text = "" if d["field"] is None else f"{d['field']}{shown}: "
         lines.append(f"{_where(source, d['line'], d['column'])}: {field_text}{d['message']}")
-    return InvalidRequest("\n".join(lines), details=details)
+    if len(details) > MAX_LISTED_ERRORS:
+        lines.append(f"{source}: ... and {len(details) - MAX_LISTED_ERRORS} more errors: fix these and validate again")
+    return InvalidRequest("\n".join(lines), details=details[:MAX_LISTED_ERRORS])
 
 
 def load_policy(text: str, source: str = "policy") -> Policy:
     """A policy from YAML text, or :class:`InvalidRequest` whose message names ``source``,
     the line and column, the field, the value and what is allowed, for every error."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = BoundedLoader(text)  # reading starts here: a control character is refused at once
+    except yaml.YAMLError as exc:
+        raise _refuse(source, [_detail(None, None, *yaml_problem(exc))]) from None
     try:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
@@ -390,13 +431,8 @@ def load_policy(text: str, source: str = "policy") -> Policy:
         keys: dict[tuple[Any, ...], tuple[int, int]] = {}
         if root is not None:
             _record_marks(root, (), values, keys)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
-        problem = f"not valid YAML: {exc.problem or exc.context}"
-        raise _refuse(source, [_detail(None, None, problem, line, column)]) from None
     except yaml.YAMLError as exc:
-        raise _refuse(source, [_detail(None, None, f"not valid YAML: {exc}", None, None)]) from None
+        raise _refuse(source, [_detail(None, None, *yaml_problem(exc))]) from None
     except _YamlProblem as exc:
         raise _refuse(source, [_detail(None, None, exc.problem, exc.line, exc.column)]) from None
     finally:
@@ -441,6 +477,14 @@ def _nearest(marks: Mapping[tuple[Any, ...], tuple[int, int]], path: tuple[Any, 
 
 
 def _detail(field_path: str | None, value: Any, message: str, line: int | None, column: int | None) -> dict[str, Any]:
+    # What the policy held is echoed back only as an excerpt: a field path made of a
+    # long key, or a long value, would otherwise come back whole in the message.
+    if field_path is not None and len(field_path) > EXCERPT_CHARS:
+        field_path = excerpt(field_path, quote=False)
+    if isinstance(value, str) and len(value) > EXCERPT_CHARS:
+        value = excerpt(value, quote=False)
+    elif not (value is None or isinstance(value, bool | float | str) or isinstance(value, int) and abs(value) < 2**63):
+        value = excerpt(value)
     return {"field": field_path, "value": value, "message": message, "line": line, "column": column}
 
 

@@ -46,7 +46,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, GpuModel, gpu_model, mig_layout_problem
 from broker.core.schemas import parse_memory_mib
-from broker.core.yamltext import load_yaml
+from broker.core.yamltext import excerpt, load_yaml
 
 _NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
 _NAME_WORDS = "letters, digits, '-', '.' and '_', starting and ending with a letter or digit, at most 63"
@@ -163,7 +163,8 @@ class Fleet:
             return self.clusters[name]
         except KeyError:
             raise InvalidRequest(
-                f"{self.source} has no cluster {name!r}: it has {', '.join(self.clusters)}; set cluster: to one of them"
+                f"{self.source} has no cluster {excerpt(name)}: it has {', '.join(self.clusters)}; "
+                "set cluster: to one of them"
             ) from None
 
 
@@ -196,7 +197,7 @@ def _describe_error(err: Mapping[str, Any], raw: Any) -> dict[str, Any]:
     model: type[BaseModel] = FleetConfig
     if loc[:1] == ["clusters"] and len(loc) > 1:
         cluster = loc[1]
-        where.append(f"cluster {cluster}")
+        where.append(f"cluster {excerpt(cluster, quote=False)}")
         model = ClusterConfig
         body = _get(raw, "clusters", cluster)
         rest = loc[2:]
@@ -204,7 +205,7 @@ def _describe_error(err: Mapping[str, Any], raw: Any) -> dict[str, Any]:
             item = _get(body, rest[0], rest[1])
             name = item.get("name") if isinstance(item, dict) else None
             kind = "node" if rest[0] == "nodes" else "pool"
-            where.append(f"{kind} {name}" if name else f"{kind} #{rest[1] + 1}")
+            where.append(f"{kind} {excerpt(name, quote=False)}" if name else f"{kind} #{rest[1] + 1}")
             model = SlurmNodeConfig if kind == "node" else K8sPoolConfig
             rest = rest[2:]
             if len(rest) > 1 and rest[0] == "gpus" and isinstance(rest[1], int):
@@ -212,12 +213,13 @@ def _describe_error(err: Mapping[str, Any], raw: Any) -> dict[str, Any]:
                 model = SlurmGpuConfig
                 rest = rest[2:]
         loc = rest
-    field_name = ".".join(str(part) for part in loc)
+    field_name = excerpt(".".join(str(part) for part in loc), quote=False)
     kind = err.get("type")
     message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     if kind == "extra_forbidden" and loc:
         known = list(model.model_fields)
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        written = str(loc[-1])
+        close = difflib.get_close_matches(written, known, n=1) if len(written) <= 64 else []
         hint = f"; did you mean {close[0]!r}?" if close else ""
         message = f"unknown field{hint} (fields here: {', '.join(known)})"
     elif kind == "too_short" and loc == ["clusters"]:
@@ -227,9 +229,9 @@ def _describe_error(err: Mapping[str, Any], raw: Any) -> dict[str, Any]:
     elif kind == "missing":
         message = "required: add it"
     elif kind == "string_pattern_mismatch":
-        message = f"{err.get('input')!r} is not a valid name: use {_NAME_WORDS} characters"
+        message = f"{excerpt(err.get('input'))} is not a valid name: use {_NAME_WORDS} characters"
     elif "input" in err and not isinstance(err["input"], dict | list) and kind != "value_error":
-        message = f"{err['input']!r}: {message}"
+        message = f"{excerpt(err['input'])}: {message}"
     if field_name:
         where.append(field_name)
     return {"where": ", ".join(where) or "(file)", "message": message}

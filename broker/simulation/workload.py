@@ -30,11 +30,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from broker.core.adapter import Sharing
 from broker.core.errors import InvalidRequest
 from broker.core.schemas import Isolation, JobSpec, parse_time_limit
+from broker.core.yamltext import excerpt, load_yaml
 from broker.intake.jobfile import validate_spec
 from broker.placement.fragmentation import (
     TaskShape,
@@ -74,10 +73,10 @@ def _seconds(value: Any, what: str, where: str, *, positive: bool) -> float:
             try:
                 seconds = float(parse_time_limit(text))
             except ValueError as exc:
-                raise InvalidRequest(f"{where}: {what} {value!r}: {exc}") from None
+                raise InvalidRequest(f"{where}: {what} {excerpt(value)}: {exc}") from None
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         bound = "more than 0" if positive else "0 or more"
-        raise InvalidRequest(f"{where}: {what} {value!r} must be {bound} seconds")
+        raise InvalidRequest(f"{where}: {what} {excerpt(value)} must be {bound} seconds")
     return seconds
 
 
@@ -98,21 +97,10 @@ class Workload:
     tenants: dict[str, TenantTerms] = field(default_factory=dict)
 
 
-def _yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark else source
-        raise InvalidRequest(f"{where}: not valid YAML: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise InvalidRequest(f"{source}: not valid YAML: {exc}") from None
-
-
 def read_workload(text: str, source: str) -> Workload:
     """The jobs and tenants of workload YAML (see the module docstring);
     :class:`InvalidRequest` names the job or tenant and the field that is wrong."""
-    raw = _yaml(text, source)
+    raw = load_yaml(text, source=source)
     tenants = _tenants(raw.get("tenants") if isinstance(raw, dict) else None, source)
     return Workload(_arrivals(raw, source), tenants)
 
@@ -137,12 +125,12 @@ def _arrivals(raw: Any, source: str) -> list[Arrival]:
             )
         fields = dict(entry)
         if fields.get("name"):
-            where += f" ({fields['name']})"
+            where += f" ({excerpt(fields['name'], quote=False)})"
         at = _seconds(fields.pop("at", None), "at", where, positive=False)
         duration = _seconds(fields.pop("duration", None), "duration", where, positive=True)
         count = fields.pop("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 100_000:
-            raise InvalidRequest(f"{where}: count {count!r} must be a whole number from 1 to 100000")
+            raise InvalidRequest(f"{where}: count {excerpt(count)} must be a whole number from 1 to 100000")
         every = _seconds(fields.pop("every", 0), "every", where, positive=False)
         if "command" not in fields and "image" not in fields:
             # A simulated job runs nothing; a command keeps the spec valid and says so.
@@ -164,15 +152,15 @@ def _tenants(raw: Any, source: str) -> dict[str, TenantTerms]:
         raise InvalidRequest(f"{source}: tenants: expected a mapping of tenant names, such as nlp: {{weight: 2}}")
     tenants: dict[str, TenantTerms] = {}
     for name, terms in raw.items():
-        where = f"{source}, tenant {name}"
+        where = f"{source}, tenant {excerpt(name, quote=False)}"
         if not isinstance(name, str):
             raise InvalidRequest(f"{where}: a tenant's name is text, as jobs' tenant: fields give it")
         terms = {} if terms is None else terms
         if not isinstance(terms, dict):
-            raise InvalidRequest(f"{where}: expected weight: and/or gpu_quota:, got {terms!r}")
-        unknown = sorted(set(terms) - {"weight", "gpu_quota"})
+            raise InvalidRequest(f"{where}: expected weight: and/or gpu_quota:, got {excerpt(terms)}")
+        unknown = sorted(set(terms) - {"weight", "gpu_quota"}, key=str)
         if unknown:
-            raise InvalidRequest(f"{where}: unknown field {unknown[0]!r}: a tenant has weight: and gpu_quota:")
+            raise InvalidRequest(f"{where}: unknown field {excerpt(unknown[0])}: a tenant has weight: and gpu_quota:")
         weight = _number(terms.get("weight", 1.0), "weight", where)
         if weight <= 0:
             raise InvalidRequest(f"{where}: weight {weight:g} must be more than 0 (1 is the default share)")
@@ -187,7 +175,7 @@ def _tenants(raw: Any, source: str) -> dict[str, TenantTerms]:
 
 def _number(value: Any, what: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequest(f"{where}: {what} {value!r} must be a number")
+        raise InvalidRequest(f"{where}: {what} {excerpt(value)} must be a number")
     return float(value)
 
 

@@ -908,6 +908,47 @@ def test_rest_refusals_are_rejected_with_slurms_message():
         rest(RecordedRestd(V2411)).submit(submission("gpu:2g.10gb:1"))
 
 
+def refused_with(folder: Path, error: str, number: int) -> dict[str, Any]:
+    """The recorded refusal of ``folder``, with another of Slurm's errors in its place."""
+    body = answer(folder / "rest_submit_refused_500.json")
+    body["errors"][0]["error"] = error
+    body["errors"][0]["error_number" if "error_number" in body["errors"][0] else "error_code"] = number
+    return body
+
+
+@pytest.mark.parametrize("folder", [V2205, V2411])
+@pytest.mark.parametrize(
+    ("status", "body", "error", "words"),
+    [
+        # Any refusal of the job is a refusal, not only those on a list of known ones.
+        (500, ("Invalid job array specification", 2057), Rejected, "Slurm refused the job: Invalid job array"),
+        (500, ("Job name is too long", 2143), Rejected, "Slurm refused the job: Job name is too long"),
+        # slurmrestd could not reach slurmctld: an outage, tried again next cycle.
+        (500, ("Unable to contact slurm controller (connect failure)", 1001), Unreachable, "Unable to contact"),
+        (500, ("Socket timed out on send/recv operation", 5004), Unreachable, "Socket timed out"),
+        (500, ("Communication connection failure", 1001), Unreachable, "Communication connection failure"),
+        # No Slurm error in the answer: a proxy or a server that is not slurmrestd.
+        (502, None, Unreachable, "Bad Gateway"),
+    ],
+)
+def test_rest_a_refusal_of_the_job_is_rejected_and_only_an_outage_is_unreachable(folder, status, body, error, words):
+    restd = RecordedRestd(folder)
+    backend = rest(restd)
+    backend.api_version()
+
+    def answer_submit(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/job/submit"):
+            if body is None:
+                return httpx.Response(status, text="<html>502 Bad Gateway</html>")
+            return httpx.Response(status, json=refused_with(folder, *body))
+        return restd(request)
+
+    backend.http = httpx.Client(base_url=backend.http.base_url, transport=httpx.MockTransport(answer_submit))
+    with pytest.raises(error, match=re.escape(words)) as info:
+        backend.submit(submission())
+    assert type(info.value) is error
+
+
 def test_rest_cancel_of_a_job_slurm_no_longer_knows_is_not_an_error():
     restd = RecordedRestd(V2205)
     backend = rest(restd)
@@ -1009,11 +1050,44 @@ def test_cli_submit_passes_argv_without_a_shell_and_the_script_on_stdin(tmp_path
             Rejected,
         ),
         ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", Unreachable),
+        # Refusals of the job that were not on a list of known ones were taken for an
+        # outage: the job was submitted again every cycle, for ever.
+        ("sbatch: error: Batch job submission failed: Invalid job array specification", Rejected),
+        ("sbatch: error: Batch job submission failed: Job name is too long", Rejected),
+        (
+            "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+            Unreachable,
+        ),
+        ("sbatch: error: Batch job submission failed: Zero Bytes were transmitted or received", Unreachable),
+        ("sbatch: error while loading shared libraries: libslurmfull.so: cannot open shared object file", Unreachable),
     ],
 )
 def test_cli_submit_maps_slurms_refusals_and_failures(tmp_path, stderr, error):
     stand_in(tmp_path, "sbatch", f"echo '{stderr}' >&2\nexit 1")
     with pytest.raises(error, match=re.escape(stderr.rsplit(": ", 1)[-1])):
+        CliBackend(bin_dir=str(tmp_path)).submit(submission())
+
+
+def test_cli_a_script_sbatch_refuses_is_rejected_with_all_of_sbatchs_words(tmp_path):
+    # sbatch's answer to a script with a carriage return, as it prints it (two lines).
+    stand_in(
+        tmp_path,
+        "sbatch",
+        r"printf '%s\n' 'sbatch: error: Batch script contains DOS line breaks (\r\n)' >&2"
+        "\n"
+        r"printf '%s\n' 'sbatch: error: instead of expected UNIX line breaks (\n).' >&2"
+        "\nexit 1",
+    )
+    with pytest.raises(Rejected, match=r"DOS line breaks \(\\r\\n\) instead of expected UNIX line breaks"):
+        CliBackend(bin_dir=str(tmp_path)).submit(submission())
+
+
+def test_cli_sbatch_killed_or_silent_is_unreachable(tmp_path):
+    stand_in(tmp_path, "sbatch", "kill -9 $$")
+    with pytest.raises(Unreachable):
+        CliBackend(bin_dir=str(tmp_path)).submit(submission())
+    stand_in(tmp_path, "sbatch", "exit 1")
+    with pytest.raises(Unreachable, match="sbatch exited 1"):
         CliBackend(bin_dir=str(tmp_path)).submit(submission())
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
-from broker.core.errors import InvalidRequest
-from broker.core.schemas import JobSpec
+from broker.core.errors import GpushError, InvalidRequest
+from broker.core.schemas import JobBatch, JobSpec, spec_limits
 from broker.intake.jobfile import validate_spec
 
 
@@ -353,3 +354,175 @@ def test_a_different_spec_has_a_different_fingerprint(change):
 
 def test_the_fingerprint_ignores_the_idempotency_key():
     assert job(idempotency_key="a").fingerprint() == job(idempotency_key="b").fingerprint() == job().fingerprint()
+
+
+# -- hostile input (issue 14): what a spec may hold, and how much ---------------------
+
+
+@pytest.fixture
+def limits_from_env(monkeypatch):
+    """Set ``GPUSH_MAX_*`` overrides for one test; the limits are read again after."""
+
+    def set_limits(**values: int | str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(f"GPUSH_MAX_{name.upper()}", str(value))
+        spec_limits.cache_clear()
+
+    yield set_limits
+    spec_limits.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        pytest.param({"env": {"X\n": "1"}}, "env", id="env-name"),
+        pytest.param({"labels": {"app\n": "x"}}, "labels", id="label-key"),
+        pytest.param({"labels": {"app": "x\n"}}, "labels", id="label-value"),
+        pytest.param({"labels": {"example.com/app\n": "x"}}, "labels", id="prefixed-label-key"),
+    ],
+)
+def test_a_trailing_newline_is_not_part_of_a_name(fields, field):
+    # `$` in a Python regex also matches before a final newline: "X\n" passed as a
+    # variable name and broke the Slurm script's export line.
+    error = refused(**fields)
+
+    assert [d["field"] for d in error.details] == [field]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "what"),
+    [
+        pytest.param({"command": ["python", "a\rb"]}, "command", "carriage return", id="argv-cr"),
+        pytest.param({"command": ["python", "a\x00b"]}, "command", "NUL", id="argv-nul"),
+        pytest.param({"command": "python train.py\r\n"}, "command", "carriage return", id="shell-crlf"),
+        pytest.param({"env": {"A": "1\r"}}, "env", "carriage return", id="env-cr"),
+        pytest.param({"env": {"A": "\x00"}}, "env", "NUL", id="env-nul"),
+        pytest.param({"labels": {"team": "a\x00"}}, "labels", "", id="label-nul"),
+        pytest.param({"labels": {"team\r": "a"}}, "labels", "", id="label-cr"),
+        pytest.param({"image": "busybox\x00"}, "image", "NUL", id="image-nul"),
+        pytest.param({"command": ["python", "\ud800"]}, "command", "surrogate", id="argv-surrogate"),
+        pytest.param({"command": "echo \udfff"}, "command", "surrogate", id="shell-surrogate"),
+        pytest.param({"env": {"A": "x\ud83d"}}, "env", "surrogate", id="env-surrogate"),
+        pytest.param({"image": "\ud800"}, "image", "", id="image-surrogate"),
+        pytest.param({"name": "a\ud800"}, "name", "", id="name-surrogate"),
+    ],
+)
+def test_text_no_cluster_can_take_is_refused_at_the_edge(fields, field, what):
+    # sbatch refuses CR and NUL, and a lone surrogate cannot be written as UTF-8:
+    # accepted, each failed later as "cluster unreachable" and was retried for ever.
+    error = refused(**fields)
+
+    assert [d["field"] for d in error.details] == [field]
+    assert what in error.message
+
+
+def test_a_newline_inside_an_argv_item_or_env_value_is_still_kept():
+    spec = job(command=["python", "-c", "a\nb"], env={"SEP": "\n", "SMILE": "é😀"})
+
+    assert spec.command == ["python", "-c", "a\nb"]
+    assert spec.env == {"SEP": "\n", "SMILE": "é😀"}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"gpu_memory_gb": float("nan")}, id="gpu-memory-nan"),
+        pytest.param({"gpu_memory_gb": float("inf")}, id="gpu-memory-inf"),
+        pytest.param({"memory": float("nan")}, id="memory-nan"),
+        pytest.param({"memory": float("inf")}, id="memory-inf"),
+        pytest.param({"time_limit": float("nan")}, id="time-limit-nan"),
+        pytest.param({"time_limit": float("-inf")}, id="time-limit-inf"),
+        pytest.param({"env": {"A": float("nan")}}, id="env-nan"),
+        pytest.param({"labels": {"a": float("inf")}}, id="label-inf"),
+        pytest.param({"cpus": float("nan")}, id="cpus-nan"),
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused(fields):
+    error = refused(**fields)
+
+    assert [d["field"] for d in error.details] == list(fields)
+    assert "finite" in error.message or "not a" in error.message
+
+
+OVER_LIMITS = [
+    # (fields, field, the limit's number in the message, its setting)
+    pytest.param({"command": ["echo"] * 4097}, "command", "4096", "GPUSH_MAX_COMMAND_ITEMS", id="argv-items"),
+    pytest.param({"command": ["echo", "y" * 131_073]}, "command", "131072", "GPUSH_MAX_ARG_CHARS", id="argv-item"),
+    pytest.param({"command": "y" * 131_073}, "command", "131072", "GPUSH_MAX_ARG_CHARS", id="shell-command"),
+    pytest.param(
+        {"command": ["echo"] + ["y" * 100_000] * 3}, "command", "262144", "GPUSH_MAX_COMMAND_CHARS", id="argv-total"
+    ),
+    pytest.param({"env": {f"V{i}": "1" for i in range(1025)}}, "env", "1024", "GPUSH_MAX_ENV_VARS", id="env-count"),
+    pytest.param({"env": {"V" * 257: "1"}}, "env", "256", "GPUSH_MAX_ENV_NAME_CHARS", id="env-name"),
+    pytest.param({"env": {"V": "y" * 131_073}}, "env", "131072", "GPUSH_MAX_ENV_VALUE_CHARS", id="env-value"),
+    pytest.param(
+        {"env": {f"V{i}": "y" * 100_000 for i in range(3)}}, "env", "262144", "GPUSH_MAX_ENV_CHARS", id="env-total"
+    ),
+    pytest.param({"labels": {f"l{i}": "x" for i in range(129)}}, "labels", "128", "GPUSH_MAX_LABELS", id="labels"),
+    pytest.param({"image": "i" * 1025}, "image", "1024", "GPUSH_MAX_IMAGE_CHARS", id="image"),
+]
+
+
+@pytest.mark.parametrize(("fields", "field", "limit", "setting"), OVER_LIMITS)
+def test_a_field_over_its_limit_is_refused_naming_the_limit_and_its_setting(fields, field, limit, setting):
+    error = refused(**fields)
+
+    assert [d["field"] for d in error.details] == [field]
+    assert f"at most {int(limit):,}" in error.message or f"at most {limit}" in error.message
+    assert setting in error.message
+    assert len(error.message) < 2000  # the error does not echo the whole field
+
+
+def test_real_jobs_fit_well_inside_the_default_limits():
+    spec = job(
+        command=["torchrun", "--nproc-per-node=8", "train.py"] + [f"--opt{i}=v" for i in range(500)],
+        env={f"VAR_{i}": "x" * 1000 for i in range(200)},
+        labels={f"example.com/l{i}": "v" for i in range(64)},
+        image="registry.example.com:5000/" + "team/" * 20 + "image@sha256:" + "0" * 64,
+    )
+
+    assert len(spec.command) == 503
+
+
+def test_limits_are_read_from_gpush_environment_variables(limits_from_env):
+    assert job(labels={"a": "1", "b": "2", "c": "3"})
+    limits_from_env(labels=2, command_items=2)
+
+    assert spec_limits().labels == 2
+    assert "GPUSH_MAX_LABELS" in refused(labels={"a": "1", "b": "2", "c": "3"}).message
+    assert "GPUSH_MAX_COMMAND_ITEMS" in refused(command=["a", "b", "c"]).message
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "-3", "1.5"])
+def test_a_limit_that_is_not_a_positive_whole_number_is_refused_by_name(limits_from_env, value):
+    limits_from_env(env_vars=value)
+
+    with pytest.raises(GpushError, match=f"GPUSH_MAX_ENV_VARS={value!r} is not a whole number"):
+        spec_limits()
+
+
+def test_a_batch_over_its_limit_is_refused_before_its_jobs_are_read(limits_from_env):
+    limits_from_env(batch_jobs=3)
+    with pytest.raises(ValidationError) as info:
+        JobBatch.model_validate({"jobs": [{"kind": "nonsense"}] * 4})
+
+    (error,) = info.value.errors()
+    assert error["loc"] == ("jobs",)
+    assert "at most 3" in error["msg"] and "GPUSH_MAX_BATCH_JOBS" in error["msg"]
+    assert JobBatch.model_validate({"jobs": [{"kind": "training", "command": "true"}] * 3})
+
+
+def test_an_error_shows_a_shortened_value_not_the_whole_field():
+    error = refused(command=["echo", "y" * 200_000], env={"A": "\ud800"})
+
+    assert len(error.message) < 2000
+    assert all(len(str(d["value"])) < 1000 for d in error.details)
+    shown = [d["value"] for d in error.details if d["field"] == "env"][0]
+    assert "\ud800" not in str(shown)  # a lone surrogate cannot be written as UTF-8 JSON
+
+
+def test_a_label_key_far_too_long_is_refused_without_repeating_it():
+    error = refused(labels={"k" * 1_000_000: "v"})
+
+    assert "[prefix/]name" in error.message
+    assert len(error.message) < 2000

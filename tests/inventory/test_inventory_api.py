@@ -62,7 +62,8 @@ def admin(http):
 @pytest.fixture
 def agent(admin, http):
     """An agent token made as an admin makes one (role agent), and a client holding it."""
-    created = admin.post("/v1/admin/tokens", json={"user": "mig01", "tenant": "agents", "role": "agent"})
+    body = {"user": "mig01", "tenant": "agents", "role": "agent", "nodes": ["mig01"]}
+    created = admin.post("/v1/admin/tokens", json=body)
     assert created.status_code == 201, created.text
     assert created.json()["role"] == "agent"
     return http(token=created.json()["token"])
@@ -296,7 +297,8 @@ def test_cli_drift_text_says_there_is_none(gpush, embedded):
 
 
 def test_cli_agent_token_reports_and_is_refused_elsewhere(gpush, embedded):
-    created = gpush("admin", "token", "create", "--user", "mig01", "--tenant", "agents", "--role", "agent", "--json")
+    agent_token = ("--user", "mig01", "--tenant", "agents", "--role", "agent", "--nodes", "mig01")
+    created = gpush("admin", "token", "create", *agent_token, "--json")
     assert created.code == 0, created.err
     token = created.json["token"]
 

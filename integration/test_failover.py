@@ -1,0 +1,171 @@
+"""Fault drill: the leading `gpush server` killed with SIGKILL while API traffic goes on,
+several rounds, two servers on one PostgreSQL and a simulated cluster they share.
+
+Before issue 14's fix, each server process kept its own view of the simulated cluster
+and wrote it back over the others', and the server that took the lead reused that stale
+view: the jobs the dead leader had in flight stayed ``submitted`` for good, holding
+their tenant's share of the ledger (68 and 101 of them in two rounds of four). Here every
+round must end with 0 stuck, 0 lost, 0 duplicated cluster jobs, and a ledger equal to
+what runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from integration.test_servers import gpush, start_server, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUNDS = 3
+JOBS_PER_ROUND = 40
+FINISHED = {"succeeded", "failed", "cancelled"}
+
+
+def submit_all(urls: list[str], token: str, keys: list[str], errors: list[str]) -> None:
+    """Submit a job per key, retrying on whichever server answers (the same key twice is
+    one job: what a client does when its server dies mid-request)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    for key in keys:
+        body = {
+            "kind": "training",
+            "isolation": "hardware",
+            "gpu_memory_gb": 5,
+            "command": ["python", "train.py"],
+            "labels": {"sim-duration": "2"},
+            "idempotency_key": key,
+        }
+        for attempt in range(120):
+            url = urls[attempt % len(urls)]
+            try:
+                response = httpx.post(f"{url}/v1/jobs", json=body, headers=headers, timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.25)  # the server is gone: try again, as a client would
+                continue
+            if response.status_code in (200, 201):
+                break
+            if response.status_code >= 500:
+                errors.append(f"{key}: {response.status_code} {response.text[:200]}")
+                break
+        else:
+            errors.append(f"{key}: no server answered")
+
+
+def read_clusters(urls: list[str], token: str, stop: threading.Event) -> None:
+    """What dashboards and `gpush cluster list` do all day: every server's API reads the
+    clusters (each process's adapters answer health and inventory)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    while not stop.is_set():
+        for url in list(urls):
+            try:
+                httpx.get(f"{url}/v1/clusters", headers=headers, timeout=5)
+            except httpx.TransportError:
+                pass
+        stop.wait(0.1)
+
+
+def test_killing_the_leader_under_traffic_loses_strands_and_doubles_nothing(database_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUSH_DATA_DIR", str(tmp_path / "data"))  # the simulated cluster's shared state file
+    admin = ["--database-url", database_url]
+    gpush(*admin, "cluster", "add", "slurm-a", "--kind", "sim", "--fleet", str(ROOT / "examples" / "fleet.yaml"))
+    gpush(*admin, "cluster", "add", "k8s-a", "--kind", "sim", "--fleet", str(ROOT / "examples" / "fleet.yaml"))
+    gpush(*admin, "policy", "apply", str(ROOT / "policies" / "default.yaml"), "-m", "drill")
+    token = gpush(*admin, "admin", "token", "create", "--user", "alice", "--tenant", "ml").stdout.strip()
+    options = ("--workers", "1", "--cycle-interval", "0.2")
+    servers = [start_server(database_url, *options)]
+    time.sleep(1.0)  # the first one takes the lead
+    servers.append(start_server(database_url, *options))
+    headers = {"Authorization": f"Bearer {token}"}
+    submitted: list[str] = []
+    errors: list[str] = []
+    try:
+        for round_ in range(ROUNDS):
+            keys = [f"drill-{round_}-{n}" for n in range(JOBS_PER_ROUND)]
+            submitted += keys
+            urls = [url for _, url in servers]
+            traffic = threading.Thread(target=submit_all, args=(urls, token, keys, errors))
+            traffic.start()
+            stop_reading = threading.Event()
+            reader = threading.Thread(target=read_clusters, args=(urls, token, stop_reading))
+            reader.start()
+            time.sleep(1.0)  # jobs in every state when the leader dies
+            leader, _ = servers.pop(0)
+            os.killpg(leader.pid, signal.SIGKILL)
+            leader.wait(10)
+            servers.append(start_server(database_url, *options))
+            urls.append(servers[-1][1])
+            traffic.join(120)
+            stop_reading.set()
+            reader.join(10)
+            assert not errors, errors
+
+        url = servers[-1][1]
+
+        def jobs() -> list[dict]:
+            page = httpx.get(f"{url}/v1/jobs", params={"limit": 1000}, headers=headers, timeout=10)
+            return page.json()["jobs"]
+
+        # Every job ends: 2 s each on 12 MIG slices of slurm-a and the k8s fallback.
+        wait_for(
+            lambda: {j["state"] for j in jobs()} <= FINISHED and len(jobs()) >= len(submitted),
+            timeout=120,
+            what="every job to end after the leader was killed",
+        )
+        done = jobs()
+        keys = [j["spec"]["idempotency_key"] for j in done]
+        assert sorted(keys) == sorted(submitted), "a job was lost or submitted twice to gpush"
+        assert {j["state"] for j in done} == {"succeeded"}, {
+            j["id"]: j["state_reason"] for j in done if j["state"] != "succeeded"
+        }
+        backend_ids = [(j["cluster"], j["backend_id"]) for j in done]
+        assert len(set(backend_ids)) == len(done), "a job ran twice on a cluster"
+        usage = httpx.get(f"{url}/v1/tenants", headers=headers, timeout=10).json()
+        held = {t["name"]: t["gpu_used"] for t in (usage["tenants"] if isinstance(usage, dict) else usage)}
+        assert all(value == 0 for value in held.values()), f"the ledger holds GPUs for jobs that ended: {held}"
+    finally:
+        for proc, _ in servers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(10)
+
+
+def test_a_server_killed_mid_submission_loses_and_doubles_nothing(database_url, tmp_path, monkeypatch):
+    """SIGKILL of the only server while clients submit with idempotency keys, then a
+    restart: every key is one job, on PostgreSQL and on SQLite (the embedded default)."""
+    monkeypatch.setenv("GPUSH_DATA_DIR", str(tmp_path / "data"))
+    for url in (database_url, f"sqlite:///{tmp_path / 'gpush.db'}"):
+        if url.startswith("sqlite"):
+            gpush("--database-url", url, "db", "upgrade")
+        token = gpush(
+            "--database-url", url, "admin", "token", "create", "--user", "bob", "--tenant", "ml"
+        ).stdout.strip()
+        server, server_url = start_server(url, "--workers", "1", "--no-scheduler")
+        keys = [f"kill-{n}" for n in range(300)]
+        errors: list[str] = []
+        urls = [server_url]
+        clients = [threading.Thread(target=submit_all, args=(urls, token, keys[n::3], errors)) for n in range(3)]
+        for client in clients:
+            client.start()
+        try:
+            time.sleep(1.0)
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)
+            # The same port again, so the clients' retries reach the new process.
+            port = int(server_url.rsplit(":", 1)[1])
+            server, _ = start_server(url, "--workers", "1", "--no-scheduler", port=port)
+            for client in clients:
+                client.join(120)
+            assert not errors, errors
+            headers = {"Authorization": f"Bearer {token}"}
+            page = httpx.get(f"{server_url}/v1/jobs", params={"limit": 1000}, headers=headers, timeout=10).json()
+            stored = sorted(j["spec"]["idempotency_key"] for j in page["jobs"])
+            assert stored == sorted(keys), f"{url.split(':')[0]}: {len(stored)} jobs for {len(keys)} keys"
+        finally:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(10)
