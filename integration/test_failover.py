@@ -12,12 +12,15 @@ what runs.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from integration.test_servers import gpush, start_server, wait_for
 
@@ -49,6 +52,9 @@ def submit_all(urls: list[str], token: str, keys: list[str], errors: list[str]) 
                 continue
             if response.status_code in (200, 201):
                 break
+            if response.status_code in (502, 503, 504):  # retryable, as the SDK treats them
+                time.sleep(0.25)
+                continue
             if response.status_code >= 500:
                 errors.append(f"{key}: {response.status_code} {response.text[:200]}")
                 break
@@ -169,3 +175,69 @@ def test_a_server_killed_mid_submission_loses_and_doubles_nothing(database_url, 
             if server.poll() is None:
                 os.killpg(server.pid, signal.SIGTERM)
                 server.wait(10)
+
+
+def restart_postgresql() -> None:
+    """Restart this machine's PostgreSQL cluster (the one make test starts), as an
+    operator's restart or a failover of the database would look to the broker."""
+    dsn = os.environ.get("GPUSH_TEST_PG_DSN")
+    if dsn and "127.0.0.1" not in dsn and "localhost" not in dsn:
+        pytest.skip(f"GPUSH_TEST_PG_DSN names another server ({dsn}): this drill restarts the local one")
+    version = sorted(os.listdir("/etc/postgresql"), key=lambda v: [int(x) for x in v.split(".") if x.isdigit()])[-1]
+    ctl = shutil.which("pg_ctlcluster")
+    assert ctl, "pg_ctlcluster not found: integration/scripts/ensure-postgres.sh installs PostgreSQL"
+    subprocess.run([ctl, "--skip-systemctl-redirect", version, "main", "restart"], check=True, timeout=120)
+    wait_for(
+        lambda: subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode == 0,
+        timeout=60,
+        what="PostgreSQL to answer after its restart",
+    )
+
+
+def test_postgresql_restarted_under_a_running_broker(database_url, monkeypatch, tmp_path):
+    """The broker reconnects (API and scheduler, leadership taken again) and nothing is lost."""
+    monkeypatch.setenv("GPUSH_DATA_DIR", str(tmp_path / "data"))
+    admin = ["--database-url", database_url]
+    gpush(*admin, "cluster", "add", "slurm-a", "--kind", "sim", "--fleet", str(ROOT / "examples" / "fleet.yaml"))
+    gpush(*admin, "cluster", "add", "k8s-a", "--kind", "sim", "--fleet", str(ROOT / "examples" / "fleet.yaml"))
+    gpush(*admin, "policy", "apply", str(ROOT / "policies" / "default.yaml"), "-m", "drill")
+    token = gpush(*admin, "admin", "token", "create", "--user", "carol", "--tenant", "ml").stdout.strip()
+    server, url = start_server(database_url, "--workers", "1", "--cycle-interval", "0.2")
+    headers = {"Authorization": f"Bearer {token}"}
+    keys = [f"pg-{n}" for n in range(90)]
+    errors: list[str] = []
+    try:
+        traffic = threading.Thread(target=submit_all, args=([url], token, keys, errors))
+        traffic.start()
+        time.sleep(1.0)
+        restart_postgresql()
+        traffic.join(120)
+        assert not errors, errors
+        assert server.poll() is None, "the broker exited when PostgreSQL restarted"
+
+        def jobs() -> list[dict]:
+            try:
+                answer = httpx.get(f"{url}/v1/jobs", params={"limit": 1000}, headers=headers, timeout=10)
+            except httpx.TransportError:
+                return []
+            return answer.json()["jobs"] if answer.status_code == 200 else []
+
+        wait_for(
+            lambda: len(jobs()) == len(keys) and {j["state"] for j in jobs()} == {"succeeded"},
+            timeout=120,
+            what="every job to run and end after PostgreSQL restarted",
+        )
+        assert sorted(j["spec"]["idempotency_key"] for j in jobs()) == sorted(keys)
+        assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+    finally:
+        stop(server)
+
+
+def stop(server) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)

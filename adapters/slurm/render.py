@@ -37,6 +37,44 @@ from broker.core.schemas import JobSpec, parse_memory_mib, parse_time_limit
 from broker.jobenv.environment import job_environment
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Variables the shell running the script owns: bash's read-only ones (an export of one
+# fails, and ends the script where /bin/sh is bash in POSIX mode, as on RHEL), those it
+# recomputes or unsets when the job's program starts, and dash's OPTIND (an export that
+# is not a number ends the script). A job's value for one would never reach its program.
+SHELL_VARIABLES = frozenset(
+    {
+        "_",
+        "BASHOPTS",
+        "BASHPID",
+        "BASH_ALIASES",
+        "BASH_ARGC",
+        "BASH_ARGV",
+        "BASH_ARGV0",
+        "BASH_CMDS",
+        "BASH_COMMAND",
+        "BASH_LINENO",
+        "BASH_SOURCE",
+        "BASH_SUBSHELL",
+        "BASH_VERSINFO",
+        "DIRSTACK",
+        "EPOCHREALTIME",
+        "EPOCHSECONDS",
+        "EUID",
+        "FUNCNAME",
+        "GROUPS",
+        "HISTCMD",
+        "LINENO",
+        "OPTIND",
+        "PIPESTATUS",
+        "PPID",
+        "RANDOM",
+        "SECONDS",
+        "SHELLOPTS",
+        "SHLVL",
+        "SRANDOM",
+        "UID",
+    }
+)
 
 
 def tag_name(tag: str, job_id: int) -> str:
@@ -98,6 +136,12 @@ def render(
         raise Rejected(
             f"the Slurm adapter runs one replica per job; this placement has {placement.replicas} "
             "(route elastic inference to Kubernetes, or submit one job per replica)"
+        )
+    if owned := sorted(SHELL_VARIABLES.intersection(spec.env)):
+        raise Rejected(
+            f"the job sets {', '.join(owned)}: the shell of Slurm's batch script owns "
+            f"{'this variable' if len(owned) == 1 else 'these variables'}, so the program would never see the "
+            "job's value; use another name"
         )
     env = job_environment(job_id, spec, placement, device_memory_gb=gpu_memory_gb, path=DEFAULT_PATH)
     comment = f"{tag}:job-{job_id} tenant={spec.tenant or '-'} user={spec.user or '-'}"

@@ -13,6 +13,7 @@ as ``{"error": {"code", "message", "details"}}`` with the status of their type.
 
 from __future__ import annotations
 
+import sqlalchemy.exc
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy import Engine
@@ -53,6 +54,9 @@ def create_app(
     app.add_exception_handler(GpushError, responses.gpush_error)
     app.add_exception_handler(RequestValidationError, responses.validation_error)
     app.add_exception_handler(HTTPException, responses.http_error)
+    # Only connection-level errors: a bad statement is a bug and stays a 500.
+    app.add_exception_handler(sqlalchemy.exc.OperationalError, responses.database_unavailable)
+    app.add_exception_handler(sqlalchemy.exc.InterfaceError, responses.database_unavailable)
 
     for module in ROUTERS:
         app.include_router(module.router)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
 
-from broker.core.errors import GpushError, InvalidRequest, NotFound
+from broker.core.errors import GpushError, InvalidRequest, NotFound, Unavailable
 from broker.core.validation import describe_details, validation_details
 
 
@@ -195,3 +195,13 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
         message = "the body could not be read as JSON (not UTF-8, cut short or nested too deeply): send a JSON document"
         return error_response(_HttpError(400, "invalid", message))
     return error_response(_HttpError(exc.status_code, "error", _clean(str(exc.detail))), exc.headers)
+
+
+async def database_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    """The database dropped the connection or does not answer (a restart, a failover):
+    503 with Retry-After, which clients and the SDK retry, instead of a 500. SQLAlchemy
+    has already reset the pool, so the next request gets a fresh connection."""
+    error = Unavailable(
+        "the broker's database does not answer right now (restarting or failing over?): try again in a moment"
+    )
+    return error_response(error, headers={"Retry-After": "1"})

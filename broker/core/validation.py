@@ -107,15 +107,25 @@ def validation_details(
         if isinstance(value, dict | list) and loc == [] or err.get("type") == "missing":
             value = None
         value = shown_value(value)
-        details.append(
-            {"field": ".".join(loc) or ("(job)" if _is_job(body) else "(body)"), "value": value, "message": message}
-        )
+        field = ".".join(loc) or ("(job)" if _is_job(body) else "(body)")
+        if len(field) > SHOWN_CHARS:  # a path through a long key (env, labels, an unknown field)
+            field = field[: SHOWN_CHARS - 1] + "…"
+        details.append({"field": field, "value": value, "message": message})
     return details
+
+
+# The most errors one message lists: a spec with thousands of bad items (a command of
+# 4,096 lists) gets the first ones and a count, not a message many times its own size.
+MAX_LISTED_ERRORS = 50
 
 
 def describe_details(details: list[dict[str, Any]]) -> str:
     parts = []
-    for d in details:
-        shown = "" if d["value"] is None else f" = {d['value']!r}"
+    for d in details[:MAX_LISTED_ERRORS]:
+        text = repr(d["value"])  # a shown value is short, but its repr escapes again
+        text = text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+        shown = "" if d["value"] is None else f" = {text}"
         parts.append(f"{d['field']}{shown}: {d['message']}")
+    if len(details) > MAX_LISTED_ERRORS:
+        parts.append(f"... and {len(details) - MAX_LISTED_ERRORS} more errors: fix these and try again")
     return "; ".join(parts)

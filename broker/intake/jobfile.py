@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from broker.core.errors import InvalidRequest
 from broker.core.schemas import JobSpec
-from broker.core.validation import describe_details, validation_details
+from broker.core.validation import MAX_LISTED_ERRORS, describe_details, validation_details
 from broker.core.yamltext import load_yaml
 
 
@@ -30,7 +30,8 @@ def validate_spec(fields: dict[str, Any], *, where: str = "") -> JobSpec:
     except ValidationError as exc:
         details = _details(exc)
         head = f"{where}: " if where else ""
-        raise InvalidRequest(f"{head}invalid job: {describe_details(details)}", details=details) from None
+        message = f"{head}invalid job: {describe_details(details)}"
+        raise InvalidRequest(message, details=details[:MAX_LISTED_ERRORS]) from None
 
 
 def load_documents(text: str, *, source: str) -> list[dict[str, Any]]:

@@ -272,3 +272,23 @@ def test_every_route_documents_its_errors_in_the_envelope(app):
                     assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (method, path, status)
             if "requestBody" in op:
                 assert {"400", "413", "415", "422"} <= set(op["responses"]), (method, path)
+
+
+@pytest.mark.parametrize("error", ["OperationalError", "InterfaceError"])
+def test_a_database_that_drops_its_connections_is_503_to_retry_not_500(http, monkeypatch, error):
+    """Found by the PostgreSQL-restart drill (integration/test_failover.py): while the
+    database restarted, submissions answered 500, which clients do not retry."""
+    import sqlalchemy.exc
+
+    from broker.intake import queue
+
+    def dropped(*_args, **_kwargs):
+        raise getattr(sqlalchemy.exc, error)(
+            "INSERT ...", {}, Exception("terminating connection due to administrator command")
+        )
+
+    monkeypatch.setattr(queue, "submit_jobs", dropped)
+    answer = http().post("/v1/jobs", json={"kind": "batch", "command": ["x"]})
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["Retry-After"] == "1"
+    assert answer.json()["error"]["code"] == "unavailable"
