@@ -10,6 +10,7 @@ are read back.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -26,13 +27,14 @@ from broker.core.clusters import AdapterPool, add_cluster, list_clusters
 from broker.core.models import Job, JobEvent
 from broker.core.schemas import JobSpec, Role
 from broker.intake import queue
+from broker.placement.tenants import tenant_usage
 from broker.routing import policy as policy_engine
 from broker.routing import versions as policystore
 from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
 from broker.scheduling.submission import Submission
 from integration.brokers import QueueAccess
-from integration.slurm.cluster import SlurmTestCluster, _read_env_file
+from integration.slurm.cluster import ACTIVE_STATES, SlurmTestCluster, _read_env_file
 
 ADMIN = Principal(user="root", tenant="ops", role=Role.ADMIN)
 TOKEN_ENV = "GPUSH_TEST_SLURM_JWT"
@@ -105,6 +107,17 @@ class Broker(QueueAccess):
         with self.sessions() as session:
             rows = session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars()
             return [e.to_state for e in rows]
+
+    def event_rows(self, job_id: int) -> list[JobEvent]:
+        with self.sessions() as session:
+            return list(
+                session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars()
+            )
+
+    def held_gpus(self) -> float:
+        """GPU-equivalents the fair-share ledger counts as held, all tenants."""
+        with self.sessions() as session:
+            return sum(t.gpu_used for t in tenant_usage(session))
 
     def summary(self) -> list[tuple]:
         """gpush's view of every job, and Slurm's of those it has (for failure messages)."""
@@ -404,3 +417,85 @@ def test_slurmctld_down_in_a_burst_loses_and_doubles_nothing(broker: Broker, slu
     broker.cycle_until(lambda: set(broker.states(everything).values()) == {"succeeded"}, timeout=60)
     counts = tagged_in_slurm(slurm, broker)
     assert all(counts[i] == 1 for i in everything), counts
+
+
+def _restart_slurmctld(slurm: SlurmTestCluster, timeout: float = 30.0) -> None:
+    """slurmctld alone, as systemd restarts a crashed one: slurmd, the running job steps
+    and slurmrestd stay as they are. Returns once every node has registered again."""
+    subprocess.run(["slurmctld", "-f", str(slurm.conf)], env=slurm.env(), check=True, timeout=30)
+    deadline = time.monotonic() + timeout
+    while not slurm.is_up():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"slurmctld did not come back in {timeout:g}s\n{slurm.log_tail(10)}")
+        time.sleep(0.2)
+
+
+def _kill_slurmctld(slurm: SlurmTestCluster) -> None:
+    pid = _slurmctld_pid(slurm)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"slurmctld ({pid}) still alive 10 s after SIGKILL")
+        time.sleep(0.05)
+
+
+def test_slurmctld_killed_mid_burst_loses_and_doubles_nothing(broker: Broker, slurm, tmp_path):
+    """slurmctld is killed with SIGKILL in the middle of a burst, before it saved the
+    burst: its state on disk is the one from before the burst, as when it dies between
+    two saves (every few seconds; Slurm's FAQ "How could some jobs submitted immediately
+    before the slurmctld daemon crashed be lost?"). Restarted alone, as systemd would, it
+    has forgotten the jobs, ends the running ones' processes as orphans when the nodes
+    register, and would give their job ids out again, which the nodes refuse as
+    duplicates (draining themselves). gpush puts the lost jobs back in its queue with the
+    reason, skips the reused ids, runs every job to completion exactly once (each writes
+    a line when it completes; a run slurmctld lost is ended long before), and holds no
+    GPU at the end, in Slurm's books or its own.
+    """
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    runs.chmod(0o777)
+    finish = ["sh", "-c", f'sleep 20; echo done >> "{runs}/$GPUSH_JOB_ID"']
+    saved = tmp_path / "ctld-before-the-burst"
+    ctld_state = slurm.state / "ctld"
+    shutil.copytree(ctld_state, saved)
+
+    # Quick jobs end while slurmctld is down: no record of them survives anywhere, so
+    # they run again (at least once, as Slurm's own requeue would), and the nodes that
+    # ran them keep their ids as launched.
+    quick = ["sh", "-c", f'touch "{runs}/$GPUSH_JOB_ID.started"; sleep 2; echo done >> "{runs}/$GPUSH_JOB_ID"']
+
+    burst = [broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=finish) for _ in range(9)]
+    broker.cycle_until(lambda: "running" in broker.states(burst).values(), timeout=20, pause=0.2)
+    late = [broker.submit(kind="inference", isolation="process", gpu_memory_gb=10, command=quick) for _ in range(3)]
+    late += [broker.submit(kind="training", gpus=1, command=quick) for _ in range(2)]
+    broker.cycle_until(lambda: all((runs / f"{i}.started").exists() for i in late), timeout=20, pause=0.1)
+    seen = broker.states(burst + late)
+    _kill_slurmctld(slurm)
+    deadline = time.monotonic() + 20  # the quick jobs end; their ends reach no controller
+    while not all((runs / str(i)).exists() for i in late) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)
+    # The crash: what slurmctld had saved is from before the burst.
+    shutil.rmtree(ctld_state)
+    shutil.copytree(saved, ctld_state)
+    _restart_slurmctld(slurm)
+
+    everything = burst + late
+    broker.cycle_until(lambda: set(broker.states(everything).values()) == {"succeeded"}, timeout=150, pause=0.5)
+
+    completed = {int(p.name): len(p.read_text().splitlines()) for p in runs.iterdir() if p.name.isdigit()}
+    assert {i: completed.get(i) for i in burst} == dict.fromkeys(burst, 1), (seen, broker.summary())
+    assert {i: completed.get(i) for i in late} == dict.fromkeys(late, 2), (seen, broker.summary())
+    reasons = {i: " ".join(e.reason or "" for e in broker.event_rows(i)) for i in everything}
+    lost_running = [i for i in everything if "lost the job while it ran" in reasons[i]]
+    lost_waiting = [i for i in everything if "lost the job before it was seen running" in reasons[i]]
+    assert lost_running, (seen, reasons)  # the burst was running when slurmctld died
+    assert set(lost_running) | set(lost_waiting) == {i for i, s in seen.items() if s in ("submitted", "running")}
+    # No node refused a reused id: none drained, no job of gpush held by Slurm.
+    assert not any(n.unavailable for n in broker.adapter().client.nodes()), broker.summary()
+    assert "Duplicate jobid" not in (slurm.log_dir / "slurmctld.log").read_text()
+    # Nothing holds a GPU: Slurm's GRES and gpush's ledger are both back to zero.
+    assert not slurm.run("squeue", "-h", "-t", ACTIVE_STATES, "-o", "%i").stdout.strip()
+    assert all(not any(g.count for g in n.gres_used if g.name == "gpu") for n in broker.adapter().client.nodes())
+    assert broker.held_gpus() == 0

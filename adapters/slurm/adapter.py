@@ -34,6 +34,7 @@ caller may assume beyond the protocol's own guarantees:
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import re
 import threading
@@ -48,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.settings import key_value_pairs, load_settings
 from adapters.slurm.client import SlurmClient, make_client
-from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode
+from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode, Submission
 from adapters.slurm.render import job_id_of, render
 from broker.core.adapter import (
     AdapterError,
@@ -58,6 +59,7 @@ from broker.core.adapter import (
     CapacityUnit,
     Health,
     Placement,
+    Rejected,
     Sharing,
     StatusPage,
     submit_each,
@@ -71,6 +73,9 @@ _FINAL = FINAL_STATES
 # Slurm's times have a resolution of 1 s: after a restart, changes this close to the
 # cursor are reported again rather than missed (a repeat changes nothing).
 _SLACK = timedelta(seconds=2)
+_log = logging.getLogger(__name__)
+# The most job ids skipped after slurmctld lost jobs (about as many as it lost).
+_MAX_SKIPPED = 1000
 
 
 class SlurmSettings(BaseModel):
@@ -101,6 +106,12 @@ class SlurmSettings(BaseModel):
         ge=0,
         description="jobs the broker may leave pending in Slurm's queue beyond what fits now "
         "(Slurm starts jobs faster with a queue to choose from; they are committed to this cluster)",
+    )
+    min_job_age: int = Field(
+        300,
+        ge=0,
+        description="slurm.conf's MinJobAge: a job that leaves squeue sooner after it was seen "
+        "unfinished cannot have ended normally, so slurmctld lost it (a crash) and it runs again",
     )
     cache_seconds: float = Field(1.0, ge=0)
     timeout: float = Field(30.0, gt=0)
@@ -135,6 +146,7 @@ class SlurmAdapter:
         self.clock = clock or utcnow
         self.client = client or make_client(self.settings.model_dump())
         self._lock = threading.RLock()
+        self._skipping = threading.Lock()  # one pass of _skip_reused_ids at a time
         self._known: dict[int, str] = {}  # gpush id -> Slurm job id, of jobs this process saw
         self._primed = False
         self._active: set[int] = set()  # gpush ids not yet final at the last status read
@@ -142,6 +154,10 @@ class SlurmAdapter:
         self._node_listing: tuple[float, list[SlurmNode]] | None = None
         self._read_finished = False  # the first status read after a start also reads finished jobs
         self._reported: dict[int, tuple[BackendState, str | None]] = {}  # what the last page said
+        # gpush id -> (when squeue last listed it unfinished (monotonic), its Slurm job id)
+        self._seen: dict[int, tuple[float, str]] = {}
+        # After slurmctld lost jobs: the highest job id it may give out again (see _skip_reused_ids)
+        self._reused_up_to: int | None = None
 
     # -- reads, shared within cache_seconds ---------------------------------------------
 
@@ -193,6 +209,7 @@ class SlurmAdapter:
         return Health(True, detail, version)
 
     def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+        self._skip_reused_ids()
         with self._lock:
             if not self._primed:
                 self._prime()
@@ -263,9 +280,10 @@ class SlurmAdapter:
         with self._lock:
             reported = dict(self._reported)
         now_reported: dict[int, tuple[BackendState, str | None]] = {}
+        read_at = time.monotonic()
         out: list[BackendJob] = []
         latest = since
-        current: set[int] = set()
+        current: dict[int, str] = {}  # unfinished gpush jobs -> their Slurm job ids
         for job_id, records in tagged.items():
             job = self._real(records)
             if job is None:
@@ -274,7 +292,7 @@ class SlurmAdapter:
             if changed is not None and (latest is None or changed > latest):
                 latest = changed
             if job.state not in _FINAL:
-                current.add(job_id)
+                current[job_id] = job.job_id
             backend = self._backend(job_id, job, usage)
             seen = reported.get(job_id)
             if seen is not None:
@@ -290,6 +308,7 @@ class SlurmAdapter:
             catch_up = not self._read_finished and since is not None
             self._read_finished = True
         if vanished or catch_up:
+            lost = 0
             records = {}
             for record in self.client.finished(None if vanished else since - _SLACK):
                 job_id = job_id_of(self.settings.tag, record.name)
@@ -301,26 +320,96 @@ class SlurmAdapter:
             for job_id, record in records.items():
                 out.append(self._finished(job_id, record))
             for job_id in vanished - set(records):
-                last = reported.get(job_id, (None, None))[0]
-                if last in (None, BackendState.PENDING):
-                    # Gone before it started, with no record: slurmctld lost it (a crash
-                    # before it saved its state). It never ran, so it can run again.
-                    state = BackendState.LOST
-                    why = f"{self.name} lost the job before it started (slurmctld restarted without it)"
+                backend_id = self._seen[job_id][1] if job_id in self._seen else self._known.get(job_id, "?")
+                state, why = self._vanished(job_id, reported.get(job_id, (None, None))[0], read_at)
+                if state == BackendState.LOST:
                     with self._lock:
                         self._known.pop(job_id, None)  # a resubmission must reach Slurm
-                else:
-                    state = BackendState.FAILED
-                    why = (
-                        f"left {self.name}'s queue with no record of how it ended "
-                        "(no accounting, no readable job completion log: set jobcomp_file)"
-                    )
-                out.append(BackendJob(job_id, self._known.get(job_id, "?"), state, reason=why))
+                    if backend_id.isdigit():
+                        lost = max(lost, int(backend_id))
+                out.append(BackendJob(job_id, backend_id, state, reason=why))
+            if lost:
+                with self._lock:
+                    self._reused_up_to = max(lost, self._reused_up_to or 0)
         with self._lock:
-            self._active = current
+            self._active = set(current)
             self._reported = now_reported
+            self._seen = {job_id: (read_at, backend_id) for job_id, backend_id in current.items()}
         cursor_out = f"t={int(latest.timestamp())}" if latest is not None else cursor
         return StatusPage(out, cursor_out)
+
+    def _skip_reused_ids(self) -> None:
+        """After slurmctld lost jobs, move its job ids past theirs before submitting again.
+
+        A restarted slurmctld that lost its latest state gives the lost jobs' ids out
+        again. The nodes still remember the ids they launched (slurmd keeps them until
+        slurmctld tells it the job ended, which the new one never does), so a new job with
+        such an id is refused as "already running, do not launch second copy": Slurm
+        requeues it held and drains the node ("Duplicate jobid"). Seen on the test
+        cluster, Slurm 22.05. So the first submission after a loss asks for those ids as
+        held placeholder jobs that run nothing and are cancelled at once, until Slurm's
+        ids have reached the highest lost one (at most ``_MAX_SKIPPED`` of them).
+        """
+        with self._skipping:
+            with self._lock:
+                target, self._reused_up_to = self._reused_up_to, None
+            if target is None:
+                return
+            placeholder = Submission(
+                name=f"{self.settings.tag}-skip",
+                comment=f"{self.settings.tag}: a job id {self.name} gave out again after losing its state; never runs",
+                script="#!/bin/sh\ntrue\n",
+                gres="",
+                cpus_per_task=1,
+                memory_mb=None,
+                time_limit_minutes=1,
+                partition=self.settings.partition,
+                account=self.settings.account,
+                qos=self.settings.qos,
+                workdir=self.settings.workdir,
+                output="/dev/null",
+                environment={"PATH": "/usr/bin:/bin"},  # slurmrestd refuses a job without one
+                hold=True,
+            )
+            for _ in range(_MAX_SKIPPED):
+                try:
+                    skipped = self.client.submit(placeholder)
+                    self.client.cancel(skipped)
+                except Rejected as exc:
+                    # The site refuses even a held job of ours: submit as before, and say why.
+                    _log.warning("%s: could not skip the job ids slurmctld gives out again: %s", self.name, exc)
+                    return
+                except AdapterError:
+                    with self._lock:  # try again with the next submission
+                        self._reused_up_to = max(target, self._reused_up_to or 0)
+                    raise
+                if not skipped.isdigit() or int(skipped) >= target:
+                    return
+
+    def _vanished(self, job_id: int, last: BackendState | None, now: float) -> tuple[BackendState, str]:
+        """A job squeue no longer lists and no record explains: lost by slurmctld, or ended
+        with nothing left to say how.
+
+        slurmctld keeps a finished job in squeue for MinJobAge seconds. One that is gone
+        sooner after it was last seen unfinished did not end: slurmctld lost it, crashing
+        before it saved its state (every few seconds), and on restart it forgot the job and
+        ended its processes as orphans. It can run again, as Slurm's own requeue after a
+        node failure would run it (JobRequeue=1, Slurm's default).
+        """
+        seen = self._seen[job_id][0] if job_id in self._seen else None
+        if last in (None, BackendState.PENDING):
+            return BackendState.LOST, (
+                f"{self.name} lost the job before it was seen running (slurmctld restarted without it)"
+            )
+        if seen is not None and now - seen < self.settings.min_job_age:
+            return BackendState.LOST, (
+                f"{self.name} lost the job while it ran (slurmctld restarted without it "
+                "and ended its processes); it runs again from the start"
+            )
+        return BackendState.FAILED, (
+            f"left {self.name}'s queue with no record of how it ended "
+            "(no accounting, no readable job completion log: set jobcomp_file)"
+        )
 
     def inventory(self) -> list[CapacityUnit]:
         nodes = self._nodes()
@@ -492,6 +581,14 @@ class SlurmAdapter:
     def pending_reason(self, job: SlurmJob, usage: Callable[[], _Usage | None] | None = None) -> str:
         """Why a job waits in Slurm, in the user's terms. ``usage``: the cluster's GRES use,
         read once for a whole status page (by default read now)."""
+        waiting = self._pending_reason(job, usage)
+        if job.restarts:
+            # Requeued by Slurm itself (its node failed, it was preempted, scontrol requeue).
+            times = "once" if job.restarts == 1 else f"{job.restarts} times"
+            return f"requeued by {self.name} (it started there {times} before); {waiting}"
+        return waiting
+
+    def _pending_reason(self, job: SlurmJob, usage: Callable[[], _Usage | None] | None) -> str:
         reason = job.reason
         if reason == "Resources" and "DOWN, DRAINED" in job.description:
             # 22.05 keeps the reason Resources when the job's only nodes are drained
@@ -521,7 +618,8 @@ class SlurmAdapter:
             "JobHeldAdmin": f"held by a {self.name} administrator (scontrol release)",
             "JobHeldUser": "held by its user (scontrol release)",
             "Dependency": "waiting for the jobs it depends on",
-            "BeginTime": "waiting for its begin time",
+            "BeginTime": "waiting for its begin time"
+            + (f" ({job.eligible_time:%Y-%m-%d %H:%M:%S} UTC)" if job.eligible_time else ""),
             "NodeDown": f"a node it needs on {self.name} is down",
         }
         if reason in explained:

@@ -73,6 +73,9 @@ _OUTAGES = (
 )
 # Slurm's error numbers (slurm_errno.h) of its communication layer (1000s) and sockets
 # (5000s), and the system's of a connection, as slurmrestd reports them.
+# slurm_errno.h: what slurmctld answers a job submitted held ("Job is in held state,
+# pending scheduler release"), with the job's id: sbatch prints nothing of it.
+ESLURM_JOB_HELD = 2042
 _OUTAGE_NUMBERS = (range(1000, 2000), range(5000, 6000))
 _OUTAGE_ERRNOS = frozenset(
     {
@@ -358,7 +361,7 @@ class RestBackend:
             numbers = tuple(
                 n for e in errors for n in (e.get("error_number"), e.get("error_code")) if isinstance(n, int)
             )
-            raise RestError(response.status_code, message, numbers=numbers, from_slurm=bool(errors))
+            raise RestError(response.status_code, message, numbers=numbers, from_slurm=bool(errors), answer=data)
         return data
 
     def api_version(self) -> str:
@@ -414,6 +417,8 @@ class RestBackend:
         try:
             data = self._request("POST", "job/submit", body)
         except RestError as exc:
+            if job.hold and exc.numbers and set(exc.numbers) <= {ESLURM_JOB_HELD} and exc.answer.get("job_id"):
+                return str(exc.answer["job_id"])  # "Job is in held state": what was asked for
             if exc.from_slurm and not _outage(exc.message, exc.numbers):
                 raise Rejected(f"Slurm refused the job: {exc.message}") from None
             raise Unreachable(f"slurmrestd: {exc.message}") from None
@@ -431,15 +436,19 @@ class RestBackend:
             "standard_output": job.output,
             "cpus_per_task": job.cpus_per_task,
         }
+        if job.hold:
+            body["hold"] = True
         if legacy:
-            body["gres"] = job.gres
+            if job.gres:
+                body["gres"] = job.gres
             body["environment"] = dict(job.environment)
             if job.memory_mb:
                 body["memory_per_node"] = job.memory_mb
             if job.time_limit_minutes:
                 body["time_limit"] = job.time_limit_minutes
         else:
-            body["tres_per_node"] = _tres(job.gres)
+            if job.gres:
+                body["tres_per_node"] = _tres(job.gres)
             body["environment"] = [f"{k}={v}" for k, v in job.environment.items()]
             if job.memory_mb:
                 body["memory_per_node"] = {"set": True, "number": job.memory_mb}
@@ -485,12 +494,21 @@ class RestError(Unreachable):
     ``from_slurm``: the answer carried Slurm's own errors (``numbers``: their error
     numbers), rather than being a proxy's page or a server that is not slurmrestd."""
 
-    def __init__(self, status: int, message: str, *, numbers: tuple[int, ...] = (), from_slurm: bool = False):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        numbers: tuple[int, ...] = (),
+        from_slurm: bool = False,
+        answer: dict[str, Any] | None = None,
+    ):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message
         self.numbers = numbers
         self.from_slurm = from_slurm
+        self.answer = answer or {}  # the body, which may still name a job
 
 
 def _tres(gres: str) -> str:

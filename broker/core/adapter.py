@@ -130,8 +130,8 @@ class BackendState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    # The cluster no longer has the job and it never started there (a controller that
-    # crashed before saving it): the broker puts it back in the queue.
+    # The cluster no longer has the job and did not end it (a controller that crashed
+    # before saving it, whether or not it had started): the broker puts it back in the queue.
     LOST = "lost"
 
 

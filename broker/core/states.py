@@ -61,6 +61,7 @@ TRANSITIONS: dict[tuple[JobState, JobState], str] = {
     (S.RUNNING, S.FAILED): "the job exited non-zero, ran out of time or memory, or its node died",
     (S.RUNNING, S.CANCELLED): "the cluster stopped it on a cancel intent",
     (S.RUNNING, S.REQUEUED): "preempted, or its node was lost: it goes back to the queue",
+    (S.RUNNING, S.SUBMITTED): "the cluster requeued the job itself (its node failed): it waits there to run again",
     (S.REQUEUED, S.QUEUED): "the requeued job takes its place in the global queue again",
     (S.REQUEUED, S.CANCELLED): "cancelled while waiting to be requeued",
 }

@@ -132,13 +132,17 @@ class StatusSync:
                 continue
             state = current[backend.job_id]
             if backend.state == BackendState.PENDING:
-                if state == S.SUBMITTED and backend.reason and backend.reason != row.state_reason:
+                if state == S.RUNNING:  # the cluster requeued it itself: it waits there again
+                    waiting = backend.reason or f"requeued by {cluster}"
+                    chains[backend.job_id].append((S.RUNNING, S.SUBMITTED, waiting))
+                    current[backend.job_id] = S.SUBMITTED
+                elif state == S.SUBMITTED and backend.reason and backend.reason != row.state_reason:
                     pending[backend.job_id] = backend.reason
                 continue
             if backend.state == BackendState.LOST:
-                if state == S.SUBMITTED:  # it never started: run it again, wherever it now fits
-                    lost = backend.reason or f"{cluster} lost the job before it started"
-                    chains[backend.job_id] += [(S.SUBMITTED, S.REQUEUED, lost), (S.REQUEUED, S.QUEUED, "queued again")]
+                if state in (S.SUBMITTED, S.RUNNING):  # the cluster forgot it: run it again, wherever it now fits
+                    lost = backend.reason or f"{cluster} lost the job"
+                    chains[backend.job_id] += [(state, S.REQUEUED, lost), (S.REQUEUED, S.QUEUED, "queued again")]
                     current[backend.job_id] = S.QUEUED
                 continue
             target = _BACKEND_TARGETS.get(backend.state)

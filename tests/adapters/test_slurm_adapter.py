@@ -13,6 +13,8 @@ import json
 import re
 import subprocess
 import threading
+import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,12 +22,20 @@ from typing import Any
 import httpx
 import pytest
 
+from adapters.slurm import adapter as slurm_adapter
 from adapters.slurm import client as slurm_client
 from adapters.slurm.adapter import SlurmAdapter, SlurmSettings
 from adapters.slurm.client import CliBackend, RestBackend, SlurmClient, read_jobcomp
 from adapters.slurm.records import FinishedRecord, Gres, SlurmJob, SlurmNode, Submission, parse_gres
 from adapters.slurm.render import gres_for, render
-from broker.core.adapter import BackendState, ClusterAdapter, Placement, Rejected, Sharing, Unreachable
+from broker.core.adapter import (
+    BackendState,
+    ClusterAdapter,
+    Placement,
+    Rejected,
+    Sharing,
+    Unreachable,
+)
 from broker.core.errors import InvalidRequest
 from broker.core.schemas import JobSpec
 
@@ -100,6 +110,9 @@ class RecordedSlurm:
         self.submitted.append(job)
         self.next_id += 1
         job_id = str(self.next_id)
+        if job.hold and not job.gres:  # a placeholder: takes nothing, never runs
+            self.job_list.append(replace(self.job_list[0], job_id=job_id, name=job.name, states=("PENDING",)))
+            return job_id
         wanted = parse_gres(job.gres)[0]
         offered = {(g.name, g.type) for node in self.node_list for g in node.gres}
         known = (wanted.name, wanted.type) in offered or (
@@ -622,11 +635,59 @@ def test_jobs_that_change_are_reported_once_and_those_that_left_squeue_from_the_
     assert gpush.statuses(later.cursor).jobs == []
 
 
-def test_a_job_that_left_squeue_with_no_record_is_reported_failed_with_that_reason():
+def test_a_running_job_gone_sooner_than_min_job_age_was_lost_by_slurmctld_and_runs_again():
+    # slurmctld keeps an ended job in squeue for MinJobAge (300 s by default): gpush-9,
+    # running a moment ago and gone with no record, was lost by a crashed controller.
     slurm = recorded_2205()
     gpush = adapter(slurm)
     first = gpush.statuses()
     slurm.job_list = [job for job in slurm.job_list if job.name != "gpush-9"]
+
+    page = gpush.statuses(first.cursor)
+
+    assert report(page) == {
+        9: (
+            BackendState.LOST,
+            "slurm-a lost the job while it ran (slurmctld restarted without it and ended its processes); "
+            "it runs again from the start",
+        )
+    }
+
+
+def test_after_slurmctld_lost_jobs_the_ids_it_gives_out_again_are_skipped_first():
+    # A restarted slurmctld gives a lost job's id out again, and the node that ran it
+    # refuses a new job with that id ("already running, do not launch second copy"):
+    # Slurm requeues the new job held and drains the node (seen on the test cluster). So
+    # the first submission after a loss moves Slurm's ids past the lost ones with held
+    # placeholders, cancelled at once.
+    slurm = recorded_2205()
+    gpush = adapter(slurm)
+    first = gpush.statuses()
+    assert by_name(slurm.job_list)["gpush-9"].job_id == "5"
+    slurm.job_list = [job for job in slurm.job_list if job.name != "gpush-9"]
+    assert report(gpush.statuses(first.cursor))[9][0] == BackendState.LOST
+    slurm.next_id = 2  # the restarted slurmctld counts on from its saved state: 3, 4, 5 again
+
+    assert gpush.submit(9, spec(), mig()) == "6"
+
+    skipped = slurm.submitted[:-1]
+    assert [(s.name, s.hold, s.gres) for s in skipped] == [("gpush-skip", True, "")] * 3
+    assert "--hold" in skipped[0].sbatch_args() and not any(a.startswith("--gres") for a in skipped[0].sbatch_args())
+    assert slurm.cancelled == ["3", "4", "5"]
+    assert slurm.submitted[-1].name == "gpush-9" and not slurm.submitted[-1].hold
+    # past them, submissions go straight to Slurm
+    gpush.submit(20, spec(), mig())
+    assert [s.name for s in slurm.submitted[-1:]] == ["gpush-20"] and slurm.cancelled == ["3", "4", "5"]
+
+
+def test_a_job_that_left_squeue_with_no_record_is_reported_failed_with_that_reason(monkeypatch):
+    slurm = recorded_2205()
+    gpush = adapter(slurm, min_job_age=300)
+    first = gpush.statuses()
+    slurm.job_list = [job for job in slurm.job_list if job.name != "gpush-9"]
+    # The broker looks again only after MinJobAge: the job may have ended and aged out.
+    later = time.monotonic() + 301
+    monkeypatch.setattr(slurm_adapter.time, "monotonic", lambda: later)
 
     page = gpush.statuses(first.cursor)
 
@@ -656,6 +717,29 @@ def test_pending_reasons_say_what_the_job_waits_for():
 
     limited = SlurmJob.of(dict(raw_job(V2205 / "squeue.json", "gpush-8"), state_reason="QOSMaxGRESPerUser"))
     assert "a Slurm limit of slurm-a (QOSMaxGRESPerUser" in gpush.pending_reason(limited)
+
+
+def test_a_job_slurm_requeued_itself_says_so_and_when_it_may_start(monkeypatch):
+    # Recorded: "Batch JobId=5 missing from batch node mig01 (not found BatchStartTime
+    # after startup), Requeuing job": PENDING, reason BeginTime, restart_cnt 1, eligible
+    # again two minutes later.
+    requeued = SlurmJob.of(
+        dict(
+            raw_job(V2205 / "squeue.json", "gpush-9"),
+            job_state="PENDING",
+            state_reason="BeginTime",
+            restart_cnt=1,
+            eligible_time=int(utc("2026-12-03T09:30:10").timestamp()),
+        )
+    )
+    assert adapter(recorded_2205()).pending_reason(requeued) == (
+        "requeued by slurm-a (it started there once before); waiting for its begin time (2026-12-03 09:30:10 UTC)"
+    )
+    slurm = recorded_2205()
+    gpush = adapter(slurm)
+    first = gpush.statuses()
+    slurm.job_list = [requeued if job.name == "gpush-9" else job for job in slurm.job_list]
+    assert report(gpush.statuses(first.cursor))[9][0] == BackendState.PENDING
 
 
 def test_a_job_waiting_on_drained_nodes_is_told_so():
@@ -816,6 +900,8 @@ class RecordedRestd:
             return httpx.Response(200, json=self.nodes())
         if what == "job/submit":
             job = json.loads(request.content)["job"]
+            if job.get("hold") and (self.folder / "rest_submit_held_200.json").exists():
+                return httpx.Response(200, json=answer(self.folder / "rest_submit_held_200.json"))
             asked = parse_gres(job.get("gres") or job.get("tres_per_node"))[0]
             if (asked.name, asked.type) not in self.gres:
                 return httpx.Response(500, json=answer(self.folder / "rest_submit_refused_500.json"))
@@ -843,6 +929,14 @@ def submission(gres: str = "gpu:1g.5gb:1") -> Submission:
     )
     assert job.gres == gres
     return job
+
+
+def test_rest_takes_slurms_held_answer_to_a_held_job_for_its_id():
+    # Recorded from slurmrestd 22.05: a job submitted held comes back with its id and
+    # error 2042 "Job is in held state, pending scheduler release", which sbatch keeps to
+    # itself. For a held job that is the answer asked for, not a refusal.
+    held = replace(submission(), name="gpush-skip", gres="", hold=True)
+    assert rest(RecordedRestd(V2205)).submit(held) == "2"
 
 
 def test_rest_on_22_05_discovers_v0_0_38_and_reads_the_cluster():

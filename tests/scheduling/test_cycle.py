@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from broker.core.adapter import Sharing
+from broker.core.adapter import BackendJob, BackendState, Sharing, StatusPage
 from broker.core.auth import Principal
 from broker.core.clusters import AdapterPool, add_cluster, list_clusters
 from broker.core.models import Job
@@ -284,3 +284,54 @@ def test_a_cluster_backlog_lets_that_many_unstarted_jobs_wait_in_its_own_queue()
     # slurm-a: the first 2 may wait in Slurm's queue, 3 still count; slurm-b keeps no backlog.
     assert [p.cluster for p in counted] == ["slurm-a"] * 3 + ["slurm-b"] * 3
     assert _beyond_backlog(pending, {"slurm-a": info("slurm-a"), "slurm-b": info("slurm-b")}) == pending
+
+
+class ClusterSays(CrashAfterSubmit):
+    """Wraps an adapter: its status pages are the ones the test queues, then its own."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.pages: list[list[BackendJob]] = []
+
+    def submit(self, job_id, spec, placement):
+        return self.inner.submit(job_id, spec, placement)
+
+    def statuses(self, cursor=None):
+        if self.pages:
+            return StatusPage(self.pages.pop(0), cursor)
+        return self.inner.statuses(cursor)
+
+
+def test_a_job_its_cluster_requeues_or_loses_while_running_is_followed(engine, sessions, clock, fleet):
+    with sessions() as session:
+        infos = {c.name: c for c in list_clusters(session)}
+    slurm = ClusterSays(fleet.get(infos["slurm-a"]))
+    pool = AdapterPool(clock, overrides={"slurm-a": slurm, "k8s-a": fleet.get(infos["k8s-a"])})
+    cycle = Scheduler(engine, pool, clock=clock)
+    job_id = submit(sessions, clock, kind="training", gpus=1)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    assert job(sessions, job_id).state == "running"
+    backend_id = job(sessions, job_id).backend_id
+
+    # Slurm requeued it itself (its node failed): it waits in Slurm again, in Slurm's words.
+    waiting = "requeued by slurm-a (it started there once before); waiting for its begin time"
+    slurm.pages.append([BackendJob(job_id, backend_id, BackendState.PENDING, reason=waiting)])
+    cycle.run_cycle()
+    assert (job(sessions, job_id).state, job(sessions, job_id).state_reason) == ("submitted", waiting)
+    slurm.pages.append([BackendJob(job_id, backend_id, BackendState.RUNNING)])
+    cycle.run_cycle()
+    assert job(sessions, job_id).state == "running"
+
+    # slurmctld crashed and forgot it while it ran: back to gpush's queue, placed again.
+    lost = "slurm-a lost the job while it ran (slurmctld restarted without it and ended its processes)"
+    slurm.pages.append([BackendJob(job_id, backend_id, BackendState.LOST, reason=lost)])
+    cycle.run_cycle()
+    assert job(sessions, job_id).state == "queued"
+    cycle.run_cycle()
+    with sessions() as session:
+        events = [(e.from_state, e.to_state, e.reason) for e in queue.job_events(session, job_id, ADMIN)]
+    assert ("running", "submitted", waiting) in events
+    assert ("running", "requeued", lost) in events
+    assert [to for _, to, _ in events].count("submitting") == 2
+    assert job(sessions, job_id).state in ("submitted", "running")
