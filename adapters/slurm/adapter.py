@@ -320,8 +320,8 @@ class SlurmAdapter:
             for job_id, record in records.items():
                 out.append(self._finished(job_id, record))
             for job_id in vanished - set(records):
-                backend_id = self._seen[job_id][1] if job_id in self._seen else self._known.get(job_id, "?")
-                state, why = self._vanished(job_id, reported.get(job_id, (None, None))[0], read_at)
+                seen_at, backend_id = self._seen.get(job_id) or (None, self._known.get(job_id, "?"))
+                state, why = self._vanished(reported.get(job_id, (None, None))[0], seen_at, read_at)
                 if state == BackendState.LOST:
                     with self._lock:
                         self._known.pop(job_id, None)  # a resubmission must reach Slurm
@@ -386,7 +386,7 @@ class SlurmAdapter:
                 if not skipped.isdigit() or int(skipped) >= target:
                     return
 
-    def _vanished(self, job_id: int, last: BackendState | None, now: float) -> tuple[BackendState, str]:
+    def _vanished(self, last: BackendState | None, seen: float | None, now: float) -> tuple[BackendState, str]:
         """A job squeue no longer lists and no record explains: lost by slurmctld, or ended
         with nothing left to say how.
 
@@ -394,9 +394,9 @@ class SlurmAdapter:
         sooner after it was last seen unfinished did not end: slurmctld lost it, crashing
         before it saved its state (every few seconds), and on restart it forgot the job and
         ended its processes as orphans. It can run again, as Slurm's own requeue after a
-        node failure would run it (JobRequeue=1, Slurm's default).
+        node failure would run it (JobRequeue=1, Slurm's default). ``last``: the state the
+        last page reported; ``seen``: when squeue last listed it unfinished (monotonic).
         """
-        seen = self._seen[job_id][0] if job_id in self._seen else None
         if last in (None, BackendState.PENDING):
             return BackendState.LOST, (
                 f"{self.name} lost the job before it was seen running (slurmctld restarted without it)"

@@ -71,11 +71,11 @@ _OUTAGES = (
     "Protocol authentication error",  # munge on the broker's host or the controller
     "slurm.conf",  # the broker's own Slurm configuration, not the job
 )
-# Slurm's error numbers (slurm_errno.h) of its communication layer (1000s) and sockets
-# (5000s), and the system's of a connection, as slurmrestd reports them.
 # slurm_errno.h: what slurmctld answers a job submitted held ("Job is in held state,
 # pending scheduler release"), with the job's id: sbatch prints nothing of it.
 ESLURM_JOB_HELD = 2042
+# Slurm's error numbers (slurm_errno.h) of its communication layer (1000s) and sockets
+# (5000s), and the system's of a connection, as slurmrestd reports them.
 _OUTAGE_NUMBERS = (range(1000, 2000), range(5000, 6000))
 _OUTAGE_ERRNOS = frozenset(
     {
