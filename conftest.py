@@ -34,6 +34,9 @@ def _isolated_environment(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GPUSH_CONFIG_DIR", str(home / "config"))
     for name in ("GPUSH_URL", "GPUSH_TOKEN", "GPUSH_DATABASE_URL"):
         monkeypatch.delenv(name, raising=False)
+    # Commands run the API in the test's process unless a test asks for the local server
+    # (tests/cli/test_local_server.py), so no test leaves a server behind.
+    monkeypatch.setenv("GPUSH_LOCAL_SERVER", "0")
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from broker.core.clock import Clock, utcnow
 from broker.core.clusters import AdapterPool
 from broker.core.db import session_factory
 from broker.core.errors import GpushError
+from broker.scheduling.leader import Wakeup
 
 ROUTERS = (health, admin, jobs, clusters, agent, inventory, tenants, policy)
 
@@ -47,6 +48,7 @@ def create_app(
     app.state.clock = clock
     app.state.token_cache = auth.TokenCache(ttl=token_cache_ttl)
     app.state.adapters = AdapterPool(clock)
+    app.state.wakeup = Wakeup()  # the scheduling loop of this process waits on it (broker.api.server)
     app.state.metrics_registry = metrics.app_registry(engine)
     app.state.limits = limits
     app.add_middleware(EdgeLimits, limits=limits)

@@ -25,6 +25,7 @@ from broker.core.clock import Clock
 from broker.core.clusters import AdapterPool
 from broker.core.errors import NotAllowed, Unauthenticated
 from broker.core.schemas import Role
+from broker.scheduling.leader import Wakeup
 
 # Dependencies are async so that FastAPI runs them on the event loop: a sync
 # dependency costs a hop to the thread pool and back on every request.
@@ -106,6 +107,10 @@ async def admin(who: Annotated[auth.Principal, Depends(principal)]) -> auth.Prin
     return who
 
 
+def wakeup(request: Request) -> Wakeup:
+    return request.app.state.wakeup
+
+
 Db = Annotated[Session, Depends(db)]
 AnyWho = Annotated[auth.Principal, Depends(any_principal)]
 Who = Annotated[auth.Principal, Depends(principal)]
@@ -117,6 +122,7 @@ DbEngine = Annotated[Engine, Depends(engine)]
 CachedTokens = Annotated[auth.TokenCache, Depends(token_cache)]
 MetricsRegistry = Annotated[CollectorRegistry, Depends(metrics_registry)]
 Limits = Annotated[HttpLimits, Depends(limits)]
+Wake = Annotated[Wakeup, Depends(wakeup)]
 
 # Ids and versions are BIGINT columns (SQLite INTEGER): a larger number is refused
 # here with a 422, rather than failing in the driver (OverflowError, "bigint out of range").

@@ -13,7 +13,7 @@ import orjson
 from fastapi import APIRouter, Header, Query
 from pydantic import BaseModel, Field, ValidationError
 
-from broker.api.deps import Adapters, AppClock, Db, Limits, RowId, Who
+from broker.api.deps import Adapters, AppClock, Db, Limits, RowId, Wake, Who
 from broker.api.responses import AUTH, BODY, JSONBytes, errors
 from broker.core import clusters
 from broker.core.errors import InvalidRequest, NotFound
@@ -22,7 +22,8 @@ from broker.core.schemas import JobBatch, JobEventOut, JobOut, JobPage, JobSpec,
 from broker.core.states import JobState
 from broker.core.validation import describe_details, validation_details
 from broker.intake import queue
-from broker.scheduling import scaling
+from broker.scheduling import output, scaling
+from broker.scheduling.leader import notify
 
 router = APIRouter(tags=["jobs"], responses=errors(*AUTH))
 
@@ -56,6 +57,7 @@ async def submit(
     session: Db,
     who: Who,
     clock: AppClock,
+    wake: Wake,
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> JSONBytes:
     """Queue one job. A replay of its idempotency key returns the stored job with 200."""
@@ -67,6 +69,10 @@ async def submit(
         spec = _with_header_key(spec, idempotency_key)
     with session.begin():
         (result,) = queue.submit_jobs(session, [spec], who, now=clock())
+        if result.created:
+            notify(session.connection())
+    if result.created:
+        wake.set()
     return JSONBytes(result.job, status_code=201 if result.created else 200)
 
 
@@ -77,11 +83,15 @@ async def submit(
     response_class=JSONBytes,
     responses=errors(403, 409, *BODY),
 )
-def submit_batch(batch: JobBatch, session: Db, who: Who, clock: AppClock) -> JSONBytes:
+def submit_batch(batch: JobBatch, session: Db, who: Who, clock: AppClock, wake: Wake) -> JSONBytes:
     """Queue many jobs in one transaction: all of them, or none when one is refused."""
     with session.begin():
         results = queue.submit_jobs(session, batch.jobs, who, now=clock())
-    created = sum(r.created for r in results)
+        created = sum(r.created for r in results)
+        if created:
+            notify(session.connection())
+    if created:
+        wake.set()
     items = [
         {
             "id": r.job["id"],
@@ -150,11 +160,16 @@ def job_events(job_id: RowId, session: Db, who: Who) -> list[JobEventOut]:
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=CancelResult, responses=errors(403, 404, 409, 422))
-def cancel(job_id: RowId, session: Db, who: Who, clock: AppClock) -> CancelResult:
+def cancel(job_id: RowId, session: Db, who: Who, clock: AppClock, wake: Wake) -> CancelResult:
     """End a job that no cluster has yet, or record the intent for the adapter to act on."""
     with session.begin():
         job, outcome = queue.cancel_job(session, job_id, who, now=clock())
-        return CancelResult(job=JobOut.model_validate(queue.job_row(job)), outcome=outcome)
+        result = CancelResult(job=JobOut.model_validate(queue.job_row(job)), outcome=outcome)
+        if outcome == "cancel_requested":
+            notify(session.connection())
+    if outcome == "cancel_requested":
+        wake.set()
+    return result
 
 
 @router.post("/v1/jobs/{job_id}/scale", response_model=JobOut, responses=errors(403, 404, 409, *BODY))
@@ -162,15 +177,57 @@ def scale(job_id: RowId, body: ScaleRequest, session: Db, who: Who, clock: AppCl
     """Change a running elastic job's replicas within its range, under its tenant's quota
     (broker.scheduling.scaling). Ray's autoscaler and Ray Serve call this."""
 
-    def adapter_for(name: str):
-        row = session.get(Cluster, name)
-        if row is None:
-            raise NotFound(f"the job's cluster {name} is no longer registered")
-        return adapters.get(clusters.ClusterInfo.of(row))
-
     with session.begin():
-        job = scaling.scale_job(session, job_id, body.replicas, who, now=clock(), adapter_for=adapter_for)
+        job = scaling.scale_job(
+            session, job_id, body.replicas, who, now=clock(), adapter_for=lambda name: _adapter(session, adapters, name)
+        )
         return JobOut.model_validate(queue.job_row(job))
+
+
+class JobOutputOut(BaseModel):
+    job_id: int
+    state: JobState
+    final: bool = Field(description="the job has ended: no more output will come")
+    location: str = Field(description="where the output is, in the cluster's terms")
+    text: str = Field(description="the output from offset on, or its last tail lines")
+    next_offset: int = Field(description="pass it as offset to read on (gpush logs -f)")
+    readable: bool = Field(description="false: gpush cannot read it from here; location says where it is")
+    note: str | None = None
+
+
+@router.get("/v1/jobs/{job_id}/logs", response_model=JobOutputOut, responses=errors(403, 404, 409, 422, 503))
+def job_logs(
+    job_id: RowId,
+    session: Db,
+    who: Who,
+    adapters: Adapters,
+    stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
+    replica: Annotated[int | None, Query(ge=0, le=10_000)] = None,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    tail: Annotated[int | None, Query(ge=0, le=output.MAX_TAIL)] = None,
+) -> JobOutputOut:
+    """What the job printed, read from its cluster (Slurm's output files, the pod log):
+    from ``offset`` (at most 1 MiB a call; ``next_offset`` goes on), or its last ``tail``
+    lines. 409 when the job has no output (never started)."""
+    with session.begin():
+        answer = output.read_output(
+            session,
+            job_id,
+            who,
+            adapter_for=lambda name: _adapter(session, adapters, name),
+            stream=stream,
+            replica=replica,
+            offset=offset,
+            tail=tail,
+        )
+    return JobOutputOut(**answer)
+
+
+def _adapter(session, adapters, name: str):
+    row = session.get(Cluster, name)
+    if row is None:
+        raise NotFound(f"the job's cluster {name} is no longer registered")
+    return adapters.get(clusters.ClusterInfo.of(row))
 
 
 def _with_header_key(spec: JobSpec, header_key: str) -> JobSpec:

@@ -8,6 +8,7 @@ SQLite (the embedded default) the schema is upgraded at start.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -36,7 +37,7 @@ def attach_scheduler(app: FastAPI, engine: Engine, *, interval: float) -> None:
         thread = threading.Thread(
             target=run_scheduler_loop,
             args=(engine, lambda: Scheduler(engine, app.state.adapters, clock=utcnow), stop),
-            kwargs={"interval": interval},
+            kwargs={"interval": interval, "wakeup": app.state.wakeup},
             name="gpush-scheduler",
             daemon=True,
         )
@@ -53,11 +54,23 @@ def attach_scheduler(app: FastAPI, engine: Engine, *, interval: float) -> None:
 def app_from_env() -> FastAPI:
     """ASGI factory for uvicorn's worker processes; reads GPUSH_DATABASE_URL and
     GPUSH_SCHEDULER (0 turns the scheduling loop off in this process)."""
+    _log_to_stderr(os.environ.get("GPUSH_LOG_LEVEL", "info"))
     engine = open_database(database_url())
     app = create_app(engine)
     if os.environ.get("GPUSH_SCHEDULER", "1") != "0":
         attach_scheduler(app, engine, interval=float(os.environ.get("GPUSH_CYCLE_INTERVAL", "1")))
     return app
+
+
+def _log_to_stderr(level: str) -> None:
+    """gpush's own loggers (the scheduler's placements, warnings) beside uvicorn's lines."""
+    logger = logging.getLogger("gpush")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)-9s %(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(level.upper())
+        logger.propagate = False
 
 
 def serve(url: str, *, host: str, port: int, workers: int, log_level: str, scheduler: bool, interval: float) -> None:
@@ -67,6 +80,7 @@ def serve(url: str, *, host: str, port: int, workers: int, log_level: str, sched
     os.environ["GPUSH_DATABASE_URL"] = url
     os.environ["GPUSH_SCHEDULER"] = "1" if scheduler else "0"
     os.environ["GPUSH_CYCLE_INTERVAL"] = str(interval)
+    os.environ["GPUSH_LOG_LEVEL"] = log_level
     limits = HttpLimits.from_env()
     uvicorn.run(
         "broker.api.server:app_from_env",
@@ -75,7 +89,7 @@ def serve(url: str, *, host: str, port: int, workers: int, log_level: str, sched
         port=port,
         workers=workers if workers > 1 else None,
         log_level=log_level,
-        access_log=log_level == "debug",
+        access_log=log_level in ("info", "debug"),  # one line a request
         # h11 buffers at most this much of a request's head; the app's EdgeLimits
         # refuses larger headers (431) whichever parser uvicorn picked.
         h11_max_incomplete_event_size=limits.max_header_bytes,

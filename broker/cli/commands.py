@@ -20,6 +20,7 @@ from broker.core.errors import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
+    Conflict,
     GpushError,
     InvalidRequest,
     NotFound,
@@ -82,12 +83,93 @@ def status(client: GpushClient, out: Output, job_id: int) -> int:
     if out.json_mode:
         out.json(job)
         return EXIT_OK
-    out.print(console.job_detail(job))
+    out.print(console.job_detail(job, output=_output_location(client, job)))
     events = client.events(job_id)
     if events:
         out.line("")
         out.print(console.events_table(events[-5:]))
     return EXIT_OK
+
+
+def logs(
+    client: GpushClient,
+    out: Output,
+    job_id: int,
+    *,
+    follow: bool = False,
+    tail: int | None = None,
+    replica: int | None = None,
+    stream: str = "stdout",
+    interval: float = 0.5,
+) -> int:
+    """Print a job's output (its last ``tail`` lines); with ``follow``, keep printing what
+    it adds until it ends (waiting for it to start first)."""
+    import time
+
+    def read(offset: int, last: int | None) -> dict[str, Any] | None:
+        try:
+            return client.logs(job_id, stream=stream, replica=replica, offset=offset, tail=last)
+        except Conflict:
+            if not follow:
+                raise
+            return None  # not started yet: -f waits for it
+
+    answer = read(0, tail)
+    if out.json_mode:
+        if answer is None:
+            answer = client.logs(job_id, stream=stream, replica=replica, tail=tail)
+        out.json(answer)
+        return EXIT_OK if answer["readable"] else EXIT_ERROR
+    waiting_said = False
+    while answer is None:  # -f on a job that has not started
+        if not waiting_said:
+            out.note(f"job {job_id} has not started yet: waiting for its output (Ctrl-C stops waiting)")
+            waiting_said = True
+        time.sleep(interval)
+        answer = read(0, tail)
+    if not answer["readable"]:
+        out.note(f"[yellow]gpush cannot read job {job_id}'s output from here:[/] {answer.get('note') or ''}")
+        out.line(answer["location"])
+        return EXIT_ERROR
+    out.raw(answer["text"])
+    offset = answer["next_offset"]
+    if tail is None:  # everything: read on while chunks come
+        while answer["text"]:
+            answer = client.logs(job_id, stream=stream, replica=replica, offset=offset)
+            out.raw(answer["text"])
+            offset = answer["next_offset"]
+    while follow and not answer["final"]:
+        time.sleep(interval)
+        answer = client.logs(job_id, stream=stream, replica=replica, offset=offset)
+        out.raw(answer["text"])
+        offset = answer["next_offset"]
+        while answer["text"] and not answer["final"]:  # a burst larger than one chunk
+            answer = client.logs(job_id, stream=stream, replica=replica, offset=offset)
+            out.raw(answer["text"])
+            offset = answer["next_offset"]
+    if follow:  # the job ended: what it wrote last
+        while True:
+            answer = client.logs(job_id, stream=stream, replica=replica, offset=offset)
+            if not answer["text"]:
+                break
+            out.raw(answer["text"])
+            offset = answer["next_offset"]
+        out.note(f"job {job_id} {answer['state']}")
+    return EXIT_OK
+
+
+def _output_location(client: GpushClient, job: Any) -> str:
+    """Where a job's output is, for ``gpush status`` (a word on why when there is none)."""
+    if not job.cluster:
+        return "none yet (it has not reached a cluster)"
+    try:
+        answer = client.logs(job.id, tail=0)
+    except Conflict as exc:  # not started
+        return f"none yet: {exc.message}"
+    except GpushError:
+        return "- (the cluster does not answer now)"
+    hint = f"  (gpush logs {job.id})" if answer["readable"] else f"  ({answer.get('note') or 'not readable here'})"
+    return answer["location"] + hint
 
 
 def list_jobs(
@@ -457,10 +539,16 @@ def simulate(
     seed: int,
     placement: str,
 ) -> int:
-    """Replay a workload or a trace in virtual time and write the report (no broker needed)."""
+    """Replay a workload or a trace in virtual time and write the report (no broker needed).
+    A run longer than a couple of seconds shows its progress on stderr (stdout keeps the
+    summary, or only the JSON)."""
+    from broker.simulation.progress import Progress
     from broker.simulation.report import run_simulation, summary_lines
 
-    result = run_simulation(fleet, workload, trace, policy, compare, report, seed, placement=placement)
+    with Progress(out.stderr) as progress:
+        result = run_simulation(
+            fleet, workload, trace, policy, compare, report, seed, placement=placement, progress=progress
+        )
     if out.json_mode:
         out.json(result)
         return EXIT_OK
@@ -605,3 +693,76 @@ def agent(settings: Any, out: Output, *, node: str | None, interval: float, once
             return EXIT_ERROR
         out.note(f"node {node}: report taken by the broker")
     return EXIT_OK
+
+
+def local_server_status(database: str, out: Output) -> int:
+    """The local server of ``database``: running (pid, URL, log, uptime) or not (exit 1)."""
+    from broker.client import local
+
+    server = local.find(database)
+    if out.json_mode:
+        out.json({"running": server is not None, **(server.public() if server else {"database": database})})
+    elif server is None:
+        out.line(f"no local server for {database}: the next gpush command starts one (or: gpush server start)")
+    else:
+        shown = server.public()
+        out.line(f"running: pid {server.pid} at {server.url}, up {_duration(shown['uptime_seconds'])}")
+        out.line(f"database: {server.database}")
+        out.line(f"log:      {server.log}  (gpush server logs -f)")
+    return EXIT_OK if server is not None else EXIT_ERROR
+
+
+def local_server_start(database: str, out: Output) -> int:
+    from broker.client import local
+
+    running = local.find(database)
+    server = running or local.ensure(database)
+    if out.json_mode:
+        out.json({"started": running is None, **server.public()})
+    else:
+        verb = "already running" if running else "started"
+        out.line(f"{verb}: pid {server.pid} at {server.url}, log {server.log}")
+    return EXIT_OK
+
+
+def local_server_stop(database: str, out: Output) -> int:
+    from broker.client import local
+
+    server = local.stop(database)
+    if out.json_mode:
+        out.json({"stopped": server is not None, "database": database, "pid": server.pid if server else None})
+    elif server is None:
+        out.line(f"no local server was running for {database}")
+    else:
+        out.line(f"stopped the local server (pid {server.pid}); queued jobs wait until the next command starts it")
+    return EXIT_OK
+
+
+def local_server_logs(database: str, out: Output, *, lines: int, follow: bool) -> int:
+    import time
+
+    from broker.client import local
+
+    path = local.log_path(database)
+    if not path.exists():
+        raise NotFound(f"no local server log yet ({path}): the first gpush command that needs the broker starts one")
+    out.raw(local.tail(path, lines))
+    if follow:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            while True:  # until Ctrl-C
+                chunk = fh.read(1 << 16)
+                if chunk:
+                    out.raw(chunk.decode(errors="replace"))
+                else:
+                    time.sleep(0.3)
+    return EXIT_OK
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -49,6 +49,11 @@ class Output:
     def line(self, text: str) -> None:
         self.stdout.write(text + "\n")
 
+    def raw(self, text: str) -> None:
+        """Text as it is (a job's output, a log), flushed at once for ``-f``."""
+        self.stdout.write(text)
+        self.stdout.flush()
+
     def note(self, text: str) -> None:
         """A remark for people, on stderr so that stdout stays parseable."""
         self.err_console.print(text)
@@ -150,7 +155,7 @@ def jobs_table(jobs: list[Any]) -> Table:
     return table
 
 
-def job_detail(job: Any) -> Table:
+def job_detail(job: Any, *, output: str | None = None) -> Table:
     spec = job.spec
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold")
@@ -160,6 +165,8 @@ def job_detail(job: Any) -> Table:
         ("State", styled_state(job.state.value)),
         ("Reason", job.state_reason or "-"),
         ("Cancel requested", local_time(job.cancel_requested_at) if job.cancel_requested_at else "no"),
+        ("Where", where(job.placement)),
+        ("Output", output or "-"),
         ("Kind", job.kind.value),
         ("Isolation", job.isolation.value),
         ("GPUs", gpu_request(spec)),

@@ -125,6 +125,31 @@ def list_(settings: Settings, json_mode: bool, **filters: Any) -> int:
 
 @click.command(context_settings=CONTEXT)
 @click.argument("job_id", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing its output until the job ends.")
+@click.option("-n", "--tail", type=click.IntRange(0, 100_000), help="Only the last N lines.")
+@click.option("-r", "--replica", type=click.IntRange(0), help="Replica K of an elastic job (default: the first, 0).")
+@click.option("--stderr", "stream", flag_value="stderr", help="The error stream (Slurm keeps it apart).")
+@click.option("--stdout", "stream", flag_value="stdout", default=True, hidden=True)
+@json_option
+@click.pass_obj
+def logs(
+    settings: Settings, job_id: int, follow: bool, tail: int | None, replica: int | None, stream: str, json_mode: bool
+) -> int:
+    """Print what job JOB_ID printed, read from its cluster (Slurm's output file, the pod log).
+
+    \b
+      gpush logs 42            everything so far
+      gpush logs 42 -f         and what it adds, until it ends
+      gpush logs 42 -n 20      the last 20 lines
+      gpush logs 42 --stderr   Slurm: the error file
+    """
+    return commands.logs(
+        settings.client(), output(json_mode), job_id, follow=follow, tail=tail, replica=replica, stream=stream
+    )
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("job_id", type=int)
 @json_option
 @click.pass_obj
 def events(settings: Settings, job_id: int, json_mode: bool) -> int:
@@ -165,4 +190,4 @@ def whoami(settings: Settings, json_mode: bool) -> int:
 
 
 # Registered on the root group by broker.cli.main.
-COMMANDS = (submit, status, list_, events, cancel, scale, whoami)
+COMMANDS = (submit, status, list_, logs, events, cancel, scale, whoami)

@@ -10,7 +10,7 @@ from broker.cli.settings import CONTEXT, Settings, json_option, output
 from broker.core.config import DEFAULT_PORT
 
 
-@click.command(context_settings=CONTEXT)
+@click.group(context_settings=CONTEXT, invoke_without_command=True)
 @click.option("--host", envvar="GPUSH_HOST", show_envvar=True, default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="GPUSH_PORT", show_envvar=True, type=int, default=DEFAULT_PORT, show_default=True)
 @click.option(
@@ -33,9 +33,9 @@ from broker.core.config import DEFAULT_PORT
     help="Run the scheduling loop (one elected process schedules; API-only replicas may turn it off).",
 )
 @click.option("--cycle-interval", type=float, default=1.0, show_default=True, help="Seconds between cycles.")
-@click.pass_obj
+@click.pass_context
 def server(
-    settings: Settings,
+    ctx: click.Context,
     host: str,
     port: int,
     workers: int | None,
@@ -43,8 +43,17 @@ def server(
     scheduler: bool,
     cycle_interval: float,
 ) -> int:
-    """Run the broker: the REST API on HOST:PORT over the configured database."""
+    """Run the broker: the REST API on HOST:PORT over the configured database, and its
+    scheduler, in the foreground.
+
+    With no --url on the embedded database, gpush commands start a local server in the
+    background on first need; `gpush server status|logs|stop` look after that one.
+    """
+    if ctx.invoked_subcommand is not None:
+        return 0
     import os
+
+    settings: Settings = ctx.obj
 
     from broker.api.server import serve
 
@@ -58,6 +67,39 @@ def server(
         click.echo(f"gpush: embedded database {url}; local admin token in {credentials_path()}", err=True)
     serve(url, host=host, port=port, workers=workers, log_level=log_level, scheduler=scheduler, interval=cycle_interval)
     return 0
+
+
+@server.command("status", context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def server_status(settings: Settings, json_mode: bool) -> int:
+    """Whether the local server of the embedded database runs: pid, URL, log, uptime."""
+    return commands.local_server_status(settings.resolved_database_url(), output(json_mode))
+
+
+@server.command("start", context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def server_start(settings: Settings, json_mode: bool) -> int:
+    """Start the local server in the background now (commands also start it on first need)."""
+    return commands.local_server_start(settings.resolved_database_url(), output(json_mode))
+
+
+@server.command("stop", context_settings=CONTEXT)
+@json_option
+@click.pass_obj
+def server_stop(settings: Settings, json_mode: bool) -> int:
+    """Stop the local server (queued jobs stay queued; the next command starts it again)."""
+    return commands.local_server_stop(settings.resolved_database_url(), output(json_mode))
+
+
+@server.command("logs", context_settings=CONTEXT)
+@click.option("-n", "--tail", "lines", type=click.IntRange(0), default=50, show_default=True, help="Last N lines.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what the server logs until Ctrl-C.")
+@click.pass_obj
+def server_logs(settings: Settings, lines: int, follow: bool) -> int:
+    """The local server's log: requests, placements, warnings."""
+    return commands.local_server_logs(settings.resolved_database_url(), output(), lines=lines, follow=follow)
 
 
 @click.group("scheduler", context_settings=CONTEXT)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import click
 
 from broker.cli.console import Output
+from broker.client import local
 from broker.client.embedded import embedded_client
 from broker.client.sdk import GpushClient
 from broker.core.config import database_url
@@ -27,11 +28,19 @@ class Settings:
     _client: GpushClient | None = field(default=None, repr=False)
 
     def client(self) -> GpushClient:
+        """The broker this command talks to: ``--url``; else, on the embedded database, its
+        local server (started now if it is not running: broker.client.local); else (another
+        database, or GPUSH_LOCAL_SERVER=0) the API in this process."""
         if self._client is None:
             if self.url:
                 self._client = GpushClient(self.url, self.token)
             else:
-                self._client = embedded_client(self.database_url, self.token)
+                url = self.resolved_database_url()
+                if url.startswith("sqlite") and local.enabled():
+                    server = local.ensure(url, announce=lambda text: click.echo(f"gpush: {text}", err=True))
+                    self._client = GpushClient(server.url, self.token or server.token)
+                else:
+                    self._client = embedded_client(self.database_url, self.token)
         return self._client
 
     def resolved_database_url(self) -> str:

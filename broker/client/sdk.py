@@ -171,6 +171,24 @@ class GpushClient:
         body = {"replicas": int(replicas)}
         return JobOut.model_validate(self._request("POST", f"/v1/jobs/{int(job_id)}/scale", json=body))
 
+    def logs(
+        self,
+        job_id: int,
+        *,
+        stream: str = "stdout",
+        replica: int | None = None,
+        offset: int = 0,
+        tail: int | None = None,
+    ) -> dict[str, Any]:
+        """A job's output from ``offset`` (or its last ``tail`` lines): ``text``,
+        ``next_offset`` to read on, ``location``, ``readable``, ``final`` (the job ended)."""
+        params: dict[str, Any] = {"stream": stream, "offset": offset}
+        if replica is not None:
+            params["replica"] = replica
+        if tail is not None:
+            params["tail"] = tail
+        return self._request("GET", f"/v1/jobs/{int(job_id)}/logs", params=params)
+
     # -- clusters and tenants -----------------------------------------------------
 
     def add_cluster(self, name: str, kind: str, config: dict[str, Any], *, replace: bool = False) -> dict[str, Any]:

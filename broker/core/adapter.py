@@ -35,6 +35,8 @@ none declared means none offered):
   cluster's GPU time-slicing configuration and ``apply_timeslice(plan)`` applies it.
 - :class:`Closable`: ``close()`` stops the adapter's threads and connections when the
   broker drops it (a configuration change, shutdown).
+- :class:`LogReader`: ``logs(job_id, backend_id, ...)`` reads a job's output (``gpush
+  logs``), or says where it is when the broker cannot read it (:class:`JobOutput`).
 
 Callers ask with :func:`capability` (the adapter typed as that Protocol, or None) or
 :func:`supports`, never with ``hasattr``. A declared set rather than
@@ -297,12 +299,64 @@ class Closable(Protocol):
         """Stop them; the adapter is not used afterwards."""
 
 
+# The most output one ``logs`` call returns; ``gpush logs -f`` reads on from ``offset``.
+MAX_LOG_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class JobOutput:
+    """What a job printed, as far as the broker can read it, and where it is.
+
+    ``text`` is the output from ``offset`` on (at most :data:`MAX_LOG_CHUNK`), or its last
+    ``tail`` lines; ``next_offset`` is where the next read continues (``gpush logs -f``
+    polls with it). When the broker cannot read the output (a node-local file, a pod
+    already gone), ``readable`` is False and ``location`` says where it is, for the user
+    to look there; ``note`` says why, in the user's words.
+    """
+
+    location: str  # "node mig01: /home/alice/gpush-logs/gpush-42.out", "pod gpush-42-0 (namespace gpush)"
+    text: str = ""
+    next_offset: int = 0
+    readable: bool = True
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "location": self.location,
+            "text": self.text,
+            "next_offset": self.next_offset,
+            "readable": self.readable,
+            "note": self.note,
+        }
+
+
+class LogReader(Protocol):
+    """Reads a job's output: Slurm's output files, Kubernetes' pod logs, the simulation's."""
+
+    def logs(
+        self,
+        job_id: int,
+        backend_id: str,
+        *,
+        stream: str = "stdout",
+        replica: int | None = None,
+        offset: int = 0,
+        tail: int | None = None,
+    ) -> JobOutput:
+        """Job ``job_id``'s output (``stream``: ``stdout`` or ``stderr`` where the cluster
+        keeps them apart; of replica ``replica`` of an elastic job, the first when None):
+        from character ``offset`` on, or its last ``tail`` lines when ``tail`` is given.
+        :class:`Rejected` when the job has no output there (never started, unknown
+        replica); :class:`Unreachable` when the cluster does not answer."""
+
+
 # Every optional capability, and the methods each adds to the protocol.
 CAPABILITIES: dict[type, tuple[str, ...]] = {
     BatchSubmitter: ("submit_many",),
     Scaler: ("scale",),
     TimesliceConfigurator: ("timeslice", "apply_timeslice"),
     Closable: ("close",),
+    LogReader: ("logs",),
 }
 
 _C = TypeVar("_C")

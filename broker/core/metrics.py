@@ -48,6 +48,8 @@ from broker.core.adapter import (
     Closable,
     ClusterAdapter,
     Health,
+    JobOutput,
+    LogReader,
     Placement,
     RenderedConfig,
     Scaler,
@@ -253,11 +255,30 @@ class _Closes:
         self.adapter.close()
 
 
+class _ReadsLogs:
+    __slots__ = ()
+
+    def logs(
+        self: Any,
+        job_id: int,
+        backend_id: str,
+        *,
+        stream: str = "stdout",
+        replica: int | None = None,
+        offset: int = 0,
+        tail: int | None = None,
+    ) -> JobOutput:
+        return self._call(
+            "logs", self.adapter.logs, job_id, backend_id, stream=stream, replica=replica, offset=offset, tail=tail
+        )
+
+
 _FORWARDERS: dict[type, type] = {
     BatchSubmitter: _SubmitsMany,
     Scaler: _Scales,
     TimesliceConfigurator: _ConfiguresTimeslicing,
     Closable: _Closes,
+    LogReader: _ReadsLogs,
 }
 assert _FORWARDERS.keys() == CAPABILITIES.keys(), "a capability the metrics wrapper cannot forward"
 

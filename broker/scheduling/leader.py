@@ -9,10 +9,12 @@ processes of one machine. API replicas never need to be leaders.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,30 +99,141 @@ class Leadership:
         return True
 
 
+class Wakeup:
+    """Wakes the scheduling loop before its interval ends: the API sets it when a job is
+    submitted or cancelled (broker.api.jobs), so a job starts at once on an idle cluster
+    rather than at the next tick. In one process; on PostgreSQL, API processes also
+    ``NOTIFY gpush_wake`` and the loop listens (:func:`run_scheduler_loop`)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout: float) -> bool:
+        woken = self._event.wait(timeout)
+        self._event.clear()
+        return woken
+
+
+WAKE_CHANNEL = "gpush_wake"
+
+
+def notify(connection: Connection) -> None:
+    """Wake the leader in whichever process it runs (PostgreSQL; delivered at commit)."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text(f"NOTIFY {WAKE_CHANNEL}"))
+
+
+class _Listener:
+    """A PostgreSQL connection that LISTENs on the wake channel; ``wait`` returns early
+    when a notification arrives. Any failure turns it into a plain sleep."""
+
+    def __init__(self, engine: Engine):
+        self._conn = None
+        if engine.dialect.name != "postgresql":
+            return
+        try:
+            import psycopg
+
+            url = engine.url.set(drivername="postgresql")
+            self._conn = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
+            self._conn.execute(f"LISTEN {WAKE_CHANNEL}")
+        except Exception as exc:  # no listener: the loop still runs every interval
+            log.warning("cannot listen for wake-ups (%s): the scheduler runs every interval", exc)
+            self._conn = None
+
+    @property
+    def listening(self) -> bool:
+        return self._conn is not None
+
+    def wait(self, timeout: float) -> bool:
+        if self._conn is None:
+            return False
+        try:
+            woken = False
+            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                woken = True
+            return woken
+        except Exception as exc:
+            log.warning("lost the wake-up listener (%s): the scheduler runs every interval", exc)
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+
 def run_scheduler_loop(
     engine: Engine,
     make_scheduler: Callable[[], object],
     stop: threading.Event,
     *,
     interval: float = 1.0,
+    wakeup: Wakeup | None = None,
 ) -> None:
-    """Elect, then run cycles every ``interval`` seconds while leader, until ``stop`` is set."""
+    """Elect, then run cycles while leader, until ``stop`` is set: every ``interval``
+    seconds, or sooner when ``wakeup`` is set or (PostgreSQL) another process NOTIFYs.
+    A cycle that placed jobs is followed quickly by another, which reads their start."""
     leadership = Leadership(engine)
+    listener: _Listener | None = None
     scheduler = None
+    busy = False
     try:
         while not stop.is_set():
+            busy = False
             if leadership.try_acquire():
                 if scheduler is None:
                     log.info("this process is now the scheduler")
                     scheduler = make_scheduler()
+                    listener = _Listener(engine)
                 try:
                     report = scheduler.run_cycle()
                     for error in report.errors:
                         log.warning("cycle: %s", error)
+                    busy = bool(report.placed or report.submitted)
+                    if report.placed or report.held or report.synced or report.failed or report.recovered:
+                        log.info(
+                            "cycle: placed %d, submitted %d, held %d, waiting %d, status changes %d, failed %d",
+                            report.placed,
+                            report.submitted,
+                            report.held,
+                            report.waiting,
+                            report.synced,
+                            report.failed,
+                        )
                 except Exception:  # a bad cycle must not kill the broker; the next one retries
                     log.exception("scheduling cycle failed")
             else:
                 scheduler = None
-            stop.wait(interval)
+                if listener is not None:
+                    listener.close()
+                    listener = None
+            _pause(stop, wakeup, listener, min(interval, 0.2) if busy else interval)
     finally:
+        if listener is not None:
+            listener.close()
         leadership.release()
+
+
+def _pause(stop: threading.Event, wakeup: Wakeup | None, listener: _Listener | None, seconds: float) -> None:
+    """Sleep ``seconds``, waking early for ``stop``, ``wakeup`` or a NOTIFY."""
+    deadline = time.monotonic() + seconds
+    listening = listener is not None and listener.listening
+    while not stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        chunk = min(left, 0.05 if listening and wakeup is not None else 0.5)
+        if listening:
+            if listener.wait(chunk) or (wakeup is not None and wakeup.wait(0)):
+                return
+        elif wakeup is not None:
+            if wakeup.wait(chunk):
+                return
+        else:
+            stop.wait(chunk)

@@ -64,10 +64,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from broker.core.adapter import (
+    MAX_LOG_CHUNK,
     BackendJob,
     BackendState,
     CapacityUnit,
     Health,
+    JobOutput,
+    LogReader,
     Placement,
     Rejected,
     StatusPage,
@@ -110,9 +113,10 @@ class SimulatedCluster:
     simulator persists to and reloads from). See the module docstring for behaviour.
     """
 
-    # None of the optional ones (broker.core.adapter): calls are in-process and take
-    # microseconds, so one submit after another is as fast as a batch; nothing to close.
-    capabilities: ClassVar[frozenset[type]] = frozenset()
+    # Of the optional ones (broker.core.adapter) only the job output: calls are
+    # in-process and take microseconds, so one submit after another is as fast as a
+    # batch; nothing to close.
+    capabilities: ClassVar[frozenset[type]] = frozenset({LogReader})
 
     def __init__(self, name: str, config: Mapping[str, Any], *, clock: Clock) -> None:
         unknown = set(config) - {"fleet", "fleet_yaml", "cluster", "state_file", "kind"}
@@ -268,6 +272,59 @@ class SimulatedCluster:
             self._save()
             job = self._jobs.get(job_id)
             return None if job is None else self._view(job)
+
+    def logs(
+        self,
+        job_id: int,
+        backend_id: str,
+        *,
+        stream: str = "stdout",
+        replica: int | None = None,
+        offset: int = 0,
+        tail: int | None = None,
+    ) -> JobOutput:
+        """The simulated job's output: the simulator runs no program, so its output is the
+        story of the run in virtual time (where it started, on what, how it ended), what
+        a program's own log lines would sit between."""
+        with self._shared():
+            self._answer()
+            self._save()
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise Rejected(f"simulated cluster {self.name} has no job {job_id}")
+            if job.started_us is None:
+                raise Rejected(f"job {job_id} has not started on {self.name} yet: no output")
+            if replica and replica >= job.replicas:
+                raise Rejected(f"job {job_id} has {job.replicas} replica(s) on {self.name}: no replica {replica}")
+            text = self._output(job, replica or 0, stream)
+        location = f"simulated cluster {self.name}, node {job.node} (in memory: the simulator writes no files)"
+        if tail is not None:
+            lines = text.splitlines(keepends=True)
+            return JobOutput(location, "".join(lines[-tail:]) if tail else "", len(text))
+        return JobOutput(location, text[offset : offset + MAX_LOG_CHUNK], min(len(text), offset + MAX_LOG_CHUNK))
+
+    def _output(self, job: SimJob, replica: int, stream: str) -> str:
+        def at(us: int) -> str:
+            return _to_dt(us).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+        if stream == "stderr":
+            if job.state is BackendState.FAILED and job.reason:
+                return f"{at(job.at_us)} {job.reason}\n"
+            return ""
+        what = job.placement.mig_profile or job.sharing.value.split("/", 1)[-1]
+        lines = [
+            f"{at(job.started_us)} [simulated] job {job.job_id} replica {replica} started on {job.node} "
+            f"({job.units} x {what}), {self.name}: virtual time; the simulator runs no program",
+        ]
+        if job.state is BackendState.RUNNING:
+            ran = (self._now_us - job.started_us) // 1_000_000
+            lines.append(f"{at(self._now_us)} [simulated] running for {format_duration(ran)}")
+        elif job.state in _FINISHED:
+            ran = (job.at_us - job.started_us) // 1_000_000
+            how = job.state.value + (f" (exit {job.exit_code})" if job.exit_code is not None else "")
+            why = f": {job.reason}" if job.reason else ""
+            lines.append(f"{at(job.at_us)} [simulated] {how} after {format_duration(ran)}{why}")
+        return "".join(line + "\n" for line in lines)
 
     def statuses(self, cursor: str | None = None) -> StatusPage:
         with self._shared():

@@ -31,6 +31,7 @@ ROUTES = {
     ("GET", "/v1/jobs/{job_id}"): ("jobs", "200"),
     ("POST", "/v1/jobs/{job_id}/cancel"): ("jobs", "200"),
     ("GET", "/v1/jobs/{job_id}/events"): ("jobs", "200"),
+    ("GET", "/v1/jobs/{job_id}/logs"): ("jobs", "200"),
     ("POST", "/v1/jobs/{job_id}/scale"): ("jobs", "200"),
     ("POST", "/v1/jobs:batch"): ("jobs", "201"),
     ("GET", "/v1/mig/plan"): ("inventory", "200"),
