@@ -7,11 +7,15 @@ whole H100s. The adapter reaches them only through a kubeconfig, as it would a r
 cluster. How long a simulated job runs is a Pod annotation the simulator reads
 (``sim.gpush.io/duration``, ``exit-code``); the tests set it from the job's labels
 ``sim-duration`` / ``sim-exit`` (as gpush's own simulated fleet reads them) through a
-wrapper of the adapter's renderer, so the production renderer stays free of them.
+wrapper of the adapter's renderer, so the production renderer stays free of them. What a
+simulated job prints follows from its command (``echo``, ``sh -c 'echo ...; sleep 1'``:
+integration/k8s/container_output.py), and the API server reads it from the simulator's
+kubelet endpoint, as a real one reads a kubelet's.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,11 +27,12 @@ apiserver = pytest.importorskip("integration.k8s.apiserver")
 simulator = pytest.importorskip("integration.k8s.simulator")
 
 from kubernetes import client, config  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
 
 import adapters.k8s.adapter as k8s_adapter  # noqa: E402
 from adapters.k8s import KubernetesAdapter  # noqa: E402
 from adapters.k8s.states import OOM_REASON  # noqa: E402
-from broker.core.adapter import BackendJob, BackendState, Placement, Rejected, Sharing  # noqa: E402
+from broker.core.adapter import BackendJob, BackendState, Placement, Rejected, Sharing, Unreachable  # noqa: E402
 from broker.core.schemas import JobSpec  # noqa: E402
 from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool  # noqa: E402
 
@@ -430,3 +435,214 @@ def test_timeslice_apply_changes_what_the_nodes_advertise(adapter, api):
     assert state is not None and state.replicas_for({"nvidia.com/device-plugin.config": plan.key})[0] == 8
     again = adapter.apply_timeslice(plan)
     assert any("already has key" in line for line in again)
+
+
+# -- output (gpush logs) -----------------------------------------------------------------------
+
+
+def finished(adapter: KubernetesAdapter, job_id: int, command: str, **fields: Any) -> str:
+    """Submit a job that prints by ``command`` and wait until it succeeded; its backend id."""
+    labels = {"sim-duration": "0.3", **fields.pop("labels", {})}
+    placement = fields.pop("placement", placed(Sharing.K8S_EXCLUSIVE))
+    backend_id = adapter.submit(job_id, job_spec(command=command, labels=labels, **fields), placement)
+    Follower(adapter).until(job_id, BackendState.SUCCEEDED)
+    return backend_id
+
+
+def job_pods(api, job_id: int) -> list[Any]:
+    return client.CoreV1Api(api).list_namespaced_pod(NAMESPACE, label_selector=f"gpush.io/job-id={job_id}").items
+
+
+def test_logs_of_a_finished_job_are_what_its_command_printed(adapter, api):
+    backend_id = finished(adapter, 30, "echo hello from $HOSTNAME; echo job $GPUSH_JOB_ID; echo oops >&2")
+    (pod,) = job_pods(api, 30)
+    name = pod.metadata.name
+    out = adapter.logs(30, backend_id)
+    assert out.readable and out.note is None
+    assert out.location == f"pod {name} (namespace {NAMESPACE})"
+    assert out.text == f"hello from {name}\njob 30\noops\n"
+    assert out.next_offset == len(out.text)
+    # stderr is the same log on Kubernetes, and the answer says so
+    err = adapter.logs(30, backend_id, stream="stderr")
+    assert err.text == out.text and "stdout and stderr as one log" in err.note
+    # nothing new after the end: the next read continues there and brings nothing
+    again = adapter.logs(30, backend_id, offset=out.next_offset)
+    assert (again.text, again.next_offset) == ("", out.next_offset)
+
+
+def test_logs_tail_and_offsets_continue_where_the_last_read_ended(adapter, monkeypatch):
+    lines = ["line 1", "zweite Zeile: grün", "ligne trois: été", "第四行", "line 5"]
+    script = "; ".join(f"echo '{line}'" for line in lines)
+    backend_id = finished(adapter, 31, script)
+    whole = "".join(f"{line}\n" for line in lines)
+    tail = adapter.logs(31, backend_id, tail=2)
+    assert tail.text == "第四行\nline 5\n"
+    assert tail.next_offset == len(whole)  # gpush logs -f --tail 2 goes on from the end
+    assert adapter.logs(31, backend_id, tail=0).text == ""
+    # Small chunks: every read returns at most MAX_LOG_CHUNK characters from its offset; the
+    # byte limit the adapter asks for cuts multi-byte characters, which must come back whole.
+    monkeypatch.setattr(k8s_adapter, "MAX_LOG_CHUNK", 7)
+    read, offset = [], 0
+    while True:
+        out = adapter.logs(31, backend_id, offset=offset)
+        assert len(out.text) <= 7 and out.next_offset == offset + len(out.text)
+        if not out.text:
+            break
+        read.append(out.text)
+        offset = out.next_offset
+    assert "".join(read) == whole and "\ufffd" not in "".join(read)
+
+
+def test_logs_of_each_replica_come_from_its_own_pod(adapter, api):
+    backend_id = finished(
+        adapter, 32, "echo replica $HOSTNAME", placement=placed(Sharing.K8S_EXCLUSIVE, units=1, replicas=2)
+    )
+    pods = sorted(job_pods(api, 32), key=lambda p: (p.metadata.creation_timestamp, p.metadata.name))
+    assert len(pods) == 2
+    first, second = (adapter.logs(32, backend_id, replica=k) for k in (0, 1))
+    assert first.text == f"replica {pods[0].metadata.name}\n"
+    assert second.text == f"replica {pods[1].metadata.name}\n"
+    assert adapter.logs(32, backend_id).location == first.location  # the first replica by default
+    with pytest.raises(Rejected, match="replica 2 is not one of them; use 0 to 1"):
+        adapter.logs(32, backend_id, replica=2)
+
+
+def test_logs_follow_streams_a_running_pod_until_its_container_ends(adapter, api):
+    """The raw endpoint, as `kubectl logs -f` reads it: lines arrive as the container prints them,
+    and the answer ends when the container does."""
+    adapter.submit(
+        33,
+        job_spec(command="echo first; sleep 1; echo second; sleep 1; echo third", labels={"sim-duration": "2.5"}),
+        placed(Sharing.K8S_EXCLUSIVE),
+    )
+    Follower(adapter).until(33, BackendState.RUNNING)
+    (pod,) = job_pods(api, 33)
+    core = client.CoreV1Api(api)
+    answer = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, follow=True, _preload_content=False)
+    arrived: list[tuple[float, bytes]] = []
+    try:
+        for chunk in answer.stream(amt=64):
+            arrived.append((time.monotonic(), chunk))
+    finally:
+        answer.release_conn()
+    assert b"".join(c for _, c in arrived) == b"first\nsecond\nthird\n"
+    first_at = next(t for t, c in arrived if b"first" in c)
+    third_at = next(t for t, c in arrived if b"third" in c)
+    assert third_at - first_at > 1.0  # streamed as printed, not sent at the end
+    wait_for(lambda: core.read_namespaced_pod(pod.metadata.name, NAMESPACE).status.phase == "Succeeded")
+    assert adapter.logs(33, f"job/{TAG}-33").text == "first\nsecond\nthird\n"
+
+
+def test_logs_endpoint_answers_as_a_real_api_server_does(adapter, api):
+    core = client.CoreV1Api(api)
+    with pytest.raises(ApiException) as missing:
+        core.read_namespaced_pod_log("no-such-pod", NAMESPACE)
+    assert missing.value.status == 404
+    status = json.loads(missing.value.body)
+    assert (status["kind"], status["reason"], status["message"]) == (
+        "Status",
+        "NotFound",
+        'pods "no-such-pod" not found',
+    )
+    assert status["details"] == {"name": "no-such-pod", "kind": "pods"}
+    backend_id = finished(adapter, 34, "echo one; echo two; echo three")
+    name = job_pods(api, 34)[0].metadata.name
+    assert core.read_namespaced_pod_log(name, NAMESPACE, tail_lines=2) == "two\nthree\n"
+    assert core.read_namespaced_pod_log(name, NAMESPACE, limit_bytes=5) == "one\nt"
+    assert core.read_namespaced_pod_log(name, NAMESPACE, container="job", since_seconds=3600).startswith("one\n")
+    stamped = core.read_namespaced_pod_log(name, NAMESPACE, timestamps=True).splitlines()
+    assert [line.split(" ", 1)[1] for line in stamped] == ["one", "two", "three"]
+    assert all(line[:30].endswith("Z") and line[19] == "." for line in stamped)
+    for options, code, words in (
+        ({"container": "other"}, 400, f"container other is not valid for pod {name}"),
+        ({"tail_lines": -1}, 422, "tailLines: Invalid value: -1: must be greater than or equal to 0"),
+        ({"previous": True}, 400, f'previous terminated container "job" in pod "{name}" not found'),
+    ):
+        with pytest.raises(ApiException) as refused:
+            core.read_namespaced_pod_log(name, NAMESPACE, **options)
+        assert refused.value.status == code and words in json.loads(refused.value.body)["message"]
+    assert adapter.logs(34, backend_id).text == "one\ntwo\nthree\n"
+
+
+def test_logs_of_a_restarted_container_keep_the_run_before(api, cluster):
+    """``previous=true`` reads the run before a restart; the current run starts a new log."""
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": "logs-restart"}})
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "again", "annotations": {simulator.ANN_DURATION: "0.2", simulator.ANN_EXIT_CODE: "1"}},
+        "spec": {
+            "restartPolicy": "Always",
+            "containers": [{"name": "c", "image": "busybox", "command": ["sh", "-c", "echo run $HOSTNAME"]}],
+        },
+    }
+    core.create_namespaced_pod("logs-restart", pod)
+
+    def restarted() -> bool:
+        statuses = core.read_namespaced_pod("again", "logs-restart").status.container_statuses or []
+        return bool(statuses) and statuses[0].restart_count >= 1
+
+    wait_for(restarted, what="a container restart")
+    assert core.read_namespaced_pod_log("again", "logs-restart", previous=True) == "run again\n"
+
+
+def test_logs_before_the_container_starts_are_refused_as_not_started(adapter, api):
+    # too big for any node: the Pod waits for one
+    adapter.submit(35, job_spec(command="echo never"), placed(Sharing.K8S_EXCLUSIVE, units=4))
+    wait_for(lambda: job_pods(api, 35), what="the job's pod")
+    with pytest.raises(
+        Rejected, match=r"job 35 has no output yet: pod \S+ \(namespace gpush-it\) is Pending, on no node"
+    ):
+        adapter.logs(35, f"job/{TAG}-35")
+    # the raw endpoint: an unbound Pod has no log anywhere (204), as on a real server
+    name = job_pods(api, 35)[0].metadata.name
+    _, code, _ = client.CoreV1Api(api).read_namespaced_pod_log_with_http_info(name, NAMESPACE)
+    assert code == 204
+
+
+def test_logs_of_a_pod_bound_but_not_started_say_it_is_waiting_to_start(kubeconfig, api):
+    slow = simulator.Simulator(api, [H100], timings=simulator.Timings(pod_start=30)).start()
+    try:
+        slow.create_nodes()
+        wait_for(lambda: set(H100.node_names()) <= slow.c.managed, what="simulated nodes")
+        made = make_adapter(kubeconfig)
+        try:
+            made.submit(36, job_spec(command="echo later"), placed(Sharing.K8S_EXCLUSIVE))
+            pods = wait_for(lambda: [p for p in job_pods(api, 36) if p.spec.node_name], what="a bound pod")
+            name = pods[0].metadata.name
+            with pytest.raises(ApiException) as refused:
+                client.CoreV1Api(api).read_namespaced_pod_log(name, NAMESPACE)
+            assert refused.value.status == 400
+            status = json.loads(refused.value.body)
+            assert status["reason"] == "BadRequest"
+            assert status["message"] == f'container "job" in pod "{name}" is waiting to start: ContainerCreating'
+            with pytest.raises(Rejected, match="job 36 has no output yet: .* is waiting to start: ContainerCreating"):
+                made.logs(36, f"job/{TAG}-36")
+        finally:
+            made.close()
+    finally:
+        slow.stop()
+
+
+def test_logs_of_a_cancelled_job_say_its_pod_took_them_along(adapter, api):
+    adapter.submit(37, job_spec(command="echo brief", labels={"sim-duration": "60"}), placed(Sharing.K8S_EXCLUSIVE))
+    Follower(adapter).until(37, BackendState.RUNNING)
+    (pod,) = job_pods(api, 37)
+    assert adapter.logs(37, f"job/{TAG}-37").text == "brief\n"
+    adapter.cancel(37)
+    wait_for(lambda: job_pods(api, 37) == [], what="the job's pods deleted")
+    gone = adapter.logs(37, f"job/{TAG}-37")
+    assert not gone.readable and gone.text == ""
+    assert gone.location == f"pod {pod.metadata.name} (namespace {NAMESPACE})"  # named by the Job's events
+    assert "was deleted" in gone.note and "its log with it" in gone.note
+
+
+def test_logs_when_the_cluster_does_not_answer_are_unreachable(kubeconfig, cluster, server):
+    made = make_adapter(kubeconfig, timeout=2)
+    server.stop()
+    try:
+        with pytest.raises(Unreachable):
+            made.logs(38, f"job/{TAG}-38")
+    finally:
+        made.close()

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client, config
 
 from integration.k8s import apiserver
+from integration.k8s.container_output import STDERR, STDOUT, program_output
 from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool, SharingConfig, node_devices
 from integration.k8s.simulator import ANN_DURATION, ANN_EXIT_CODE, ANN_OOM, Simulator, Timings, pod_requests
 
@@ -216,6 +217,35 @@ def test_a_mig_pod_binds_to_the_mig_node_and_runs_to_succeeded(core, namespace, 
     assert (done.exit_code, done.reason) == (0, "Completed")
     events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=mig").items
     assert any(e.reason == "Scheduled" and "to a100-0" in e.message for e in events)
+
+
+def test_a_container_prints_until_its_planned_end_and_its_log_stays_with_the_pod(core, namespace, simulate):
+    simulate(T4)
+    pod = gpu_pod("talk", {"nvidia.com/gpu": "1"}, annotations={ANN_DURATION: "0.4", ANN_EXIT_CODE: "2"})
+    pod["spec"]["containers"][0]["command"] = ["sh", "-c", "echo start $HOSTNAME; sleep 5; echo never"]
+    core.create_namespaced_pod(namespace, pod)
+    wait_for(lambda: phase(core, namespace, "talk") == "Failed", what="Failed")
+    # the container ended (exit code 2) before its second echo was due: it never printed it
+    assert core.read_namespaced_pod_log("talk", namespace) == "start talk\n"
+    node = core.read_node(core.read_namespaced_pod("talk", namespace).spec.node_name)
+    assert node.status.addresses[0].address == "127.0.0.1" and node.status.daemon_endpoints.kubelet_endpoint.port
+
+
+def test_what_a_simulated_container_prints_follows_its_command():
+    def printed(command: list[str], env: dict[str, str] | None = None) -> list[tuple[float, str, str]]:
+        container = {"name": "c", "command": command, "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}
+        return [(line.at, line.stream, line.text) for line in program_output(container, "pod-1")]
+
+    assert printed(["echo", "a", "$(WHO)", "$$(WHO)"], {"WHO": "me"}) == [(0, STDOUT, "a me $(WHO)\n")]
+    script = "X=1; echo \"$X $HOSTNAME\" '$X'; sleep 2; echo err >&2; echo gone >/dev/null; exit 3; echo no"
+    assert printed(["/bin/sh", "-ec", script]) == [(0, STDOUT, "1 pod-1 $X\n"), (2, STDERR, "err\n")]
+    code = "import sys, time\nprint('a', 1, sep='-')\ntime.sleep(1.5)\nprint('b', file=sys.stderr, end='')"
+    assert printed(["python3", "-u", "-c", code]) == [(0, STDOUT, "a-1\n"), (1.5, STDERR, "b")]
+    # what cannot be told without running it prints nothing (from that point on)
+    assert printed(["python", "train.py"]) == []
+    assert printed(["sh", "-c", "echo before; for i in 1 2; do echo $i; done"]) == [(0, STDOUT, "before\n")]
+    assert printed(["sh", "-c", "echo $(date)"]) == []
+    assert printed([]) == []  # the image's own entrypoint: unknown
 
 
 def test_a_pod_too_big_for_any_node_stays_pending_with_the_schedulers_message(core, namespace, simulate):

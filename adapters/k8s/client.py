@@ -219,11 +219,12 @@ class KubeClient:
         body: Any = None,
         content_type: str | None = None,
         timeout: Any = None,
+        accept: str = "application/json",
         what: str = "",
     ) -> Any:
         """One request; returns the rest layer's response, unread, after checking its status."""
         api = self._client()
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         query = [(k, v) for k, v in query if v is not None]
@@ -368,6 +369,35 @@ class KubeClient:
     def scale(self, namespace: str, name: str, replicas: int) -> dict[str, Any]:
         """Set a Deployment's replicas through its scale subresource."""
         return self.patch("deployments", namespace, name, {"spec": {"replicas": replicas}}, subresource="scale")
+
+    @_read_retry
+    def read_namespaced_pod_log(
+        self,
+        name: str,
+        namespace: str,
+        *,
+        container: str | None = None,
+        tail_lines: int | None = None,
+        limit_bytes: int | None = None,
+        previous: bool = False,
+    ) -> bytes:
+        """A Pod's log (the ``pods/log`` subresource, not followed) as the kubelet keeps it, as
+        bytes: a reader that asks for ``limit_bytes`` may get a character cut in two. Empty when
+        the Pod is not on a node yet (the server answers 204). :class:`NotFound` when the Pod is
+        gone; :class:`Rejected` with the kubelet's words when its container has no log yet
+        (``container "job" in pod "x" is waiting to start: ContainerCreating``)."""
+        query = [
+            ("container", container),
+            ("tailLines", tail_lines),
+            ("limitBytes", limit_bytes),
+            ("previous", "true" if previous else None),
+        ]
+        path = object_path("pods", namespace, name) + "/log"
+        response = self._send("GET", path, query=query, accept="text/plain", what=f"pods/{name}/log")
+        try:
+            return response.read() or b""
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Unreachable(f"the Kubernetes API dropped the log of pod {name}: {exc}") from None
 
     def create_namespace(self, name: str) -> None:
         try:

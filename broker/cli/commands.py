@@ -78,16 +78,28 @@ def submit_ray_job(out: Output, address: str, command: list[str], *, submission_
     return EXIT_OK if status == "SUCCEEDED" else EXIT_ERROR
 
 
-def status(client: GpushClient, out: Output, job_id: int) -> int:
+def status(client: GpushClient, out: Output, job_id: int, *, watch: float | None = None) -> int:
+    """A job's page: spec, state, reason, where it runs, its output's place, its latest
+    events; ``watch``: redrawn when it changes, until the job ends (or Ctrl-C)."""
+    from rich.console import Group
+
     job = client.get(job_id)
-    if out.json_mode:
+    if out.json_mode and watch is None:
         out.json(job)
         return EXIT_OK
-    out.print(console.job_detail(job, output=_output_location(client, job)))
-    events = client.events(job_id)
-    if events:
-        out.line("")
-        out.print(console.events_table(events[-5:]))
+    latest = [job]
+
+    def view() -> Any:
+        job = latest[0] = client.get(job_id)
+        parts: list[Any] = [console.job_detail(job, output=_output_location(client, job))]
+        events = client.events(job_id)
+        if events:
+            parts += ["", console.events_table(events[-5:])]
+        return Group(*parts)
+
+    if watch is not None:
+        return _watch(out, view, watch, done=lambda: latest[0].state.value in console.FINAL_STATES)
+    out.print(view())
     return EXIT_OK
 
 
@@ -184,28 +196,101 @@ def list_jobs(
     cursor: str | None,
     all_pages: bool,
     labels: dict[str, str] | None = None,
+    finished: bool = False,
+    me: bool = False,
+    watch: float | None = None,
 ) -> int:
+    """Jobs, newest first: the active ones unless ``finished`` or ``states`` say otherwise
+    (as squeue shows); ``me``: the caller's own; ``watch``: redraw every so many seconds
+    when something changed, until Ctrl-C."""
+    if me:
+        user = client.whoami().user
+    if not states and not finished:
+        states = list(console.ACTIVE_STATES)
     filters = {"states": states, "tenant": tenant, "user": user, "kind": kind, "labels": labels}
-    if all_pages:
-        jobs = list(client.iter_jobs(limit=min(max(limit, 1), 1000), **filters))
-        next_cursor = None
-    else:
-        page = client.list(limit=limit, cursor=cursor, **filters)
-        jobs, next_cursor = page.jobs, page.next_cursor
+
+    def page() -> tuple[list[Any], str | None]:
+        if all_pages:
+            return list(client.iter_jobs(limit=min(max(limit, 1), 1000), **filters)), None
+        got = client.list(limit=limit, cursor=cursor, **filters)
+        return got.jobs, got.next_cursor
+
+    filtered = bool(filters_given(filters))
+    if watch is not None:
+        return _watch(out, lambda: _jobs_view(out, *page(), finished=finished, filtered=filtered), watch)
+    jobs, next_cursor = page()
     if out.json_mode:
         out.json({"jobs": jobs, "next_cursor": next_cursor})
         return EXIT_OK
-    if not jobs:
-        out.note(
-            "no jobs match"
-            if any(v for v in filters.values())
-            else "no jobs yet: `gpush submit --help` shows how to add one"
-        )
+    if out.fmt == "name":
+        for job in jobs:
+            out.line(str(job.id))
         return EXIT_OK
-    out.print(console.jobs_table(jobs))
-    if next_cursor:
-        out.note(f"more jobs: gpush list --cursor {next_cursor}  (or --all)")
+    out.print(_jobs_view(out, jobs, next_cursor, finished=finished, filtered=filtered))
     return EXIT_OK
+
+
+def filters_given(filters: dict[str, Any]) -> list[str]:
+    return [k for k, v in filters.items() if v and k != "states"]
+
+
+def _jobs_view(out: Output, jobs: list[Any], next_cursor: str | None, *, finished: bool, filtered: bool) -> Any:
+    """The table of ``jobs`` with what to do next under it (a renderable)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    if not jobs:
+        if filtered:
+            hint = "no jobs match"
+        elif not finished:
+            hint = "no active jobs (`gpush list --all` adds finished ones; `gpush submit --help` adds one)"
+        else:
+            hint = "no jobs yet: `gpush submit --help` shows how to add one"
+        return Text(hint, style="dim")
+    parts: list[Any] = [console.jobs_table(jobs, wide=out.wide, width=out.console.width)]
+    if next_cursor:
+        parts.append(Text(f"more: gpush list --cursor {next_cursor}  (or --all-pages)", style="dim"))
+    return Group(*parts)
+
+
+def _watch(out: Output, view: Callable[[], Any], interval: float, *, done: Callable[[], bool] | None = None) -> int:
+    """Redraw ``view()`` when it changes, every ``interval`` seconds, until Ctrl-C (or
+    until ``done()``): in place on a terminal (as ``watch``), one copy per change when piped."""
+    import time
+
+    from rich.live import Live
+
+    if out.json_mode:
+        raise InvalidRequest("--watch draws tables: leave out --json / -o json|yaml, or poll without --watch")
+    last = None
+    live = Live(console=out.console, auto_refresh=False, transient=False) if out.console.is_terminal else None
+    try:
+        if live is not None:
+            live.start()
+        while True:
+            shown = view()
+            with out.console.capture() as captured:
+                out.console.print(shown)
+            text = captured.get()
+            if text != last:
+                stamp = time.strftime("%H:%M:%S")
+                if live is not None:
+                    from rich.console import Group
+                    from rich.text import Text
+
+                    live.update(Group(Text(f"every {interval:g}s, {stamp} (Ctrl-C stops)", style="dim"), shown))
+                    live.refresh()
+                else:
+                    out.raw(f"--- {stamp}\n{text}")
+                last = text
+            if done is not None and done():
+                return EXIT_OK
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        if live is not None:
+            live.stop()
 
 
 def events(client: GpushClient, out: Output, job_id: int) -> int:
@@ -237,6 +322,53 @@ def cancel(client: GpushClient, out: Output, job_ids: list[int]) -> int:
     if out.json_mode:
         out.json(results)
     return code
+
+
+MAX_BULK_CANCEL = 10_000
+
+
+def cancel_matching(
+    client: GpushClient,
+    out: Output,
+    *,
+    states: list[str],
+    user: str | None,
+    labels: dict[str, str] | None,
+    mine: bool,
+    confirm: Callable[[str], bool] | None,
+) -> int:
+    """Cancel every active job the filters select (the caller's own with ``mine``; a
+    user's token sees only its tenant's jobs anyway). ``confirm(question)`` is asked first
+    unless None (``--yes``); exit 1 when the answer is no."""
+    if mine:
+        user = client.whoami().user
+    active = list(console.ACTIVE_STATES)
+    wanted = [s for s in states if s in active] if states else active
+    if states and not wanted:
+        raise InvalidRequest(f"{', '.join(states)}: finished jobs cannot be cancelled; pick active states")
+    jobs = []
+    for job in client.iter_jobs(states=wanted, user=user, labels=labels, limit=1000):
+        jobs.append(job)
+        if len(jobs) > MAX_BULK_CANCEL:
+            raise InvalidRequest(
+                f"more than {MAX_BULK_CANCEL:,} jobs match: narrow the filters (--state, --label, --user)"
+            )
+    if not jobs:
+        if out.json_mode:
+            out.json([])
+        else:
+            out.note("no active job matches: nothing to cancel")
+        return EXIT_OK
+    if confirm is not None and not out.json_mode:
+        shown = ", ".join(str(j.id) for j in jobs[:10]) + (f" and {len(jobs) - 10} more" if len(jobs) > 10 else "")
+        counts: dict[str, int] = {}
+        for job in jobs:
+            counts[job.state.value] = counts.get(job.state.value, 0) + 1
+        by_state = ", ".join(f"{n} {state}" for state, n in counts.items())
+        if not confirm(f"cancel {len(jobs)} job(s) ({by_state}): {shown}?"):
+            out.note("nothing cancelled")
+            return EXIT_ERROR
+    return cancel(client, out, [j.id for j in jobs])
 
 
 def _cancel_message(job_id: int, outcome: str, state: str) -> str:

@@ -7,7 +7,9 @@ by tests without a terminal.
 from __future__ import annotations
 
 import json
+import os
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -15,6 +17,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from broker.core.clock import utcnow
 
@@ -32,18 +35,48 @@ STATE_STYLE = {
 }
 
 
+FORMATS = ("table", "wide", "json", "yaml", "name")
+
+
 class Output:
-    def __init__(self, *, json_mode: bool = False, stdout: TextIO | None = None, stderr: TextIO | None = None):
-        self.json_mode = json_mode
+    """Where a command writes, and how: ``fmt`` is ``-o``'s choice (table, wide, json,
+    yaml, name); ``json_mode`` is true for json and yaml, whose :meth:`json` writes the
+    value as JSON or YAML and nothing else. Tables fit the terminal's width; piped, the
+    width of ``COLUMNS`` if set, else wide enough to cut nothing."""
+
+    def __init__(
+        self,
+        *,
+        json_mode: bool = False,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+        fmt: str = "table",
+        width: int | None = None,
+    ):
+        if json_mode and fmt not in ("json", "yaml"):
+            fmt = "json"
+        self.fmt = fmt
+        self.json_mode = fmt in ("json", "yaml")
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
-        self.console = Console(file=self.stdout, soft_wrap=False, highlight=False)
-        if not self.console.is_terminal:
+        self.console = Console(file=self.stdout, soft_wrap=False, highlight=False, width=width)
+        if width is None and not self.console.is_terminal:
+            columns = os.environ.get("COLUMNS", "")
             # Piped or captured: no terminal width to respect, so do not truncate.
-            self.console = Console(file=self.stdout, soft_wrap=False, highlight=False, width=240)
+            shown = int(columns) if columns.isdigit() and int(columns) >= 40 else 240
+            self.console = Console(file=self.stdout, soft_wrap=False, highlight=False, width=shown)
         self.err_console = Console(file=self.stderr, highlight=False)
 
+    @property
+    def wide(self) -> bool:
+        return self.fmt == "wide"
+
     def json(self, value: Any) -> None:
+        if self.fmt == "yaml":
+            import yaml
+
+            self.stdout.write(yaml.safe_dump(_plain(value), sort_keys=False, allow_unicode=True))
+            return
         self.stdout.write(json.dumps(_plain(value), indent=2, sort_keys=False) + "\n")
 
     def line(self, text: str) -> None:
@@ -103,11 +136,18 @@ def gpu_request(spec: dict[str, Any]) -> str:
     return text
 
 
-def where(placement: dict[str, Any] | None) -> str:
-    """A placement in a few words: "slurm-a mig 1g.5gb mig-01"."""
+def where(placement: dict[str, Any] | None, *, short: bool = False) -> str:
+    """A placement in a few words: "slurm-a mig 1g.5gb mig-01" (``short``: "slurm-a/mig-01 1g.5gb")."""
     if not placement:
         return "-"
     mode = placement["sharing"].split("/", 1)[1]
+    if short:
+        detail = placement.get("mig_profile") or mode
+        return (
+            f"{placement['cluster']}/{placement['node']} {detail}"
+            if placement.get("node")
+            else f"{placement['cluster']} {detail}"
+        )
     parts = [placement["cluster"], mode]
     if placement.get("mig_profile"):
         parts.append(placement["mig_profile"])
@@ -124,35 +164,105 @@ def where(placement: dict[str, Any] | None) -> str:
     return " ".join(parts)
 
 
-def jobs_table(jobs: list[Any]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "NAME", "STATE", "KIND", "ISOLATION", "GPUS", "TENANT", "USER", "AGE", "WHERE", "REASON"):
-        table.add_column(
-            column,
-            no_wrap=column != "REASON",
-            overflow="fold",
-            min_width=len(column) if column in ("ID", "STATE", "KIND") else None,
-        )
-    for job in jobs:
-        state = styled_state(job.state.value) + (
-            " [yellow](cancelling)[/]"
-            if job.cancel_requested_at and job.state.value not in ("cancelled", "succeeded", "failed")
-            else ""
-        )
-        table.add_row(
-            str(job.id),
-            job.name or "-",
-            state,
-            job.kind.value,
-            job.isolation.value,
-            gpu_request(job.spec),
-            job.tenant,
-            job.user,
-            age(job.created_at),
-            where(job.placement),
-            job.state_reason or "",
-        )
+ACTIVE_STATES = ("queued", "held", "routed", "submitting", "submitted", "running", "requeued")
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+_PLACED = ("submitting", "submitted", "running")
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of a table that must fit the terminal: it never gets narrower than
+    ``min`` (nor wider than ``max``); when the row is too wide, columns with the higher
+    ``give`` give way first, each down to its ``min``, and cut text ends in an ellipsis."""
+
+    header: str
+    min: int = 0
+    max: int | None = None
+    give: int = 0  # 0: keeps its natural width
+
+
+def fitted_table(columns: list[Col], rows: list[list[str]], width: int) -> Table:
+    """A borderless table of ``rows`` (rich markup) whose columns fit ``width``."""
+    natural = [max([len(c.header)] + [Text.from_markup(r[i]).cell_len for r in rows]) for i, c in enumerate(columns)]
+    widths = [min(n, c.max) if c.max else n for n, c in zip(natural, columns, strict=True)]
+    widths = [max(w, c.min, len(c.header) if not c.give else 0) for w, c in zip(widths, columns, strict=True)]
+    gap = 2
+    over = sum(widths) + gap * (len(columns) - 1) - width
+    for give in sorted({c.give for c in columns if c.give}, reverse=True):
+        for i, c in enumerate(columns):
+            if over <= 0:
+                break
+            if c.give == give:
+                floor = max(c.min, 1)
+                cut = min(over, widths[i] - floor)
+                if cut > 0:
+                    widths[i] -= cut
+                    over -= cut
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1))
+    for c, w in zip(columns, widths, strict=True):
+        table.add_column(c.header, width=w, no_wrap=True, overflow="ellipsis")
+    for row in rows:
+        table.add_row(*row)
     return table
+
+
+def jobs_table(jobs: list[Any], *, wide: bool = False, width: int = 80) -> Table:
+    """Jobs, one a row. The default fits ``width`` (an 80-column terminal at least): ID,
+    STATE and AGE always show whole; the last column, then NAME and GPUS, give way, cut
+    with an ellipsis. The last column says where a placed job is and why any other waits
+    or ended (as squeue's NODELIST(REASON)). ``wide`` shows every field, with WHERE and
+    REASON apart, and cuts nothing."""
+    if wide:
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for column in ("ID", "NAME", "STATE", "KIND", "ISOLATION", "GPUS", "TENANT", "USER", "AGE", "WHERE", "REASON"):
+            table.add_column(column, no_wrap=column != "REASON", overflow="fold")
+    rows = []
+    for job in jobs:
+        state = job.state.value
+        cancelling = bool(job.cancel_requested_at) and state in ACTIVE_STATES
+        reason = escape(job.state_reason or "")
+        if wide:
+            table.add_row(
+                str(job.id),
+                escape(job.name or "-"),
+                styled_state(state) + (" [yellow](cancelling)[/]" if cancelling else ""),
+                job.kind.value,
+                job.isolation.value,
+                gpu_request(job.spec),
+                escape(job.tenant),
+                escape(job.user),
+                age(job.created_at),
+                where(job.placement),
+                reason,
+            )
+            continue
+        if cancelling:
+            detail = "cancelling; " + (where(job.placement, short=True) if job.placement else reason)
+        elif state in _PLACED and job.placement:
+            detail = where(job.placement, short=True)
+        else:
+            detail = reason or "-"
+        rows.append(
+            [
+                str(job.id),
+                escape(job.name or "-"),
+                styled_state(state),
+                gpu_request(job.spec),
+                age(job.created_at),
+                detail,
+            ]
+        )
+    if wide:
+        return table
+    columns = [
+        Col("ID"),
+        Col("NAME", min=6, max=24, give=2),
+        Col("STATE"),
+        Col("GPUS", min=4, max=16, give=1),
+        Col("AGE"),
+        Col("WHERE/REASON", min=16, give=3),
+    ]
+    return fitted_table(columns, rows, width)
 
 
 def job_detail(job: Any, *, output: str | None = None) -> Table:

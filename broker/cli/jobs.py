@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from broker.cli import commands
-from broker.cli.settings import CONTEXT, Settings, json_option, output
+from broker.cli.settings import CONTEXT, Settings, format_option, json_option, output
 from broker.core.schemas import Isolation, Kind
 from broker.core.states import JobState
 
@@ -21,14 +21,15 @@ from broker.core.states import JobState
     metavar="FILE",
     help="Job YAML (one job, or several as --- documents or a list); - reads stdin. Flags override its fields.",
 )
-@click.option("--name", help="A name for the job.")
-@click.option("--kind", type=click.Choice([k.value for k in Kind]), help="training, inference or batch.")
+@click.option("-n", "-J", "--name", help="A name for the job.")
+@click.option("-k", "--kind", type=click.Choice([k.value for k in Kind]), help="training, inference or batch.")
 @click.option(
+    "-i",
     "--isolation",
     type=click.Choice([i.value for i in Isolation]),
     help="exclusive (whole GPUs), hardware (MIG), process (MPS), none (time-slicing). Default: by kind.",
 )
-@click.option("--gpus", type=int, help="GPUs or GPU slices per replica (default 1).")
+@click.option("-G", "--gpus", type=int, help="GPUs or GPU slices per replica (default 1).")
 @click.option(
     "--gpu-memory-gb",
     "gpu_memory_gb",
@@ -37,15 +38,21 @@ from broker.core.states import JobState
 )
 @click.option("--min-replicas", type=int, help="Elastic inference: fewest replicas.")
 @click.option("--max-replicas", type=int, help="Elastic inference: most replicas.")
-@click.option("--cpus", type=int, help="CPUs per replica.")
-@click.option("--memory", help="Host memory per replica: 16G, 512M.")
-@click.option("--time-limit", help="90 (minutes), 2h, 1h30m, HH:MM:SS or D-HH:MM:SS.")
+@click.option("-c", "--cpus", type=int, help="CPUs per replica.")
+@click.option("--memory", "--mem", help="Host memory per replica: 16G, 512M.")
+@click.option("-t", "--time-limit", "--time", help="90 (minutes), 2h, 1h30m, HH:MM:SS or D-HH:MM:SS.")
 @click.option("--image", help="Container image (Kubernetes; Slurm with a container runtime).")
-@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment variable, repeatable.")
-@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label, repeatable.")
+@click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment variable, repeatable.")
+@click.option("-l", "--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label, repeatable.")
 @click.option("--tenant", help="Tenant (admins only; default: your token's).")
 @click.option("--user", help="User (admins only; default: your token's).")
-@click.option("--priority", type=int, help="-1000 to 1000; higher runs first (default 0).")
+@click.option("-p", "--priority", type=int, help="-1000 to 1000; higher runs first (default 0).")
+@click.option(
+    "-M",
+    "--cluster",
+    metavar="CLUSTER",
+    help="Run only on this cluster (the policy must still route this kind of job there; see `gpush cluster list`).",
+)
 @click.option("--idempotency-key", help="Retry-safe key: the same key and spec return the same job.")
 @click.option(
     "--ray",
@@ -90,37 +97,54 @@ def submit(
 
 @click.command(context_settings=CONTEXT)
 @click.argument("job_id", type=int)
-@json_option
+@click.option("-w", "--watch", is_flag=True, help="Redraw when it changes, until the job ends (Ctrl-C stops).")
+@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between looks.")
+@format_option
 @click.pass_obj
-def status(settings: Settings, job_id: int, json_mode: bool) -> int:
-    """Show a job: its spec, state, reason and latest events."""
-    return commands.status(settings.client(), output(json_mode), job_id)
+def status(settings: Settings, job_id: int, watch: bool, interval: float, fmt: str, json_mode: bool) -> int:
+    """Show a job: its spec, state, reason, where it runs, where its output is, and its latest events."""
+    return commands.status(settings.client(), output(json_mode, fmt), job_id, watch=interval if watch else None)
 
 
 @click.command("list", context_settings=CONTEXT)
 @click.option(
+    "-s",
     "--state",
     "states",
     multiple=True,
     type=click.Choice([s.value for s in JobState]),
-    help="Only jobs in this state; repeatable.",
+    help="Only jobs in this state; repeatable. Default: the active ones (not succeeded, failed or cancelled).",
 )
+@click.option("-A", "--all", "finished", is_flag=True, help="Finished jobs too.")
+@click.option("--me", is_flag=True, help="Only your own jobs.")
+@click.option("-u", "--user", help="Only this user's jobs.")
 @click.option("--tenant", help="Only this tenant's jobs (admins).")
-@click.option("--user", help="Only this user's jobs.")
-@click.option("--kind", type=click.Choice([k.value for k in Kind]))
-@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Only jobs with this label; repeatable.")
+@click.option("-k", "--kind", type=click.Choice([k.value for k in Kind]))
+@click.option(
+    "-l", "--label", "labels", multiple=True, metavar="KEY=VALUE", help="Only jobs with this label; repeatable."
+)
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Jobs per page.")
 @click.option("--cursor", help="Next page: the cursor the previous page printed.")
-@click.option("--all", "all_pages", is_flag=True, help="Every page.")
-@json_option
+@click.option("--all-pages", "all_pages", is_flag=True, help="Every page, not only the first.")
+@click.option("-w", "--watch", is_flag=True, help="Redraw when something changes (Ctrl-C stops), as squeue -i.")
+@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between looks.")
+@format_option
 @click.pass_obj
-def list_(settings: Settings, json_mode: bool, **filters: Any) -> int:
-    """List jobs, newest first."""
+def list_(settings: Settings, json_mode: bool, fmt: str, watch: bool, interval: float, **filters: Any) -> int:
+    """List jobs, newest first: the active ones unless --all or --state says otherwise.
+
+    \b
+      gpush list                 your queue now, fitted to the terminal
+      gpush list -A --me         every job of yours, finished ones too
+      gpush list -o wide         every column
+      gpush list -w              redraw as it changes
+      gpush list -o name | xargs gpush cancel --yes
+    """
     from broker.intake.jobfile import parse_pairs
 
     filters["states"] = list(filters["states"])
     filters["labels"] = parse_pairs(filters["labels"], option="--label") or None
-    return commands.list_jobs(settings.client(), output(json_mode), **filters)
+    return commands.list_jobs(settings.client(), output(json_mode, fmt), watch=interval if watch else None, **filters)
 
 
 @click.command(context_settings=CONTEXT)
@@ -158,12 +182,59 @@ def events(settings: Settings, job_id: int, json_mode: bool) -> int:
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.argument("job_ids", type=int, nargs=-1)
+@click.option(
+    "-s",
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([s.value for s in JobState]),
+    help="Every job of yours in this state (repeatable); with no ids.",
+)
+@click.option("-u", "--user", help="Every job of this user (admins); with no ids.")
+@click.option("-l", "--label", "labels", multiple=True, metavar="KEY=VALUE", help="Every job with this label.")
+@click.option("--mine", "--me", "mine", is_flag=True, help="Every active job of yours.")
+@click.option("-y", "--yes", is_flag=True, help="Cancel what the filters select without asking.")
 @json_option
 @click.pass_obj
-def cancel(settings: Settings, job_ids: tuple[int, ...], json_mode: bool) -> int:
-    """Cancel jobs: queued ones end at once; running ones stop when their cluster confirms."""
-    return commands.cancel(settings.client(), output(json_mode), list(job_ids))
+def cancel(
+    settings: Settings,
+    job_ids: tuple[int, ...],
+    states: tuple[str, ...],
+    user: str | None,
+    labels: tuple[str, ...],
+    mine: bool,
+    yes: bool,
+    json_mode: bool,
+) -> int:
+    """Cancel jobs by id, or every active job a filter selects (asks first, unless --yes).
+
+    Queued jobs end at once; running ones stop when their cluster confirms.
+
+    \b
+      gpush cancel 42 43
+      gpush cancel --mine                   every active job of yours
+      gpush cancel --state queued --label sweep=lr --yes
+    """
+    from broker.intake.jobfile import parse_pairs
+
+    filtered = bool(states or user or labels or mine)
+    if job_ids and filtered:
+        raise click.UsageError("give job ids or filters (--state, --user, --label, --mine), not both")
+    if not job_ids and not filtered:
+        raise click.UsageError("which jobs? give their ids, or filters: --mine, --state, --user, --label")
+    client = settings.client()
+    if filtered:
+        return commands.cancel_matching(
+            client,
+            output(json_mode),
+            states=list(states),
+            user=user,
+            labels=parse_pairs(labels, option="--label") or None,
+            mine=mine,
+            confirm=None if yes else lambda question: click.confirm(question, default=False, err=True),
+        )
+    return commands.cancel(client, output(json_mode), list(job_ids))
 
 
 @click.command(context_settings=CONTEXT)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from broker.cli.console import Output
+from broker.cli.console import FORMATS, Output
 from broker.client import local
 from broker.client.embedded import embedded_client
 from broker.client.sdk import GpushClient
@@ -51,5 +51,19 @@ def json_option(f):
     return click.option("--json", "json_mode", is_flag=True, help="Print only JSON, for scripts.")(f)
 
 
-def output(json_mode: bool = False) -> Output:
-    return Output(json_mode=json_mode)
+def format_option(f):
+    """``-o table|wide|json|yaml|name`` (as kubectl's), and ``--json`` for ``-o json``."""
+    f = json_option(f)
+    return click.option(
+        "-o",
+        "--output",
+        "fmt",
+        type=click.Choice(FORMATS),
+        default="table",
+        show_default=True,
+        help="table fits the terminal; wide shows every column; json and yaml for scripts; name prints ids.",
+    )(f)
+
+
+def output(json_mode: bool = False, fmt: str = "table") -> Output:
+    return Output(json_mode=json_mode, fmt=fmt)

@@ -353,6 +353,12 @@ class JobSpec(BaseModel):
     tenant: Principal | None = None
     user: Principal | None = None
     priority: int = Field(0, ge=-1000, le=1000)
+    cluster: str | None = Field(
+        None,
+        pattern=_NAME,
+        max_length=63,
+        description="run only on this cluster (gpush submit --cluster); the policy must still route the job there",
+    )
     idempotency_key: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")
 
     @field_validator("*", mode="after")

@@ -125,7 +125,15 @@ class CycleDecisions:
     def routing(self, spec: JobSpec, tenant: str) -> RoutingDecision:
         """The policy's decision for the job: the fields a rule can match on
         (broker.routing.policy.Match) are the key of one evaluation per cycle."""
-        key = (spec.kind, spec.isolation, spec.gpus, spec.gpu_memory_gb, tenant, tuple(sorted(spec.labels.items())))
+        key = (
+            spec.kind,
+            spec.isolation,
+            spec.gpus,
+            spec.gpu_memory_gb,
+            tenant,
+            tuple(sorted(spec.labels.items())),
+            spec.cluster,
+        )
         decision = self._routings.get(key)
         if decision is None:
             decision = self._routings[key] = evaluate(self.policy, spec, tenant)

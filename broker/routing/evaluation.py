@@ -166,6 +166,19 @@ def evaluate(policy: Policy, spec: JobSpec, tenant: str | None) -> Decision:
         )
         return Decision(None, None, [], trials, job, message)
     rule = policy.rules[chosen]
-    then = "".join(f", then {route}" for route in rule.fallbacks)
-    message = f"rule {chosen + 1} {rule.name!r} routes the job to {rule.route}{then}"
-    return Decision(chosen, rule.name, rule.routes, trials, job, message, rule.why)
+    routes = rule.routes
+    if spec.cluster is not None:
+        # A job pinned to a cluster goes only where its rule would send it on that
+        # cluster: pinning picks among the policy's routes, it never adds one.
+        routes = [r for r in routes if r.cluster == spec.cluster]
+        if not routes:
+            offered = ", ".join(dict.fromkeys(r.cluster for r in rule.routes))
+            message = (
+                f"rule {chosen + 1} {rule.name!r} routes this job to {offered}, not to cluster {spec.cluster} "
+                f"that it asks for: submit without --cluster, or ask an admin to route such jobs to {spec.cluster}"
+            )
+            return Decision(chosen, rule.name, [], trials, job, message, rule.why)
+    then = "".join(f", then {route}" for route in routes[1:])
+    pinned = f" (pinned to {spec.cluster})" if spec.cluster is not None else ""
+    message = f"rule {chosen + 1} {rule.name!r} routes the job to {routes[0]}{then}{pinned}"
+    return Decision(chosen, rule.name, routes, trials, job, message, rule.why)

@@ -12,7 +12,8 @@ Event), apps/v1 (Deployment, ReplicaSet, StatefulSet, DaemonSet), batch/v1 (Job,
 coordination.k8s.io/v1 Lease, apiextensions.k8s.io/v1 CustomResourceDefinition and the custom
 resources each one defines. Verbs: get, list (selectors, pagination), watch, create, update, patch
 (JSON, merge, strategic merge; apply approximated as a merge), delete (with propagation), and
-deleteCollection; the status and scale subresources. The semantics live in apiserver_store.
+deleteCollection; the status and scale subresources; ``pods/log``, read from the node's kubelet
+(apiserver_logs: the node simulator serves its kubelets' logs). The semantics live in apiserver_store.
 
 Use :func:`start` in tests (the server runs in a background thread), or run
 ``python -m integration.k8s.apiserver --port 6443 --kubeconfig kubeconfig.yaml`` by hand.
@@ -48,6 +49,7 @@ from integration.k8s.apiserver_errors import (
     unsupported_media_type,
 )
 from integration.k8s.apiserver_kinds import ALL_VERBS, ResourceType
+from integration.k8s.apiserver_logs import PodLogs
 from integration.k8s.apiserver_patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
 from integration.k8s.apiserver_selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
 from integration.k8s.apiserver_store import ADDED, DELETED, MODIFIED, Change, Collection, Entry, Store
@@ -152,6 +154,7 @@ class ApiServerApp:
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
         self.address = address
+        self.logs = PodLogs(store)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -177,6 +180,7 @@ class ApiServerApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.store.attach_loop(None)
+                await self.logs.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -271,6 +275,7 @@ class ApiServerApp:
                 )
             if rt.key == "pods":
                 resources.append({"name": "pods/binding", **sub, "kind": "Binding", "verbs": ["create"]})
+                resources.append({"name": "pods/log", **sub, "kind": "Pod", "verbs": ["get"]})
                 resources.append(
                     {
                         "name": "pods/eviction",
@@ -330,6 +335,10 @@ class ApiServerApp:
             return await self._object_request(request, rt, ns, name, version, subresource="status")
         if subresource == "scale" and rt.scale:
             return await self._scale_request(request, rt, ns, name)
+        if rt.key == "pods" and subresource == "log":
+            if method != "GET":
+                raise method_not_allowed()
+            return await self.logs.get(ns, name, query)
         if rt.key == "pods" and subresource == "binding":
             if method != "POST":
                 raise method_not_allowed()

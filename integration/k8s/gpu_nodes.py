@@ -458,8 +458,16 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def node_manifest(pool: GpuPool, index: int, devices: NodeDevices | None = None) -> dict:
-    """The Node a simulated kubelet registers: GFD labels, capacity = allocatable, Ready=True."""
+def node_manifest(
+    pool: GpuPool, index: int, devices: NodeDevices | None = None, *, kubelet: tuple[str, int] | None = None
+) -> dict:
+    """The Node a simulated kubelet registers: GFD labels, capacity = allocatable, Ready=True.
+
+    ``kubelet``: the (address, port) where the simulator serves its kubelets' container logs,
+    published as the node's ``InternalIP`` and kubelet port so that an API server's ``pods/log``
+    reaches it (KWOK's arrangement: every node names the one simulator); None gives the node an
+    address of its own in 10.64.0.0/10 and port 10250, where nothing answers.
+    """
     devices = devices or node_devices(pool)
     name = f"{pool.name}-{index}"
     labels = {
@@ -489,6 +497,7 @@ def node_manifest(pool: GpuPool, index: int, devices: NodeDevices | None = None)
         ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
     ]
     serial = zlib.crc32(name.encode()) % (1 << 20)
+    address, port = kubelet or (f"10.{64 + serial // 65536}.{serial // 256 % 256}.{serial % 256}", 10250)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -513,10 +522,10 @@ def node_manifest(pool: GpuPool, index: int, devices: NodeDevices | None = None)
                 for t, s, r, m in ready
             ],
             "addresses": [
-                {"type": "InternalIP", "address": f"10.{64 + serial // 65536}.{serial // 256 % 256}.{serial % 256}"},
+                {"type": "InternalIP", "address": address},
                 {"type": "Hostname", "address": name},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
             "nodeInfo": {
                 "architecture": "amd64",
                 "bootID": "",

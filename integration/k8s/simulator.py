@@ -33,7 +33,12 @@ processed twice at once and every controller can be re-driven from its cache):
   time-sliced GPU (or a whole GPU or MIG device) past its memory, or an MPS client past
   memory/replicas, is OOMKilled after ``Timings.oom_after``. ``restartPolicy: Always``
   (and ``OnFailure`` on a non-zero exit) restarts the container after a CrashLoopBackOff delay.
-  Pods marked for deletion are deleted with grace period 0 (the kubelet's confirmation).
+  Pods marked for deletion are deleted with grace period 0 (the kubelet's confirmation). Output:
+  what each container prints follows from its command (integration/k8s/container_output.py:
+  ``echo``, simple ``sh -c`` scripts, ``python -c`` prints; nothing for other programs) and stops
+  at the end its annotations give it; the log of each run (and of the one before a restart) is
+  served at ``/containerLogs`` by integration/k8s/kubelet_server.py, which the nodes' ``InternalIP``
+  and kubelet port name, so an API server's ``pods/log`` (``kubectl logs``) reaches it.
 - ``JobController`` (batch/v1): ``min(parallelism, completions - succeeded)`` pods from the
   template, labelled ``batch.kubernetes.io/controller-uid``/``job-name`` (and the legacy
   ``controller-uid``/``job-name``), owned by the Job; failed pods are replaced after a back-off until
@@ -90,6 +95,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 from kubernetes.watch.watch import iter_resp_lines
 
+from integration.k8s.container_output import ContainerLog, program_output
 from integration.k8s.gpu_nodes import (
     DEVICE_PLUGIN_CONFIG_LABEL,
     POOL_LABEL,
@@ -101,6 +107,7 @@ from integration.k8s.gpu_nodes import (
     node_manifest,
     pools_from,
 )
+from integration.k8s.kubelet_server import KubeletError, KubeletServer
 
 log = logging.getLogger("gpush.k8s.simulator")
 
@@ -1171,10 +1178,17 @@ class _Run:
     pod_ip: str = ""
     container_ids: dict[str, str] = field(default_factory=dict)
     timer: float = math.inf  # the due time a queue timer is already set for
+    logs: dict[str, ContainerLog] = field(default_factory=dict)  # each container's current (or last) run
+    previous: dict[str, ContainerLog] = field(default_factory=dict)  # the run before it, after a restart
+
+    def end_logs(self) -> None:
+        for container_log in self.logs.values():
+            container_log.end()
 
 
 class Kubelet:
-    """Runs the pods bound to simulated nodes: phases, container states, GPU claims and memory."""
+    """Runs the pods bound to simulated nodes: phases, container states, GPU claims and memory, and
+    keeps each container run's log (integration/k8s/container_output.py) for the kubelet server."""
 
     def __init__(self, cluster: _Cluster, plugin: DevicePlugin):
         self.c = cluster
@@ -1223,11 +1237,57 @@ class Kubelet:
             (devices.devices[i].resource, devices.devices[i].gpu) for i, _ in run.claims if i < len(devices.devices)
         ]
 
+    def _container_log(self, pod: Mapping, container: Mapping, started: float | None = None) -> ContainerLog:
+        lines = program_output(container, _meta(pod).get("name", ""))
+        return ContainerLog(lines, started=started, speed=self.c.speed)
+
+    def container_log(self, namespace: str, name: str, container: str, previous: bool) -> ContainerLog:
+        """The log the kubelet server answers ``/containerLogs/<namespace>/<name>/<container>`` with,
+        or :class:`KubeletError` in the kubelet's words (server.go, ``validateContainerLogStatus``)."""
+        key = f"{namespace}/{name}"
+        pod = self.c.pods.get(key)
+        if pod is None or (pod.get("spec") or {}).get("nodeName") not in self.c.managed:
+            raise KubeletError(404, f'pod "{name}" does not exist')
+        spec = pod.get("spec") or {}
+        by_name = {c.get("name"): c for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]}
+        if container not in by_name:
+            raise KubeletError(404, f'container "{container}" not found in pod "{name}"')
+        run = self._runs.get(key)
+        if run is not None and run.uid != _meta(pod).get("uid"):
+            run = None
+        if previous:
+            if run is None or container not in run.previous:
+                raise KubeletError(400, f'previous terminated container "{container}" in pod "{name}" not found')
+            return run.previous[container]
+        if run is None and _phase(pod) in TERMINAL:
+            return self._finished_log(pod, by_name[container])
+        if run is None or run.stage == "starting" or container not in run.logs:
+            raise KubeletError(400, f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
+        if run.stage == "backoff" and container in run.previous:
+            return run.previous[container]  # waiting to restart: the last terminated run's log
+        return run.logs[container]
+
+    def _finished_log(self, pod: Mapping, container: Mapping) -> ContainerLog:
+        """A finished Pod this process did not run (a restarted simulator): its log again, from the
+        times in its status (whole seconds, so a line near the end may fall either side of it)."""
+        name = container.get("name")
+        statuses = (pod.get("status") or {}).get("containerStatuses") or ()
+        state = next((s.get("state") or {} for s in statuses if s.get("name") == name), {})
+        terminated = state.get("terminated") or {}
+        started, finished = _parse_time(terminated.get("startedAt")), _parse_time(terminated.get("finishedAt"))
+        if started is None or finished is None:
+            pod_name = _meta(pod).get("name")
+            raise KubeletError(400, f'container "{name}" in pod "{pod_name}" is terminated')
+        container_log = self._container_log(pod, container, started)
+        container_log.end(finished + 1.0)
+        return container_log
+
     def reconcile(self, key: str) -> None:
         pod = self.c.pods.get(key)
         run = self._runs.get(key)
         if run is not None and (pod is None or _meta(pod).get("uid") != run.uid):
             self._release(run)
+            run.end_logs()  # its logs go with the Pod; followers see the end
             self._runs.pop(key, None)
             run = None
         if pod is None:
@@ -1239,6 +1299,7 @@ class Kubelet:
         if md.get("deletionTimestamp"):
             if run is not None:
                 self._release(run)
+                run.end_logs()
                 self._runs.pop(key, None)
             self.c.delete_pod(pod, grace=0)
             return
@@ -1276,6 +1337,9 @@ class Kubelet:
             pod_ip=status.get("podIP") or "",
         )
         self._claim(pod, run)
+        started_wall = _parse_time(started)
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            run.logs[c["name"]] = self._container_log(pod, c, started_wall)
         exit_ = self._planned_exit(pod)
         if exit_ is not None:
             elapsed = time.time() - (_parse_time(started) or time.time())
@@ -1386,6 +1450,9 @@ class Kubelet:
         containers = (pod.get("spec") or {}).get("containers") or []
         for c in containers:
             run.container_ids[c["name"]] = f"containerd://{random.getrandbits(256):064x}"
+            if c["name"] in run.logs:
+                run.previous[c["name"]] = run.logs[c["name"]]
+            run.logs[c["name"]] = self._container_log(pod, c)
         statuses = [
             self._container_status(c, run, {"running": {"startedAt": run.started_at}}, ready=True) for c in containers
         ]
@@ -1409,6 +1476,7 @@ class Kubelet:
     def _finish(self, pod: Mapping, run: _Run, now: float) -> None:
         code, reason = run.exit or (0, "Completed")
         self._release(run)
+        run.end_logs()
         terminated = {
             "exitCode": code,
             "reason": reason,
@@ -2183,7 +2251,9 @@ class Simulator:
     ``operator_namespace`` is where the device plugin's ConfigMap lives, and
     ``device_plugin_config``/``device_plugin_default`` name the ConfigMap and default key when no
     ClusterPolicy does. ``record_events=False`` skips Normal events (Warnings are always written);
-    ``workers`` sizes the write pool.
+    ``workers`` sizes the write pool. ``kubelet_address`` is where the simulator serves its
+    kubelets' container logs (integration/k8s/kubelet_server.py) on a free port, published as every
+    node's ``InternalIP`` and kubelet port so that ``pods/log`` reaches it; None serves none.
     """
 
     def __init__(
@@ -2201,6 +2271,7 @@ class Simulator:
         device_plugin_default: str | None = None,
         record_events: bool = True,
         workers: int = 8,
+        kubelet_address: str | None = "127.0.0.1",
     ):
         if speed <= 0:
             raise ValueError("speed must be > 0 (2.0 runs the simulated cluster twice as fast)")
@@ -2257,6 +2328,9 @@ class Simulator:
             self._worker_counts[self.gc.queue] = (self.gc.reconcile, 1)
         self._workers: list[threading.Thread] = []
         self._started = False
+        self.kubelet_server: KubeletServer | None = None
+        if kubelet_address is not None:  # bound now: node manifests name its port before start()
+            self.kubelet_server = KubeletServer(self.kubelet.container_log, c.stop, host=kubelet_address)
 
     # lifecycle
 
@@ -2274,6 +2348,8 @@ class Simulator:
                 self._workers.append(t)
         if self.scheduler:
             self.scheduler.start()
+        if self.kubelet_server is not None:
+            self.kubelet_server.start()
         self.wait_synced(timeout)
         return self
 
@@ -2288,6 +2364,8 @@ class Simulator:
         if self.scheduler:
             self.scheduler.wake()
         c.writes.shutdown(wait=False, cancel_futures=True)
+        if self.kubelet_server is not None:
+            self.kubelet_server.close()
         deadline = time.monotonic() + timeout
         for t in self._workers:
             t.join(max(deadline - time.monotonic(), 0.01))
@@ -2328,7 +2406,7 @@ class Simulator:
                 labels = {DEVICE_PLUGIN_CONFIG_LABEL: pool.device_plugin_config} if pool.device_plugin_config else {}
                 labels["kubernetes.io/hostname"] = f"{pool.name}-{i}"
                 sharing = self.plugin.sharing_for(labels, pool) if self._started else pool.default_sharing()
-                manifests.append(node_manifest(pool, i, node_devices(pool, sharing)))
+                manifests.append(node_manifest(pool, i, node_devices(pool, sharing), kubelet=self.kubelet_endpoint))
         return manifests
 
     def create_nodes(self, *, workers: int = 16, wait: float | None = 30.0) -> list[str]:
@@ -2368,6 +2446,12 @@ class Simulator:
                     raise TimeoutError(f"{len(missing)} nodes (first {missing[0]}) did not reach the watch in {wait}s")
                 time.sleep(0.02)
         return names
+
+    @property
+    def kubelet_endpoint(self) -> tuple[str, int] | None:
+        """(address, port) of the kubelet server the nodes name, or None when there is none."""
+        server = self.kubelet_server
+        return (server.host, server.port) if server is not None else None
 
     @property
     def nodes(self) -> list[str]:

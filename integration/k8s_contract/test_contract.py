@@ -8,14 +8,16 @@ covered is what adapters/k8s/client.py and adapter.py do: create, get, list, del
 Deployments, Pods and ConfigMaps carrying gpush's labels; label- and field-selected lists in
 pages; watches resumed from a resourceVersion, and 410 when it is too old; the Status bodies of
 404, 409 and 422 answers; optimistic concurrency; the scale and status subresources; Node
-listings; deletion with propagation; and the manifests adapters/k8s/render.py produces.
+listings; deletion with propagation; a Pod's log (``pods/log``: whole, tailed, limited,
+timestamped, followed; 404 for a missing Pod, 204 for one on no node); and the manifests
+adapters/k8s/render.py produces.
 
 Rules every test keeps, so that it can pass on both: public API behaviour only (the test server's
 store is touched only to compact it, by the two tests that skip on a real cluster); objects in the
 session's namespace under names of their own; anything a controller, the garbage collector or a
 kubelet does is polled for (``eventually``), never assumed to have happened; Nodes are only read.
-Pods use the pause image and satisfy the "restricted" Pod Security Standard, so they are admitted
-wherever gpush's own Pods are.
+Pods use the pause image (busybox where a test needs a container that prints) and satisfy the
+"restricted" Pod Security Standard, so they are admitted wherever gpush's own Pods are.
 
 Status against a real cluster: not yet run. No real Kubernetes cluster was reachable from the
 machines this suite was written on, so every test has passed against the test server only (and
@@ -762,6 +764,73 @@ def test_the_objects_gpush_renders_pass_the_servers_validation(kube, case):
             manifest.name, kube.namespace
         )
     assert absent.value.status == 404
+
+
+# --- a Pod's log (gpush logs) ---------------------------------------------------------------------------
+
+ECHO_IMAGE = "busybox:1.36"  # a shell that prints, and runs as the restricted standard's non-root uid
+ECHO_SCRIPT = "echo one; echo two; echo three"
+SIM_DURATION = "sim.gpush.io/duration"  # how long the node simulator runs a Pod; a real cluster ignores it
+
+
+def echo_pod_body(name: str, labels: dict[str, str], node_selector: dict[str, str] | None = None) -> dict[str, Any]:
+    body = pod_body(name, labels)
+    body["metadata"]["annotations"] = {SIM_DURATION: "0.5"}
+    body["spec"]["containers"][0].update(image=ECHO_IMAGE, command=["sh", "-c", ECHO_SCRIPT])
+    if node_selector:
+        body["spec"]["nodeSelector"] = node_selector
+    return body
+
+
+def test_a_pods_log_is_read_whole_tailed_limited_stamped_and_followed(kube, job, gpush_client):
+    name = unique("logpod")
+    kube.core.create_namespaced_pod(kube.namespace, echo_pod_body(name, job.labels))
+    eventually(
+        kube,
+        lambda: kube.core.read_namespaced_pod(name, kube.namespace).status.phase == "Succeeded",
+        "the Pod that echoes to finish",
+    )
+    core, ns = kube.core, kube.namespace
+    assert core.read_namespaced_pod_log(name, ns) == "one\ntwo\nthree\n"
+    assert core.read_namespaced_pod_log(name, ns, container="main") == "one\ntwo\nthree\n"
+    assert core.read_namespaced_pod_log(name, ns, tail_lines=2) == "two\nthree\n"
+    assert core.read_namespaced_pod_log(name, ns, limit_bytes=5) == "one\nt"
+    stamped = core.read_namespaced_pod_log(name, ns, timestamps=True).splitlines()
+    assert [line.split(" ", 1)[1] for line in stamped] == ["one", "two", "three"]
+    assert all(line.split(" ", 1)[0].endswith("Z") for line in stamped)  # RFC 3339, UTC
+    # Following a container that has ended gives its log and ends (kubectl logs -f).
+    answer = core.read_namespaced_pod_log(name, ns, follow=True, _preload_content=False, _request_timeout=30)
+    try:
+        assert b"".join(answer.stream(amt=1024)) == b"one\ntwo\nthree\n"
+    finally:
+        answer.release_conn()
+    assert gpush_client.read_namespaced_pod_log(name, ns, tail_lines=1) == b"three\n"
+    # (real: unverified detail) the words of LogLocation's refusal
+    exc = api_error(lambda: core.read_namespaced_pod_log(name, ns, container="nope"))
+    body = status_body(exc)
+    assert exc.status == 400 and body["reason"] == "BadRequest"
+    assert body["message"] == f"container nope is not valid for pod {name}"
+    exc = api_error(lambda: core.read_namespaced_pod_log(name, ns, tail_lines=-1))
+    assert exc.status == 422 and status_body(exc)["details"]["kind"] == "PodLogOptions"
+    core.delete_namespaced_pod(name, ns)
+
+
+def test_the_log_of_a_missing_pod_is_404_and_of_a_pod_on_no_node_is_empty(kube, job, gpush_client):
+    name = unique("nologpod")
+    exc = api_error(lambda: kube.core.read_namespaced_pod_log(name, kube.namespace))
+    body = status_body(exc)
+    assert exc.status == 404 and body["reason"] == "NotFound"
+    assert body["message"] == f'pods "{name}" not found' and body["details"] == {"name": name, "kind": "pods"}
+    with pytest.raises(NotFound):
+        gpush_client.read_namespaced_pod_log(name, kube.namespace)
+    # (real: unverified detail) a Pod no node took has no log anywhere: 204 No Content, not an error
+    kube.core.create_namespaced_pod(
+        kube.namespace, echo_pod_body(name, job.labels, node_selector={"gpush.io/contract-no-such-node": "true"})
+    )
+    _, code, _ = kube.core.read_namespaced_pod_log_with_http_info(name, kube.namespace)
+    assert code == 204
+    assert gpush_client.read_namespaced_pod_log(name, kube.namespace) == b""
+    kube.core.delete_namespaced_pod(name, kube.namespace)
 
 
 # --- gpush's own client over the same API ---------------------------------------------------------------

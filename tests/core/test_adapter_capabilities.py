@@ -9,6 +9,7 @@ from broker.core.adapter import (
     CAPABILITIES,
     BatchSubmitter,
     Closable,
+    LogReader,
     Scaler,
     TimesliceConfigurator,
     adapter_class,
@@ -27,9 +28,9 @@ def test_every_adapter_declares_exactly_the_capabilities_it_has(kind):
 
 
 def test_the_real_adapters_declare_what_the_broker_uses():
-    assert declared(adapter_class("slurm")) == {BatchSubmitter}
-    assert declared(adapter_class("k8s")) == {BatchSubmitter, Scaler, TimesliceConfigurator, Closable}
-    assert declared(adapter_class("sim")) == frozenset()
+    assert declared(adapter_class("slurm")) == {BatchSubmitter, LogReader}
+    assert declared(adapter_class("k8s")) == {BatchSubmitter, Scaler, TimesliceConfigurator, Closable, LogReader}
+    assert declared(adapter_class("sim")) == frozenset({LogReader})
 
 
 class Plain:
