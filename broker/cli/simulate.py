@@ -23,15 +23,20 @@ from broker.cli.settings import CONTEXT, json_option, output
     help="Replay a cluster trace instead: `--trace openb DIR` (the Alibaba 2023 format; its nodes are the fleet).",
 )
 @click.option("--policy", metavar="FILE", help="Routing policy to replay under (default: policies/default.yaml).")
-@click.option("--compare", metavar="FILE", help="A second policy to compare (default: every job on whole GPUs).")
+@click.option(
+    "--compare",
+    metavar="FILE",
+    help="A second policy to compare (default: every job on whole GPUs, as Slurm and Kubernetes give them without "
+    "sharing; on a trace those are placed by best-fit, and the run is called 'whole GPUs (best-fit)').",
+)
 @click.option("--report", "report", metavar="DIR", required=True, help="Where report.md, results.json and PNGs go.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of sampled experiments.")
 @click.option(
     "--placement",
     type=click.Choice(["fgd", "best-fit"]),
-    help="With --trace: placement on its GPU-sharing nodes, fragmentation-aware (fgd, the default) or best-fit. "
-    "A --fleet replay places as the broker does (best fit for whole GPUs and MIG, FGD per GPU for MPS and "
-    "time-slicing), so it takes no --placement.",
+    help="With --trace: placement on its GPU-sharing nodes, fragmentation-aware (fgd, the default) or best-fit; "
+    "the report calls the run 'gpush (fgd)' or 'gpush (best-fit)'. A --fleet replay places as the broker does "
+    "(best-fit for whole GPUs and MIG, fgd per GPU for MPS and time-slicing), so it takes no --placement.",
 )
 @json_option
 def simulate(fleet, workload, trace, policy, compare, report, seed, placement, json_mode) -> int:
@@ -40,6 +45,11 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, j
     \b
       gpush simulate --fleet examples/fleet.yaml --workload examples/workload.yaml --report out/
       gpush simulate --trace openb ../shared/traces/alibaba-openb-2023 --report out/openb
+
+    The summary puts the two runs side by side and says which way each measure is good
+    (GPU allocation: lower for the same need). A run that takes longer than a couple of
+    seconds (the openb trace: 10-25 s) shows its progress on stderr; --json prints
+    only the JSON on stdout.
     """
     trace_dir = None
     if trace:
@@ -52,8 +62,8 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, j
         raise click.UsageError("give --fleet and --workload, or --trace openb DIR")
     elif placement is not None:
         raise click.UsageError(
-            "--placement is for --trace: a --fleet replay places as the broker does (best fit for whole GPUs and "
-            "MIG, FGD per GPU for MPS and time-slicing); leave it out"
+            "--placement is for --trace: a --fleet replay places as the broker does (best-fit for whole GPUs and "
+            "MIG, fgd per GPU for MPS and time-slicing); leave it out"
         )
     if policy is None and not trace_dir:
         from policies import shipped

@@ -20,6 +20,7 @@ from broker.placement.fragmentation import (
     TaskShape,
     WorkloadDistribution,
 )
+from broker.simulation.results import run_label
 
 # -- the inflation experiment ------------------------------------------------------------
 
@@ -118,8 +119,9 @@ def inflate(
 INFLATION_VARIANTS = (("fgd", False), ("best-fit", False), ("best-fit", True))
 
 
-def _variant_name(placement: str, whole: bool) -> str:
-    return "whole GPUs" if whole else {"fgd": "gpush FGD", "best-fit": "best fit"}[placement]
+def variant_name(placement: str, whole: bool) -> str:
+    """A variant's name, as a replay with that placement is called (results.run_label)."""
+    return run_label("whole GPUs" if whole else "gpush", placement)
 
 
 def inflation_experiment(
@@ -144,7 +146,7 @@ def inflation_experiment(
         arrivals = inflation_arrivals(tasks, seed=seed, capacity_milli=capacity, ratio=ratio)
         for placement, whole in variants:
             run = inflate(nodes, arrivals, placement=placement, distribution=distribution, whole_gpus=whole, seed=seed)
-            runs[_variant_name(placement, whole)].append(run)
+            runs[variant_name(placement, whole)].append(run)
             if progress:
                 progress(run)
     medians = {

@@ -28,6 +28,10 @@ from broker.simulation.workload import (
     tenant_of,
 )
 
+# Events between two calls of a replay's progress callback: often enough for a bar,
+# rare enough to cost nothing.
+PROGRESS_EVERY = 256
+
 
 class VirtualClock:
     """The replay's time: set by the driver, read by the simulated clusters."""

@@ -43,8 +43,8 @@ from broker.placement.fairshare import FairShare
 from broker.routing.policy import Policy
 from broker.simulation.cluster import SimulatedCluster
 from broker.simulation.fleet import Fleet
-from broker.simulation.loop import ReplayJob, ReplayLoop, VirtualClock, WaitingQueue, fair_share_note
-from broker.simulation.results import JobRecord, ReplayResult, Timeline
+from broker.simulation.loop import PROGRESS_EVERY, ReplayJob, ReplayLoop, VirtualClock, WaitingQueue, fair_share_note
+from broker.simulation.results import STRANDED_NOTE, JobRecord, ReplayResult, Timeline
 from broker.simulation.workload import (
     Arrival,
     TenantTerms,
@@ -56,7 +56,7 @@ from broker.simulation.workload import (
 # Where virtual time starts; any fixed instant does, the reports count seconds from it.
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 # How a replay on a fleet places, as the live scheduler does (broker.placement.capacity).
-PLACEMENT_ON_FLEET = "gpush's: best fit for whole GPUs and MIG, FGD per GPU for MPS and time-slicing"
+PLACEMENT_ON_FLEET = "gpush's: best-fit for whole GPUs and MIG, fgd per GPU for MPS and time-slicing"
 
 
 # -- replay on a simulated fleet ----------------------------------------------------------
@@ -85,9 +85,11 @@ class _FleetReplay(ReplayLoop):
         tenants: Mapping[str, TenantTerms] | None = None,
         claim_limit: int = CLAIM_LIMIT,
         observe: Callable[[float, list[JobRecord]], None] | None = None,
+        progress: Callable[[int], None] | None = None,
     ):
         self.whole = whole
         self.observe = observe
+        self.progress = progress
         self.demand_of = demand_of
         self.claim_limit = claim_limit
         self.fleet = whole_gpu_fleet(fleet) if whole else fleet
@@ -120,7 +122,11 @@ class _FleetReplay(ReplayLoop):
 
     def run(self) -> tuple[Timeline, list[JobRecord]]:
         entries, n, i = self.entries, len(self.entries), 0
+        events = 0
         while True:
+            events += 1
+            if self.progress is not None and not events % PROGRESS_EVERY:
+                self.progress(i)
             times = [entries[i].arrival.at] if i < n else []
             for sim in self.sims.values():
                 moment = sim.next_event_time()
@@ -232,7 +238,9 @@ class _FleetReplay(ReplayLoop):
         total = sum(self.tier_gpus.values())
         queued = len(self.queue)
         reserved = sum(e.placement.gpu_equivalents for e in self.holding.values())
-        stranded = max(total - reserved, 0.0) if queued else 0.0
+        # Stranded only while a job waits for capacity: one at its tenant's quota would
+        # wait on an empty fleet too, and free GPUs then say nothing about placement.
+        stranded = max(total - reserved, 0.0) if queued > len(self.at_quota) else 0.0
         tiers = {tier: max(self.allocated.get(tier, 0.0), 0.0) for tier in self.tier_gpus}
         self.timeline.add(
             t,
@@ -265,6 +273,7 @@ def replay(
     tenants: Mapping[str, TenantTerms] | None = None,
     claim_limit: int = CLAIM_LIMIT,
     observe: Callable[[float, list[JobRecord]], None] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on simulated clusters of ``fleet`` under ``policy``
     (``whole_gpus``: the same on whole GPUs only; see the module docstring), with the
@@ -276,13 +285,14 @@ def replay(
 
     ``claim_limit``: jobs per tenant each cycle decides, as the scheduler's. ``observe``
     is called after each cycle with its virtual time and every job's record (the
-    differential test compares them with the live scheduler's, step by step)."""
+    differential test compares them with the live scheduler's, step by step). ``progress``
+    is called now and then with the number of jobs arrived so far."""
     began = time.perf_counter()
-    loop = _FleetReplay(fleet, policy, workload, whole_gpus, start, demand_of, tenants, claim_limit, observe)
+    loop = _FleetReplay(fleet, policy, workload, whole_gpus, start, demand_of, tenants, claim_limit, observe, progress)
     timeline, jobs = loop.run()
     notes = [
         fair_share_note(tenants),
-        "stranded: free GPU-equivalents while jobs wait (none of the waiting jobs fits them)",
+        STRANDED_NOTE,
     ]
     if loop.queued_in_clusters:
         notes.append(

@@ -14,6 +14,29 @@ from broker.simulation.workload import TenantTerms, tenant_of
 KINDS = ("training", "inference", "batch")
 PERCENTILES = (50, 95, 99)
 
+# What the measures a reader may not know mean, each in one line with its unit and which
+# way is good: the terminal summary and report.md use these words (the plots' captions are
+# broker.simulation.plots.CAPTIONS).
+ALLOCATION_NOTE = (
+    "GPU allocation (held): the % of the fleet's {gpus} GPUs that jobs hold, time-weighted. The same jobs "
+    "need the same GPU (the row of what running jobs need), so for the same need lower is better: less held for "
+    "the same work."
+)
+STRANDED_NOTE = (
+    "stranded GPU: GPU-equivalents (1 = one whole GPU) free while jobs wait for capacity that none of them "
+    "fits, time-weighted over the whole replay (0 while none waits for capacity). Lower is better."
+)
+FRAGMENTATION_NOTE = (
+    "fragmentation (FGD's measure): GPU-equivalents free that a typical job of the workload could not use. "
+    "Lower is better."
+)
+
+
+def run_label(who: str, placement: str) -> str:
+    """A run's name wherever it shows (summary, report.md, plots, results.json): who ran it
+    and its placement in ``--placement``'s words: "gpush (fgd)", "whole GPUs (best-fit)"."""
+    return f"{who} ({placement})"
+
 
 # -- what a replay records ------------------------------------------------------------------
 
@@ -57,7 +80,7 @@ class Timeline:
     demand: list[float] = field(default_factory=list)  # GPU-equivalents the running jobs asked for
     tiers: dict[str, list[float]] = field(default_factory=dict)  # flavor -> GPU-equivalents held
     queue: list[int] = field(default_factory=list)  # jobs waiting (broker queue and cluster queues)
-    stranded: list[float] = field(default_factory=list)  # free GPU-equivalents while jobs wait
+    stranded: list[float] = field(default_factory=list)  # free GPU-equivalents while jobs wait for capacity
     fragmentation: list[float] = field(default_factory=list)  # FGD measure, GPU-equivalents (shared nodes)
     tenants: dict[str, list[float]] = field(default_factory=dict)  # tenant -> GPU-equivalents held (its ledger)
     at_quota: dict[str, list[int]] = field(default_factory=dict)  # tenant -> jobs waiting at its quota

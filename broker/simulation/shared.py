@@ -10,7 +10,7 @@ import heapq
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.core.adapter import Placement, Sharing
@@ -28,8 +28,8 @@ from broker.placement.fragmentation import (
     WorkloadDistribution,
 )
 from broker.routing.policy import Policy
-from broker.simulation.loop import ReplayJob, ReplayLoop, WaitingQueue, fair_share_note
-from broker.simulation.results import JobRecord, ReplayResult, Timeline
+from broker.simulation.loop import PROGRESS_EVERY, ReplayJob, ReplayLoop, WaitingQueue, fair_share_note
+from broker.simulation.results import FRAGMENTATION_NOTE, STRANDED_NOTE, JobRecord, ReplayResult, Timeline
 from broker.simulation.workload import (
     Arrival,
     TenantTerms,
@@ -131,8 +131,9 @@ class _SharedReplay(ReplayLoop):
     its count of jobs ahead (:meth:`broker.placement.decision.CycleDecisions.behind`),
     without fitting again, and the cycle ends once every kind waiting has found none."""
 
-    def __init__(self, nodes, cluster, policy, workload, placement, whole, distribution, tenants=None):
+    def __init__(self, nodes, cluster, policy, workload, placement, whole, distribution, tenants=None, progress=None):
         self.cluster = cluster
+        self.progress = progress
         self.whole = whole
         self.policy = whole_gpu_policy(policy) if whole else policy
         memories = Counter(n.gpu_memory_gb for n in nodes if n.gpu_memory_gb)
@@ -167,7 +168,11 @@ class _SharedReplay(ReplayLoop):
 
     def run(self) -> tuple[Timeline, list[JobRecord]]:
         entries, n, i = self.entries, len(self.entries), 0
+        events = 0
         while i < n or self.ends:
+            events += 1
+            if self.progress is not None and not events % PROGRESS_EVERY:
+                self.progress(i)
             t = min(entries[i].arrival.at if i < n else math.inf, self.ends[0][0] if self.ends else math.inf)
             freed = False
             while self.ends and self.ends[0][0] <= t:
@@ -245,7 +250,7 @@ class _SharedReplay(ReplayLoop):
             self.demand,
             {"k8s": held},
             queued,
-            free if queued else 0.0,
+            free if queued > len(self.at_quota) else 0.0,  # as the fleet replay: waiting for capacity
             self.nodes.fragmentation_milli() / MILLI,
             **self._tenant_columns(self.fair.usage),
         )
@@ -268,17 +273,19 @@ def replay_shared(
     distribution: WorkloadDistribution | None = None,
     label: str | None = None,
     tenants: Mapping[str, TenantTerms] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on GPU-sharing ``nodes`` (one Kubernetes cluster called
     ``cluster``) under ``policy``. Routes to ``k8s/timeslice`` (or ``slurm/mps``) take
     a share of one GPU, exclusive routes whole GPUs; ``placement`` picks the node and
     GPU (``fgd`` measures fragmentation against ``distribution``, by default the
     workload's own). ``whole_gpus``: every job on whole GPUs, see :func:`whole_gpu_policy`.
-    Fair share and quotas as in :func:`replay`."""
+    Fair share and quotas as in :func:`replay`; ``progress`` is called now and then with
+    the number of jobs arrived so far."""
     if placement not in PLACEMENTS:
         raise InvalidRequest(f"unknown placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
     began = time.perf_counter()
-    loop = _SharedReplay(nodes, cluster, policy, workload, placement, whole_gpus, distribution, tenants)
+    loop = _SharedReplay(nodes, cluster, policy, workload, placement, whole_gpus, distribution, tenants, progress)
     timeline, jobs = loop.run()
     total = loop.nodes.capacity_milli / MILLI
     return ReplayResult(
@@ -291,7 +298,8 @@ def replay_shared(
         time.perf_counter() - began,
         [
             "GPU-sharing nodes: any GPU takes a whole-GPU job or fractional jobs up to 1000 milli-GPU in all",
-            "fragmentation: FGD's measure, the expected free GPU a job of the workload could not use",
+            STRANDED_NOTE,
+            FRAGMENTATION_NOTE,
             fair_share_note(tenants),
         ],
         measures_fragmentation=True,

@@ -39,13 +39,14 @@ from typing import Any
 
 from broker.core.errors import InvalidRequest
 from broker.simulation import traces
-from broker.simulation.inflation import InflationRun, inflation_experiment
+from broker.simulation.inflation import InflationRun, inflation_experiment, variant_name
 from broker.simulation.shared import replay_shared
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba-openb-2023"
 FIRST_SEED = 42  # the paper's artifact scripts use seeds 42..51
-PAPER = {"gpush FGD": 0.952, "best fit": 0.929, "whole GPUs": 0.81}
-TARGETS = {"gpush FGD": 0.95}
+FGD, BEST_FIT, WHOLE = variant_name("fgd", False), variant_name("best-fit", False), variant_name("best-fit", True)
+PAPER = {FGD: 0.952, BEST_FIT: 0.929, WHOLE: 0.81}
+TARGETS = {FGD: 0.95}
 REPLAY_TARGET_S = 60.0
 
 
@@ -57,9 +58,9 @@ def inflation(trace: traces.OpenbTrace, seeds: int, gpu_only: bool) -> dict[str,
     nodes = trace.shared_nodes(account_cpu=not gpu_only)
 
     def progress(run: InflationRun) -> None:
-        name = "whole GPUs" if run.whole_gpus else run.placement
+        name = variant_name(run.placement, run.whole_gpus)
         print(
-            f"  seed {run.seed:>3} {name:<11} at 100%: {_pct(run.at_full):>6}   "
+            f"  seed {run.seed:>3} {name:<21} at 100%: {_pct(run.at_full):>6}   "
             f"at the first failure: {_pct(run.at_first_failure):>6}   {run.seconds:.1f}s",
             flush=True,
         )
@@ -77,7 +78,7 @@ def replay_times(trace: traces.OpenbTrace) -> dict[str, Any]:
     workload = trace.workload()
     load = time.perf_counter() - began
     out: dict[str, Any] = {"jobs": len(workload), "convert_seconds": load}
-    for name, placement, whole in (("gpush FGD", "fgd", False), ("whole GPUs", "best-fit", True)):
+    for name, placement, whole in ((FGD, "fgd", False), (WHOLE, "best-fit", True)):
         result = replay_shared(nodes, trace.cluster, trace.policy(), workload, placement=placement, whole_gpus=whole)
         summary = result.summary()
         out[name] = {
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             paper = _pct(PAPER[name]) if name in PAPER else "-"
             target = f">= {_pct(TARGETS[name])}" if name in TARGETS else ""
             print(
-                f"  {name:<20} {_pct(m['at_full']):>10}        {_pct(m['at_first_failure']):>12}"
+                f"  {name:<21}{_pct(m['at_full']):>10}        {_pct(m['at_first_failure']):>12}"
                 f"        {paper:>10}     {target}"
             )
         print(f"  ({result['wall_seconds']:.0f}s for {args.seeds * len(result['medians'])} runs)")
@@ -138,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nreplay of the whole pod list (creation to deletion times):")
         times = replay_times(trace)
         report["replay"] = times
-        for name in ("gpush FGD", "whole GPUs"):
+        for name in (FGD, WHOLE):
             r = times[name]
             print(
-                f"  {name:<11} {r['seconds']:6.2f}s   {r['placed']} placed, {r['held']} held, "
+                f"  {name:<21} {r['seconds']:6.2f}s   {r['placed']} placed, {r['held']} held, "
                 f"peak allocation {_pct(r['allocation_peak'])}   (target < {REPLAY_TARGET_S:.0f}s)"
             )
         print(f"  (reading the pods into jobs: {times['convert_seconds']:.2f}s)")

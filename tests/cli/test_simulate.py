@@ -15,9 +15,9 @@ def test_a_fleet_replay_reports_the_brokers_own_placement(gpush, tmp_path) -> No
     result = gpush("simulate", "--fleet", FLEET, "--workload", WORKLOAD, "--report", str(tmp_path), "--json")
     assert result.code == 0, result.err
     placement = json.loads(result.out)["inputs"]["placement"]
-    assert "best fit for whole GPUs and MIG" in placement and "FGD" in placement
+    assert "best-fit for whole GPUs and MIG" in placement and "fgd per GPU" in placement
     report = (tmp_path / "report.md").read_text()
-    assert "best fit for whole GPUs and MIG" in report
+    assert "best-fit for whole GPUs and MIG" in report
 
 
 def test_placement_is_refused_for_a_fleet_saying_why(gpush, tmp_path) -> None:
@@ -34,3 +34,20 @@ def test_help_says_which_placement_applies_where(gpush) -> None:
     text = " ".join(result.out.split())
     assert "With --trace: placement on its GPU-sharing nodes" in text
     assert "A --fleet replay places as the broker does" in text
+
+
+def test_progress_goes_to_stderr_and_json_stays_clean(gpush, tmp_path, monkeypatch) -> None:
+    # As if the run were slow: progress from the first step.
+    monkeypatch.setattr("broker.simulation.progress.QUIET_SECONDS", 0.0)
+    result = gpush("simulate", "--fleet", FLEET, "--workload", WORKLOAD, "--report", str(tmp_path), "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["primary"]["label"] == "gpush (default.yaml)"  # nothing else on stdout
+    assert "gpush simulate: replaying gpush (default.yaml)" in result.err
+    assert "gpush simulate: done in" in result.err
+
+
+def test_the_summary_on_stdout_says_which_way_is_good_without_progress_lines(gpush, tmp_path) -> None:
+    result = gpush("simulate", "--fleet", FLEET, "--workload", WORKLOAD, "--report", str(tmp_path))
+    assert result.code == 0, result.err
+    assert "good when" in result.out and "lower, for the same need" in result.out
+    assert "gpush simulate:" not in result.out

@@ -317,6 +317,14 @@ def test_a_tenant_at_its_quota_waits_with_the_reason_and_runs_as_its_jobs_end() 
     assert result.summary()["tenants"]["vision"]["time_at_quota"] == 0
 
 
+def test_free_gpus_while_jobs_wait_only_at_their_quota_are_not_stranded() -> None:
+    result = pool_replay(QUOTA_WORKLOAD)
+    # nlp's jobs wait at its quota with two of the eight GPUs free: a quota, not placement.
+    assert max(result.timeline.queue) > 0
+    assert max(result.timeline.stranded) == 0
+    assert result.summary()["stranded_mean_gpus"] == 0
+
+
 def test_quotas_hold_on_whole_gpus_and_on_gpu_sharing_nodes() -> None:
     whole = pool_replay(QUOTA_WORKLOAD, whole_gpus=True)
     assert max(whole.timeline.tenants["nlp"]) == 2
@@ -591,11 +599,11 @@ def test_inflation_on_a_small_synthetic_trace() -> None:
     assert arrivals == inflation_arrivals(tasks, seed=3, capacity_milli=36_000)  # seeded
     result = inflation_experiment(nodes, tasks, seeds=range(5))
     medians = result["medians"]
-    for name in ("gpush FGD", "best fit", "whole GPUs"):
+    for name in ("gpush (fgd)", "gpush (best-fit)", "whole GPUs (best-fit)"):
         assert 0 < medians[name]["at_full"] <= 1
         assert 0 < medians[name]["at_first_failure"] <= medians[name]["at_end"] <= 1
-    assert medians["gpush FGD"]["at_full"] >= medians["best fit"]["at_full"]
-    assert medians["whole GPUs"]["at_full"] < medians["best fit"]["at_full"]
+    assert medians["gpush (fgd)"]["at_full"] >= medians["gpush (best-fit)"]["at_full"]
+    assert medians["whole GPUs (best-fit)"]["at_full"] < medians["gpush (best-fit)"]["at_full"]
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -628,7 +636,7 @@ def test_the_demo_report_writes_markdown_json_and_plots(tmp_path: Path) -> None:
 def test_a_trace_report_includes_the_inflation_experiment(trace_dir: Path, tmp_path: Path) -> None:
     result = run_simulation(None, None, str(trace_dir), None, None, str(tmp_path / "r"), seed=1)
     assert (tmp_path / "r" / "inflation.png").exists()
-    assert set(result["inflation"]["medians"]) == {"gpush FGD", "best fit", "whole GPUs"}
+    assert set(result["inflation"]["medians"]) == {"gpush (fgd)", "gpush (best-fit)", "whole GPUs (best-fit)"}
     assert any("CPU-only pods" in note for note in result["notes"])
     assert result["primary"]["placement"] == "fgd"
 
