@@ -51,7 +51,17 @@ test: test-fast test-integration
 k8s-contract: venv
 	$(call run_pytest,integration/k8s_contract -q)
 
-demo: venv
+# The demo installs gpush alone (no Ray, no test tools), showing pip's progress.
+DEMO_STAMP := $(VENV)/.installed-demo
+
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing gpush into $(VENV) (first time only)..."
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --progress-bar on -e .
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	@integration/scripts/demo.sh $(BIN)/gpush
 
 bench: venv postgres slurm

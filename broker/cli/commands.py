@@ -802,7 +802,6 @@ def agent(settings: Any, out: Output, *, node: str | None, interval: float, once
     the embedded broker's database (a one-machine setup, the demo, tests)."""
     import socket
 
-    from broker.client.sdk import EMBEDDED_URL
     from broker.nodeagent.agent import run_agent
     from broker.nodeagent.nvml import RecordedLibrary
 
@@ -818,7 +817,7 @@ def agent(settings: Any, out: Output, *, node: str | None, interval: float, once
         delivered = run_agent(settings.url, settings.token, node, interval, library, once)
     else:
         client = settings.client()
-        delivered = run_agent(EMBEDDED_URL, client.token, node, interval, library, once, client=client.http)
+        delivered = run_agent(client.url, client.token, node, interval, library, once, client=client.http)
     if once:
         if not delivered:
             out.note(f"node {node}: the broker did not take the report (see the messages above)")

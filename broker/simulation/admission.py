@@ -7,7 +7,8 @@ one that only has to wait for room is accepted and queued
 (:class:`broker.simulation.cluster.SimulatedCluster`).
 
 - **Durations.** ``labels["sim-duration"]`` in seconds; else half of ``time_limit``;
-  else 300 s. ``labels["sim-exit"]`` = ``failed`` (exit code 1) or an exit code makes the
+  else, for an elastic job (a service, as a Deployment runs), until it is cancelled
+  (30 days); else 300 s. ``labels["sim-exit"]`` = ``failed`` (exit code 1) or an exit code makes the
   job fail at its end. A ``sim-duration`` longer than the ``time_limit`` is killed at
   the limit, as Slurm and ``activeDeadlineSeconds`` do.
 - **GPUs named in a placement.** Under MPS and time-slicing a placement's ``gpus`` (one
@@ -166,6 +167,10 @@ class Admission:
         )
 
 
+# How long a simulated service (an elastic job with no time limit) runs: until cancelled.
+SERVICE_DURATION_S = 30 * 86400
+
+
 def _read_spec(job: SimJob, spec: JobSpec, placement: Placement) -> None:
     """How long ``job`` runs, how it ends, and the GPU memory it asks, from its spec."""
     labels = spec.labels
@@ -182,6 +187,8 @@ def _read_spec(job: SimJob, spec: JobSpec, placement: Placement) -> None:
         job.duration_us = round(seconds * 1_000_000)
     elif job.limit_us:
         job.duration_us = job.limit_us // 2
+    elif spec.elastic is not None:
+        job.duration_us = SERVICE_DURATION_S * 1_000_000
     outcome = labels.get("sim-exit")
     if outcome in (None, "succeeded", "0"):
         job.exit_at_end = 0

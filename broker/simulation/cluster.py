@@ -50,6 +50,7 @@ How a simulated cluster behaves (what a broker or a test may rely on):
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import heapq
 import json
@@ -73,6 +74,7 @@ from broker.core.adapter import (
     LogReader,
     Placement,
     Rejected,
+    Scaler,
     StatusPage,
     Unreachable,
 )
@@ -113,10 +115,10 @@ class SimulatedCluster:
     simulator persists to and reloads from). See the module docstring for behaviour.
     """
 
-    # Of the optional ones (broker.core.adapter) only the job output: calls are
-    # in-process and take microseconds, so one submit after another is as fast as a
-    # batch; nothing to close.
-    capabilities: ClassVar[frozenset[type]] = frozenset({LogReader})
+    # Of the optional ones (broker.core.adapter): the job output and scaling a running
+    # job's replicas (as a Kubernetes Deployment scales). Calls are in-process and take
+    # microseconds, so one submit after another is as fast as a batch; nothing to close.
+    capabilities: ClassVar[frozenset[type]] = frozenset({LogReader, Scaler})
 
     def __init__(self, name: str, config: Mapping[str, Any], *, clock: Clock) -> None:
         unknown = set(config) - {"fleet", "fleet_yaml", "cluster", "state_file", "kind"}
@@ -272,6 +274,69 @@ class SimulatedCluster:
             self._save()
             job = self._jobs.get(job_id)
             return None if job is None else self._view(job)
+
+    def scale(self, job_id: int, replicas: int) -> int:
+        """Give a job ``replicas`` replicas on the node it runs on (replicas stay together,
+        as the simulator places them): Rejected when the node has no room for them."""
+        with self._shared():
+            self._answer()
+            job = self._jobs.get(job_id)
+            if job is None or job.state in _FINISHED:
+                raise Rejected(f"job {job_id} is not running on {self.name}")
+            if replicas < 1:
+                raise Rejected("a job keeps at least one replica")
+            old = job.replicas
+            if replicas == old:
+                return old
+            pool = job.pool if job.state is BackendState.RUNNING else None
+            if pool is not None:
+                pool.release(job)
+            old_pins, old_placement = job.pins, job.placement
+            self._set_replicas(job, replicas, pool)
+            if pool is not None:
+                if not pool.fits(job) or self._would_overcommit(pool, job):
+                    self._set_replicas(job, old, None)
+                    job.pins, job.placement = old_pins, old_placement
+                    pool.take(job)
+                    raise Rejected(
+                        f"node {job.node} of {self.name} has no room for {replicas} replicas of job {job_id} "
+                        f"(it runs {old}); its replicas stay together on one node"
+                    )
+                pool.take(job)
+                pool.refresh()
+                if replicas < old:
+                    self._dispatch([pool], self._now_us)
+            self._save()
+            return replicas
+
+    @staticmethod
+    def _set_replicas(job: SimJob, replicas: int, pool: Pool | None) -> None:
+        """``replicas`` for ``job``; replicas pinned to GPUs keep theirs, and new ones go
+        to the GPUs of ``pool`` (released of the job) with the most room."""
+        gpus = job.placement.gpus
+        if job.pins is not None and pool is not None:
+            pins = list(job.pins if len(job.pins) == job.replicas else job.pins * job.replicas)[:replicas]
+            room = list(pool.gpu_room)
+            for pos, units in pins:
+                room[pos] -= units
+            while len(pins) < replicas:
+                pos = max(range(len(room)), key=room.__getitem__)
+                room[pos] -= job.units
+                pins.append((pos, job.units))
+            job.pins = tuple(pins)
+            gpus = tuple(pool.gpus[pos] for pos, _ in pins)
+        job.replicas = replicas
+        job.need = job.units * replicas
+        job.placement = dataclasses.replace(job.placement, replicas=replicas, gpus=gpus)
+
+    @staticmethod
+    def _would_overcommit(pool: Pool, job: SimJob) -> bool:
+        """Whether taking ``job`` now would push a time-sliced GPU past its memory."""
+        if pool.gpu_memory is None:
+            return False
+        over = pool.take(job)
+        pool.release(job)
+        return bool(over)
 
     def logs(
         self,

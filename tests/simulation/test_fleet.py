@@ -604,3 +604,35 @@ def test_ten_thousand_jobs_run_through_one_cluster_in_virtual_time(clock: Virtua
     changes = cluster.statuses(start).jobs
     assert sum(j.state is BackendState.SUCCEEDED for j in changes) == 10_000
     assert cluster.find(10_000).at == at(10_000 // 8 * 60)  # 8 GPUs, back to back
+
+
+# -- scaling a running job ---------------------------------------------------------------------
+
+
+def test_a_running_job_scales_on_its_node_within_its_room(k8s: SimulatedCluster) -> None:
+    """Replicas stay together on the job's node (4 T4s x 4 time-slice replicas = 16 there)."""
+    job = placement(Sharing.K8S_TIMESLICE, node="t4-01", replicas=2, gpu_memory_gb=5)
+    k8s.submit(1, spec(600), job)
+    assert k8s.scale(1, 6) == 6
+    units = gpu_units(k8s, "t4-01", Sharing.K8S_TIMESLICE)
+    assert sum(u.allocated for u in units) == 6
+    with pytest.raises(Rejected, match="no room for 17 replicas"):
+        k8s.scale(1, 17)
+    assert sum(u.allocated for u in gpu_units(k8s, "t4-01", Sharing.K8S_TIMESLICE)) == 6  # unchanged
+    assert k8s.scale(1, 1) == 1
+    assert sum(u.allocated for u in gpu_units(k8s, "t4-01", Sharing.K8S_TIMESLICE)) == 1
+    # Scaling up past the GPUs' memory would over-commit them: refused, not OOM-killed.
+    with pytest.raises(Rejected, match="no room"):
+        k8s.scale(1, 16)  # 4 x 5 GB on each 16 GB T4
+    assert k8s.find(1).state is BackendState.RUNNING
+
+
+def test_an_elastic_job_with_no_time_limit_runs_until_cancelled(k8s: SimulatedCluster, clock: VirtualClock) -> None:
+    service = JobSpec(
+        kind="inference", isolation="none", gpu_memory_gb=3, elastic={"min_replicas": 2, "max_replicas": 4}, image="x"
+    )
+    k8s.submit(1, service, placement(Sharing.K8S_TIMESLICE, replicas=2, gpu_memory_gb=3))
+    clock.at(7 * 86400)
+    assert k8s.find(1).state is BackendState.RUNNING
+    k8s.cancel(1)
+    assert k8s.find(1).state is BackendState.CANCELLED
