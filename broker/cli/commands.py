@@ -217,7 +217,7 @@ def list_jobs(
 
     filtered = bool(filters_given(filters))
     if watch is not None:
-        return _watch(out, lambda: _jobs_view(out, *page(), finished=finished, filtered=filtered), watch)
+        return _watch(out, lambda: _jobs_view(out, *page(), finished=finished, filtered=filtered, hints=True), watch)
     jobs, next_cursor = page()
     if out.json_mode:
         out.json({"jobs": jobs, "next_cursor": next_cursor})
@@ -226,7 +226,12 @@ def list_jobs(
         for job in jobs:
             out.line(str(job.id))
         return EXIT_OK
-    out.print(_jobs_view(out, jobs, next_cursor, finished=finished, filtered=filtered))
+    if jobs:
+        out.print(_jobs_view(out, jobs, next_cursor, finished=finished, filtered=filtered))
+    else:
+        out.note(_no_jobs(finished=finished, filtered=filtered))
+    if next_cursor:
+        out.note(f"more jobs: gpush list --cursor {next_cursor}  (or --all-pages)")
     return EXIT_OK
 
 
@@ -234,22 +239,27 @@ def filters_given(filters: dict[str, Any]) -> list[str]:
     return [k for k, v in filters.items() if v and k != "states"]
 
 
-def _jobs_view(out: Output, jobs: list[Any], next_cursor: str | None, *, finished: bool, filtered: bool) -> Any:
-    """The table of ``jobs`` with what to do next under it (a renderable)."""
+def _no_jobs(*, finished: bool, filtered: bool) -> str:
+    if filtered:
+        return "no jobs match"
+    if not finished:
+        return "no active jobs (`gpush list --all` adds finished ones; `gpush submit --help` adds one)"
+    return "no jobs yet: `gpush submit --help` shows how to add one"
+
+
+def _jobs_view(
+    out: Output, jobs: list[Any], next_cursor: str | None, *, finished: bool, filtered: bool, hints: bool = False
+) -> Any:
+    """The table of ``jobs`` (a renderable); with ``hints`` (--watch), what the notes on
+    stderr would say goes under it."""
     from rich.console import Group
     from rich.text import Text
 
     if not jobs:
-        if filtered:
-            hint = "no jobs match"
-        elif not finished:
-            hint = "no active jobs (`gpush list --all` adds finished ones; `gpush submit --help` adds one)"
-        else:
-            hint = "no jobs yet: `gpush submit --help` shows how to add one"
-        return Text(hint, style="dim")
+        return Text(_no_jobs(finished=finished, filtered=filtered), style="dim")
     parts: list[Any] = [console.jobs_table(jobs, wide=out.wide, width=out.console.width)]
-    if next_cursor:
-        parts.append(Text(f"more: gpush list --cursor {next_cursor}  (or --all-pages)", style="dim"))
+    if next_cursor and hints:
+        parts.append(Text(f"and more: this view shows the first {len(jobs)}", style="dim"))
     return Group(*parts)
 
 
@@ -544,10 +554,18 @@ def policy_apply(client: GpushClient, out: Output, *, text: str, source: str, co
     result = client.apply_policy(text, comment=comment, base_version=base, source=source)
     if out.json_mode:
         out.json(result)
-    else:
+        return EXIT_OK
+    if result.get("changed", True):
         out.line(f"policy version {result['version']} is active ({comment})")
-        for warning in result["warnings"]:
-            out.note(f"[yellow]warning:[/] {warning['message']}")
+    else:
+        # No new version was stored, so the comment given now is nowhere: say so.
+        out.line(
+            f"policy unchanged: {source} is the active version {result['version']} already; no new version was "
+            f"stored, so the comment {comment!r} was not recorded (version {result['version']} keeps "
+            f"{result['comment']!r})"
+        )
+    for warning in result["warnings"]:
+        out.note(f"[yellow]warning:[/] {warning['message']}")
     return EXIT_OK
 
 
@@ -555,8 +573,13 @@ def policy_rollback(client: GpushClient, out: Output, *, version: int, comment: 
     result = client.rollback_policy(version, comment=comment)
     if out.json_mode:
         out.json(result)
-    else:
+    elif result.get("changed", True):
         out.line(f"policy version {result['version']} is active: {result['comment']}")
+    else:
+        now = result["version"]
+        active = f"version {version}" if now == version else f"version {version}'s text (as version {now})"
+        unrecorded = f"; the comment {comment!r} was not recorded" if comment.strip() else ""
+        out.line(f"policy unchanged: {active} is active already{unrecorded}")
     return EXIT_OK
 
 
@@ -593,11 +616,35 @@ def policy_diff(client: GpushClient, out: Output, a: int, b: int) -> int:
     return EXIT_OK
 
 
-def policy_explain(client: GpushClient, out: Output, *, job_id: int | None, spec: Any, version: int | None) -> int:
-    result = client.explain(job_id=job_id, spec=spec, version=version)
+def policy_explain(
+    client: GpushClient,
+    out: Output,
+    *,
+    job_id: int | None,
+    specs: list[Any] | None,
+    version: int | None,
+    source: str | None = None,
+) -> int:
+    """Explain a queued job, or each job of a job file (``specs``, in the file's order):
+    with several, each is headed by its place in the file, and ``--json`` prints a list."""
+    if job_id is not None:
+        results = [client.explain(job_id=job_id, version=version)]
+    else:
+        results = [client.explain(spec=spec, version=version) for spec in specs or []]
     if out.json_mode:
-        out.json(result)
+        out.json(results[0] if len(results) == 1 else results)
         return EXIT_OK
+    for index, result in enumerate(results):
+        if len(results) > 1:
+            if index:
+                out.line("")
+            name = specs[index].name if specs else None
+            out.line(f"== {source} job {index + 1} of {len(results)}" + (f" ({name})" if name else ""))
+        _explain_lines(out, result)
+    return EXIT_OK
+
+
+def _explain_lines(out: Output, result: dict[str, Any]) -> None:
     out.line(f"policy version {result['policy_version']}")
     out.line(result["explain"])
     for step in result["placement"]:
@@ -610,7 +657,6 @@ def policy_explain(client: GpushClient, out: Output, *, job_id: int | None, spec
             )
         else:
             out.line(f"placement: {step['route']}: {step['reason']}")
-    return EXIT_OK
 
 
 def scheduler_run(
@@ -690,15 +736,16 @@ def simulate(
     return EXIT_OK
 
 
-def read_job_file(path: str, stdin_text: Callable[[], str]) -> str:
+def read_job_file(path: str, stdin_text: Callable[[], str], *, what: str = "job file") -> str:
+    """The text of ``path`` (``-``: stdin); ``what`` names the file in errors (policy file, fleet file)."""
     if path == "-":
         return stdin_text()
     try:
         return Path(path).read_text()
     except FileNotFoundError:
-        raise InvalidRequest(f"job file {path} does not exist") from None
+        raise InvalidRequest(f"{what} {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"cannot read job file {path}: {exc}") from None
+        raise InvalidRequest(f"cannot read {what} {path}: {exc}") from None
 
 
 __all__ = ["GpushError"]

@@ -172,13 +172,15 @@ _PLACED = ("submitting", "submitted", "running")
 @dataclass(frozen=True)
 class Col:
     """A column of a table that must fit the terminal: it never gets narrower than
-    ``min`` (nor wider than ``max``); when the row is too wide, columns with the higher
-    ``give`` give way first, each down to its ``min``, and cut text ends in an ellipsis."""
+    ``min`` (nor wider than ``max``). When the row is too wide, columns with a ``soft``
+    width give way first, down to it; then columns with the higher ``give`` give way
+    first, each down to its ``min``. Cut text ends in an ellipsis."""
 
     header: str
     min: int = 0
     max: int | None = None
     give: int = 0  # 0: keeps its natural width
+    soft: int | None = None
 
 
 def fitted_table(columns: list[Col], rows: list[list[str]], width: int) -> Table:
@@ -188,16 +190,15 @@ def fitted_table(columns: list[Col], rows: list[list[str]], width: int) -> Table
     widths = [max(w, c.min, len(c.header) if not c.give else 0) for w, c in zip(widths, columns, strict=True)]
     gap = 2
     over = sum(widths) + gap * (len(columns) - 1) - width
-    for give in sorted({c.give for c in columns if c.give}, reverse=True):
-        for i, c in enumerate(columns):
-            if over <= 0:
-                break
-            if c.give == give:
-                floor = max(c.min, 1)
-                cut = min(over, widths[i] - floor)
-                if cut > 0:
-                    widths[i] -= cut
-                    over -= cut
+    order = sorted((i for i, c in enumerate(columns) if c.give), key=lambda i: -columns[i].give)
+    for floors in ([c.soft for c in columns], [max(c.min, 1) for c in columns]):
+        for i in order:
+            if over <= 0 or floors[i] is None:
+                continue
+            cut = min(over, widths[i] - floors[i])
+            if cut > 0:
+                widths[i] -= cut
+                over -= cut
     table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1))
     for c, w in zip(columns, widths, strict=True):
         table.add_column(c.header, width=w, no_wrap=True, overflow="ellipsis")
@@ -208,7 +209,7 @@ def fitted_table(columns: list[Col], rows: list[list[str]], width: int) -> Table
 
 def jobs_table(jobs: list[Any], *, wide: bool = False, width: int = 80) -> Table:
     """Jobs, one a row. The default fits ``width`` (an 80-column terminal at least): ID,
-    STATE and AGE always show whole; the last column, then NAME and GPUS, give way, cut
+    STATE and AGE always show whole; NAME, then GPUS, then the last column give way, cut
     with an ellipsis. The last column says where a placed job is and why any other waits
     or ended (as squeue's NODELIST(REASON)). ``wide`` shows every field, with WHERE and
     REASON apart, and cuts nothing."""
@@ -256,11 +257,11 @@ def jobs_table(jobs: list[Any], *, wide: bool = False, width: int = 80) -> Table
         return table
     columns = [
         Col("ID"),
-        Col("NAME", min=6, max=24, give=2),
+        Col("NAME", min=10, max=24, give=3),
         Col("STATE"),
-        Col("GPUS", min=4, max=16, give=1),
+        Col("GPUS", min=8, max=16, give=2),
         Col("AGE"),
-        Col("WHERE/REASON", min=16, give=3),
+        Col("WHERE/REASON", min=16, give=1, soft=36),
     ]
     return fitted_table(columns, rows, width)
 

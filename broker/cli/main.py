@@ -56,6 +56,23 @@ def cli(ctx: click.Context, url: str | None, token: str | None, database_url: st
     ctx.call_on_close(lambda: ctx.obj._client and ctx.obj._client.close())
 
 
+@click.command(context_settings=CONTEXT)
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> int:
+    """Print the tab-completion script for SHELL (commands, options, choices):
+
+    \b
+      bash: gpush completion bash >> ~/.bashrc
+      zsh:  gpush completion zsh >> ~/.zshrc
+      fish: gpush completion fish > ~/.config/fish/completions/gpush.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    script = get_completion_class(shell)(cli, {}, "gpush", "_GPUSH_COMPLETE").source()
+    click.echo(script)
+    return 0
+
+
 # `gpush --help` lists commands by name, so the order here shows nowhere.
 for command in (
     *jobs.COMMANDS,
@@ -66,6 +83,7 @@ for command in (
     *simulate.COMMANDS,
 ):
     cli.add_command(command)
+cli.add_command(completion)
 
 
 def main(argv: list[str] | None = None) -> None:

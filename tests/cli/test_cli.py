@@ -274,14 +274,16 @@ def test_list_filters_by_state_kind_user_and_tenant(gpush, submit):
     bobs = submit(*TRAINING, "--tenant", "vision", "--user", "bob", "--", "b")
     assert gpush("cancel", cancelled).code == 0
 
-    assert listed_ids(gpush) == [bobs, inference, cancelled]
+    assert listed_ids(gpush) == [bobs, inference]  # the active ones, as squeue shows
+    assert listed_ids(gpush, "--all") == [bobs, inference, cancelled]
     assert listed_ids(gpush, "--state", "queued") == [bobs, inference]
     assert listed_ids(gpush, "--state", "cancelled") == [cancelled]
     assert listed_ids(gpush, "--state", "cancelled", "--state", "queued") == [bobs, inference, cancelled]
     assert listed_ids(gpush, "--kind", "inference") == [inference]
     assert listed_ids(gpush, "--user", "bob") == [bobs]
     assert listed_ids(gpush, "--tenant", "vision") == [bobs]
-    assert listed_ids(gpush, "--tenant", "default", "--kind", "training") == [cancelled]
+    assert listed_ids(gpush, "--tenant", "default", "--kind", "training") == []
+    assert listed_ids(gpush, "-A", "--tenant", "default", "--kind", "training") == [cancelled]
     assert listed_ids(gpush, "--tenant", "nobody") == []
 
 
@@ -302,7 +304,7 @@ def test_list_pages_walk_every_job_newest_first_without_duplicates(gpush, tmp_pa
 
     assert seen == [5, 4, 3, 2, 1]
     assert pages == 3
-    everything = gpush("list", "--json", "--all", "--limit", 2).json
+    everything = gpush("list", "--json", "--all-pages", "--limit", 2).json
     assert [j["id"] for j in everything["jobs"]] == [5, 4, 3, 2, 1]
     assert everything["next_cursor"] is None
 
