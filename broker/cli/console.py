@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
-from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -55,6 +54,8 @@ class Output:
     ):
         if json_mode and fmt not in ("json", "yaml"):
             fmt = "json"
+        if fmt == "wide":
+            width = width or 1000  # every column whole; the terminal wraps what it must
         self.fmt = fmt
         self.json_mode = fmt in ("json", "yaml")
         self.stdout = stdout or sys.stdout
@@ -96,7 +97,7 @@ class Output:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, BaseModel):
+    if hasattr(value, "model_dump"):  # a pydantic model (not imported here: the CLI starts fast)
         return value.model_dump(mode="json")
     if isinstance(value, list):
         return [_plain(v) for v in value]
@@ -332,19 +333,25 @@ def tokens_table(tokens: list[Any]) -> Table:
     return table
 
 
-def clusters_table(summaries: list[dict[str, Any]]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("NAME", "KIND", "HEALTH", "NODES", "GPUS FREE/TOTAL", "BY SHARING (free/total GPU)"):
-        table.add_column(column, no_wrap=column != "BY SHARING (free/total GPU)", overflow="fold")
+def clusters_table(summaries: list[dict[str, Any]], *, width: int = 80) -> Table:
+    rows = []
     for c in summaries:
-        health = "[green]ok[/]" if c["health"]["ok"] else f"[red]down[/] {c['health']['detail']}"
+        health = "[green]ok[/]" if c["health"]["ok"] else f"[red]down[/] {escape(c['health']['detail'])}"
         sharing = ", ".join(
-            f"{mode} {row['gpu_free']:.1f}/{row['gpu_total']:.1f}" for mode, row in sorted(c["capacity"].items())
+            f"{mode.split('/', 1)[-1]} {row['gpu_free']:.1f}/{row['gpu_total']:.1f}"
+            for mode, row in sorted(c["capacity"].items())
         )
-        table.add_row(
-            c["name"], c["kind"], health, str(c["nodes"]), f"{c['gpu_free']:.1f}/{c['gpu_total']:.1f}", sharing or "-"
-        )
-    return table
+        gpus = f"{c['gpu_free']:.1f}/{c['gpu_total']:.1f}"
+        rows.append([escape(c["name"]), c["kind"], health, str(c["nodes"]), gpus, sharing or "-"])
+    columns = [
+        Col("NAME", min=8, give=2),
+        Col("KIND"),
+        Col("HEALTH", min=6, give=3, soft=24),
+        Col("NODES"),
+        Col("GPUS FREE/ALL"),
+        Col("FREE/ALL BY SHARING (GPU)", min=20, give=1),
+    ]
+    return fitted_table(columns, rows, width)
 
 
 def tenants_table(rows: list[dict[str, Any]]) -> Table:
@@ -376,36 +383,44 @@ def _eq(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".") if value else "0"
 
 
-def inventory_clusters_table(inventory: dict[str, Any]) -> Table:
-    """One row per cluster and sharing mode: GPU-equivalents free/allocated/total, broken."""
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("CLUSTER", "KIND", "SHARING", "GPUS (AGENT-VERIFIED)", "FREE", "ALLOCATED", "TOTAL", "BROKEN"):
-        table.add_column(column, no_wrap=True)
+def inventory_clusters_table(inventory: dict[str, Any], *, width: int = 80) -> Table:
+    """One row per cluster and sharing mode: GPU-equivalents free/allocated/total, broken;
+    VERIFIED counts the physical GPUs a node agent reported."""
+    rows = []
     for c in inventory["clusters"]:
         if c.get("error"):
-            table.add_row(c["name"], c["kind"], f"[red]does not answer[/]: {c['error']}", "", "", "", "", "")
+            rows.append([escape(c["name"]), c["kind"], f"[red]does not answer[/]: {escape(c['error'])}"] + [""] * 5)
             continue
-        rows = [("all", c["totals"])] + sorted(c.get("by_sharing", {}).items())
-        for i, (mode, t) in enumerate(rows):
-            table.add_row(
-                c["name"] if i == 0 else "",
-                c["kind"] if i == 0 else "",
-                mode,
-                str(c.get("physical_gpus", "")) if i == 0 else "",
-                _eq(t["free"]),
-                _eq(t["allocated"]),
-                _eq(t["capacity"]),
-                f"[red]{_eq(t['broken'])}[/]" if t.get("broken") else "-",
+        shares = [("all", c["totals"])] + sorted(c.get("by_sharing", {}).items())
+        for i, (mode, t) in enumerate(shares):
+            rows.append(
+                [
+                    escape(c["name"]) if i == 0 else "",
+                    c["kind"] if i == 0 else "",
+                    mode,
+                    str(c.get("physical_gpus", "")) if i == 0 else "",
+                    _eq(t["free"]),
+                    _eq(t["allocated"]),
+                    _eq(t["capacity"]),
+                    f"[red]{_eq(t['broken'])}[/]" if t.get("broken") else "-",
+                ]
             )
-    return table
+    columns = [
+        Col("CLUSTER", min=8, give=2),
+        Col("KIND"),
+        Col("SHARING", min=10, give=1),
+        Col("VERIFIED"),
+        Col("FREE"),
+        Col("ALLOC"),
+        Col("TOTAL"),
+        Col("BROKEN"),
+    ]
+    return fitted_table(columns, rows, width)
 
 
-def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False) -> Table:
+def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False, width: int = 80) -> Table:
     """One row per node (and per GPU with ``gpus``): agent, GPUs, how shared, use, findings."""
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    columns = ["CLUSTER", "NODE", "AGENT", "GPU", "MODEL", "MODE", "FREE/TOTAL", "FINDINGS"]
-    for column in columns:
-        table.add_column(column, no_wrap=column != "FINDINGS", overflow="fold")
+    rows: list[list[str]] = []
     nodes = [n for c in inventory["clusters"] for n in c["nodes"]] + list(inventory.get("unscheduled", []))
     for n in nodes:
         agent = {"ok": "[green]ok[/]", "stale": "[yellow]stale[/]", "error": "[red]error[/]"}.get(
@@ -416,15 +431,17 @@ def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False) -> T
             {u["gpu_model"] for u in n["units"]}
         )
         modes = sorted({g["mode"] for g in n["gpus"] if g["mode"] != "-"}) or sorted({u["sharing"] for u in n["units"]})
-        table.add_row(
-            n["cluster"] or "[yellow](none)[/]",
-            n["name"],
-            agent,
-            str(len(n["gpus"])) if n["gpus"] else "?",
-            ", ".join(models),
-            ", ".join(modes),
-            f"{_eq(n['free_gpu_equivalents'])}/{_eq(n['capacity_gpu_equivalents'])}",
-            findings if n.get("unavailable") is None else f"{findings}; unavailable: {n['unavailable']}",
+        rows.append(
+            [
+                n["cluster"] or "[yellow](none)[/]",
+                n["name"],
+                agent,
+                str(len(n["gpus"])) if n["gpus"] else "?",
+                ", ".join(models),
+                ", ".join(modes),
+                f"{_eq(n['free_gpu_equivalents'])}/{_eq(n['capacity_gpu_equivalents'])}",
+                findings if n.get("unavailable") is None else f"{findings}; unavailable: {escape(n['unavailable'])}",
+            ]
         )
         if not gpus:
             continue
@@ -434,19 +451,31 @@ def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False) -> T
                 + (" BROKEN" if s["broken"] else "")
                 for s in g["slices"]
             )
-            table.add_row(
-                "",
-                "",
-                "",
-                f"{g['index']}" + (f" {g['uuid'][:12]}…" if g.get("uuid") else ""),
-                (g["model"] or g["product"] or "?") + (f" {g['memory_gb']:g} GB" if g.get("memory_gb") else ""),
-                g["mode"],
-                # A broken slice has nothing free, as the node's total says.
-                f"{_eq(sum(s['free'] * s['gpu_equivalent'] for s in g['slices']))}/"
-                f"{_eq(g['capacity_gpu_equivalents'])}",
-                (f"[red]{g['error']}[/] " if g.get("error") else "") + (slices or "-"),
+            rows.append(
+                [
+                    "",
+                    "",
+                    "",
+                    f"{g['index']}" + (f" {g['uuid'][:12]}…" if g.get("uuid") else ""),
+                    (g["model"] or g["product"] or "?") + (f" {g['memory_gb']:g} GB" if g.get("memory_gb") else ""),
+                    g["mode"],
+                    # A broken slice has nothing free, as the node's total says.
+                    f"{_eq(sum(s['free'] * s['gpu_equivalent'] for s in g['slices']))}/"
+                    f"{_eq(g['capacity_gpu_equivalents'])}",
+                    (f"[red]{escape(g['error'])}[/] " if g.get("error") else "") + (slices or "-"),
+                ]
             )
-    return table
+    columns = [
+        Col("CLUSTER", min=7, give=2),
+        Col("NODE", min=8, give=2),
+        Col("AGENT"),
+        Col("GPU", min=3, give=3, soft=4),
+        Col("MODEL", min=8, give=5),
+        Col("MODE", min=12, give=4),
+        Col("FREE/ALL"),
+        Col("FINDINGS", min=12, give=1, soft=16),
+    ]
+    return fitted_table(columns, rows, width)
 
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}

@@ -9,8 +9,7 @@ import click
 
 from broker.cli import commands
 from broker.cli.settings import CONTEXT, Settings, format_option, json_option, output
-from broker.core.schemas import Isolation, Kind
-from broker.core.states import JobState
+from broker.core.names import Isolation, JobState, Kind
 
 
 @click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
@@ -76,7 +75,10 @@ def submit(
       gpush submit -f job.yaml --priority 10
       gpush submit --ray http://ray-head:8265 -- python serve_app.py
     """
+    from broker.cli.command_line import refuse_ambiguous_submit
     from broker.intake.jobfile import parse_pairs
+
+    refuse_ambiguous_submit(command)
 
     if ray_address:
         return commands.submit_ray_job(

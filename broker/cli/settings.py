@@ -8,14 +8,16 @@ The root group (broker.cli.main) builds the Settings from ``--url``, ``--token``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import click
 
 from broker.cli.console import FORMATS, Output
 from broker.client import local
-from broker.client.embedded import embedded_client
-from broker.client.sdk import GpushClient
 from broker.core.config import database_url
+
+if TYPE_CHECKING:
+    from broker.client.sdk import GpushClient
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -31,6 +33,8 @@ class Settings:
         """The broker this command talks to: ``--url``; else, on the embedded database, its
         local server (started now if it is not running: broker.client.local); else (another
         database, or GPUSH_LOCAL_SERVER=0) the API in this process."""
+        from broker.client.sdk import GpushClient
+
         if self._client is None:
             if self.url:
                 self._client = GpushClient(self.url, self.token)
@@ -40,6 +44,8 @@ class Settings:
                     server = local.ensure(url, announce=lambda text: click.echo(f"gpush: {text}", err=True))
                     self._client = GpushClient(server.url, self.token or server.token)
                 else:
+                    from broker.client.embedded import embedded_client
+
                     self._client = embedded_client(self.database_url, self.token)
         return self._client
 

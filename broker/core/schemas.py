@@ -35,23 +35,7 @@ from pydantic import (
 )
 
 from broker.core import config
-from broker.core.states import JobState
-
-
-class Kind(StrEnum):
-    TRAINING = "training"
-    INFERENCE = "inference"
-    BATCH = "batch"
-
-
-class Isolation(StrEnum):
-    """How much a job must be kept apart from others on a GPU (DESIGN.md, "The job")."""
-
-    EXCLUSIVE = "exclusive"  # whole GPUs
-    HARDWARE = "hardware"  # MIG: memory and fault isolation
-    PROCESS = "process"  # MPS: shared memory, low interference
-    NONE = "none"  # time-slicing: no memory isolation
-
+from broker.core.names import Isolation, JobState, Kind
 
 # Isolation a job gets when it does not say: training and batch keep whole GPUs (the
 # safe default of every HPC site); inference is the workload that tolerates sharing.

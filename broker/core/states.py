@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -21,20 +20,7 @@ from sqlalchemy.orm import Session
 
 from broker.core.errors import IllegalTransition, NotFound, StateConflict
 from broker.core.models import Job, JobEvent
-
-
-class JobState(StrEnum):
-    QUEUED = "queued"
-    HELD = "held"
-    ROUTED = "routed"
-    SUBMITTING = "submitting"
-    SUBMITTED = "submitted"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    REQUEUED = "requeued"
-
+from broker.core.names import JobState
 
 S = JobState
 

@@ -177,3 +177,20 @@ def test_completion_scripts_for_three_shells(gpush):
         result = gpush("completion", shell)
         assert result.code == 0 and "_GPUSH_COMPLETE" in result.out
     assert gpush("completion", "tcsh").code == 2
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_inventory_and_cluster_list_fit_the_terminal(gpush, fleet, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    inventory = gpush("inventory", "--gpus")
+    clusters = gpush("cluster", "list")
+    assert inventory.code == clusters.code == 0
+    for result in (inventory, clusters):
+        assert max(len(line.rstrip()) for line in result.out.splitlines()) <= columns
+    lines = inventory.out.splitlines()
+    assert lines[0].split() == ["CLUSTER", "KIND", "SHARING", "VERIFIED", "FREE", "ALLOC", "TOTAL", "BROKEN"]
+    assert any(line.startswith("slurm-a  ") and "mig-01" in line for line in lines)
+    assert clusters.out.split()[:2] == ["NAME", "KIND"]
+    assert gpush("cluster", "list", "-o", "name").out.split() == ["k8s-a", "slurm-a"]
+    assert "slurm-a/mig-01" in gpush("inventory", "-o", "name").out.split()
+    assert "clusters" in yaml.safe_load(gpush("inventory", "-o", "yaml").out)
