@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make demo     first look: embedded broker (SQLite), example jobs, list"
 	@echo "make test     everything CI runs: fast tests (SQLite) + integration (PostgreSQL)"
-	@echo "make bench    submissions, scheduling at scale, placement quality, Slurm, Kubernetes, inventory, Ray"
+	@echo "make bench    submissions, scheduling at scale, placement quality, Slurm, Kubernetes, inventory, Ray, CLI"
 
 venv: $(STAMP)
 
@@ -72,6 +72,7 @@ bench: venv postgres slurm
 	$(BIN)/python integration/bench/k8s.py --rounds 3 --json bench-k8s.json
 	$(BIN)/python integration/bench/inventory.py --json bench-inventory.json
 	$(BIN)/python integration/bench/ray.py --json bench-ray.json
+	$(BIN)/python integration/bench/cli.py --json bench-cli.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results.json
