@@ -158,3 +158,33 @@ def test_scheduling_moves_to_the_other_server_when_the_leader_dies(database_url,
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(10)
+
+
+def test_a_submission_to_any_server_wakes_the_leader_at_once(database_url, monkeypatch):
+    """The leader's cycle interval is 120 s here: a job placed within seconds was placed
+    because the API that took it woke the leader (in-process, or by PostgreSQL NOTIFY
+    from the other server process), not by the next tick."""
+    root = Path(__file__).resolve().parents[1]
+    admin = ["--database-url", database_url]
+    for name in ("slurm-a", "k8s-a"):
+        gpush(*admin, "cluster", "add", name, "--kind", "sim", "--fleet", str(root / "examples" / "fleet.yaml"))
+    gpush(*admin, "policy", "apply", str(root / "policies" / "default.yaml"), "-m", "test")
+    monkeypatch.setenv(
+        "GPUSH_TOKEN", gpush(*admin, "admin", "token", "create", "--user", "a", "--tenant", "ml").stdout.strip()
+    )
+    leader, leader_url = start_server(database_url, "--workers", "1", "--cycle-interval", "120")
+    api_only, api_url = start_server(database_url, "--workers", "1", "--no-scheduler")
+    try:
+        time.sleep(2)  # the leader's first cycle (at start) is over: from now on it sleeps 120 s
+
+        def state(job_id: str) -> str:
+            return json.loads(gpush("--url", api_url, "status", job_id, "--json").stdout)["state"]
+
+        for url in (api_url, leader_url):  # through the other process (NOTIFY), then in-process
+            job = gpush("--url", url, "submit", "--kind", "training", "--", "python", "a.py").stdout.strip()
+            wait_for(lambda job=job: state(job) in ("submitted", "running"), what=f"job {job} placed", timeout=20)
+    finally:
+        for proc in (leader, api_only):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(10)
