@@ -137,3 +137,25 @@ def test_training_that_needs_isolation_gets_a_mig_slice_and_a_too_big_job_is_hel
 def _info(session, name):
     (info,) = [c for c in list_clusters(session) if c.name == name]
     return info
+
+
+def test_the_pod_watch_wakes_the_scheduler_when_a_job_of_its_changes(broker: Broker):
+    """The adapter pushes changes (ChangeNotifier): the pool's callback is told when the
+    Pods of the broker's jobs change, with no scheduling cycle running in between, so a
+    leader waiting for its next tick reads the new status at once."""
+    import threading
+
+    woken = threading.Event()
+    broker.pool.on_change = woken.set
+    broker.pool.close()  # rebuilt on the next get(), with the callback
+    job_id = broker.submit(kind="inference", isolation="none", gpu_memory_gb=3)
+    broker.scheduler.run_cycle()  # submits the Job; its Pod is created and started after
+    assert broker.job(job_id).state == "submitted"
+    assert woken.wait(15), "no wake-up while the job's pod was created and started"
+    broker.cycle_until(lambda: broker.job(job_id).state == "running")
+    other = client.CoreV1Api(broker.api)  # a Pod that is not gpush's wakes nobody
+    woken.clear()
+    other.create_namespaced_pod(
+        "gpush", {"metadata": {"name": "not-ours"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    )
+    assert not woken.wait(2)

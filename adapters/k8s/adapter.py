@@ -48,7 +48,7 @@ import codecs
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -59,6 +59,7 @@ from adapters.k8s.informer import Informer, trim_pod
 from adapters.k8s.inventory import gpu_requests_by_node, node_units
 from adapters.k8s.render import (
     CONTAINER,
+    LABEL_BROKER,
     RenderOptions,
     check_tag,
     default_gpu_types,
@@ -85,6 +86,7 @@ from broker.core.adapter import (
     BackendState,
     BatchSubmitter,
     CapacityUnit,
+    ChangeNotifier,
     Closable,
     Health,
     JobOutput,
@@ -178,7 +180,7 @@ class KubernetesAdapter:
     """gpush's adapter for one Kubernetes cluster (see the module docstring)."""
 
     capabilities: ClassVar[frozenset[type]] = frozenset(
-        {BatchSubmitter, Scaler, TimesliceConfigurator, Closable, LogReader}
+        {BatchSubmitter, Scaler, TimesliceConfigurator, Closable, LogReader, ChangeNotifier}
     )
 
     def __init__(
@@ -222,10 +224,25 @@ class KubernetesAdapter:
         self._node_listing: tuple[float, list[dict[str, Any]]] | None = None
         self._node_cache = Informer(self.client, "nodes", name=f"{name}-nodes")
         # Cluster-wide; None once the cluster said this broker may not list Pods everywhere.
-        self._pod_cache: Informer | None = Informer(self.client, "pods", trim=trim_pod, name=f"{name}-pods")
+        self._pod_cache: Informer | None = Informer(
+            self.client, "pods", trim=trim_pod, name=f"{name}-pods", on_event=self._pod_changed
+        )
+        self._on_change: Callable[[], None] | None = None
         self._products: dict[str, set[str]] = {}  # GPU model -> product labels seen on nodes
 
     # -- the protocol ------------------------------------------------------------------
+
+    def notify_changes(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback()`` when the pod watch sees a Pod of this broker's jobs change
+        (ChangeNotifier): the scheduler then reads statuses at once. The watch starts with
+        the first inventory read."""
+        self._on_change = callback
+
+    def _pod_changed(self, pod: dict[str, Any]) -> None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        callback = self._on_change
+        if callback is not None and labels.get(LABEL_BROKER) == self.tag:
+            callback()
 
     def health(self) -> Health:
         try:

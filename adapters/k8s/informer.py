@@ -51,11 +51,13 @@ class Informer:
         watch_seconds: float = 30.0,
         stale_after: float = 10.0,
         name: str = "",
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.client = client
         self.kind = kind
         self.namespace = namespace
         self.trim = trim or (lambda obj: obj)
+        self.on_event = on_event  # told each watched object as it arrives, untrimmed
         self.watch_seconds = watch_seconds
         self.stale_after = stale_after
         self.name = name or kind
@@ -107,6 +109,11 @@ class Informer:
                 self._objects.pop(key, None)
             else:
                 self._objects[key] = kept
+        if self.on_event is not None:
+            try:
+                self.on_event(event.object)
+            except Exception:  # a listener's bug must not stop the watch
+                log.exception("informer %s: the event listener failed", self.name)
 
     def _run(self) -> None:
         delay = 0.2

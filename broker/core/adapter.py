@@ -37,6 +37,9 @@ none declared means none offered):
   broker drops it (a configuration change, shutdown).
 - :class:`LogReader`: ``logs(job_id, backend_id, ...)`` reads a job's output (``gpush
   logs``), or says where it is when the broker cannot read it (:class:`JobOutput`).
+- :class:`ChangeNotifier`: ``notify_changes(callback)``: the cluster pushes events (the
+  Kubernetes watch), and the adapter calls ``callback()`` when one of the broker's jobs
+  changes, so the scheduler reads statuses at once rather than at its next cycle.
 
 Callers ask with :func:`capability` (the adapter typed as that Protocol, or None) or
 :func:`supports`, never with ``hasattr``. A declared set rather than
@@ -52,7 +55,7 @@ adapter makes in one visible line; tests check each declared adapter has the met
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -350,6 +353,14 @@ class LogReader(Protocol):
         replica); :class:`Unreachable` when the cluster does not answer."""
 
 
+class ChangeNotifier(Protocol):
+    """Says when the cluster reports a change of one of the broker's jobs."""
+
+    def notify_changes(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback()`` (no arguments; quick; from any thread) whenever the cluster
+        reports that one of this broker's jobs changed; None stops it."""
+
+
 # Every optional capability, and the methods each adds to the protocol.
 CAPABILITIES: dict[type, tuple[str, ...]] = {
     BatchSubmitter: ("submit_many",),
@@ -357,6 +368,7 @@ CAPABILITIES: dict[type, tuple[str, ...]] = {
     TimesliceConfigurator: ("timeslice", "apply_timeslice"),
     Closable: ("close",),
     LogReader: ("logs",),
+    ChangeNotifier: ("notify_changes",),
 }
 
 _C = TypeVar("_C")

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from broker.core.adapter import (
     ADAPTERS,
     AdapterError,
+    ChangeNotifier,
     Closable,
     ClusterAdapter,
     Misconfigured,
@@ -195,8 +196,17 @@ def summarize(info: ClusterInfo, pool: AdapterPool) -> dict[str, Any]:
 class AdapterPool:
     """One adapter per registered cluster in this process, rebuilt when its config changes."""
 
-    def __init__(self, clock: Clock, overrides: dict[str, ClusterAdapter] | None = None):
+    def __init__(
+        self,
+        clock: Clock,
+        overrides: dict[str, ClusterAdapter] | None = None,
+        *,
+        on_change: Callable[[], None] | None = None,
+    ):
+        """``on_change``: told when a cluster that pushes events (a
+        :class:`~broker.core.adapter.ChangeNotifier`) reports a change of a job."""
         self.clock = clock
+        self.on_change = on_change
         self._adapters: dict[str, tuple[str, ClusterAdapter]] = {}
         # Per cluster: the config's fingerprint, why its adapter could not be built, and
         # when (time.monotonic) to try again.
@@ -256,7 +266,11 @@ class AdapterPool:
                 if cached is not None:
                     del self._adapters[info.name]
                     _close(cached[1])  # the old configuration's watches and connections
-                cached = (fingerprint, instrument(self._build(info, fingerprint), info.name, info.kind))
+                built = self._build(info, fingerprint)
+                notifier = capability(built, ChangeNotifier)
+                if notifier is not None and self.on_change is not None:
+                    notifier.notify_changes(self.on_change)
+                cached = (fingerprint, instrument(built, info.name, info.kind))
                 self._adapters[info.name] = cached
                 self._failed.pop(info.name, None)
             return cached[1]

@@ -45,6 +45,7 @@ from broker.core.adapter import (
     BackendJob,
     BatchSubmitter,
     CapacityUnit,
+    ChangeNotifier,
     Closable,
     ClusterAdapter,
     Health,
@@ -273,12 +274,20 @@ class _ReadsLogs:
         )
 
 
+class _Notifies:
+    __slots__ = ()
+
+    def notify_changes(self: Any, callback: Callable[[], None] | None) -> None:
+        self.adapter.notify_changes(callback)
+
+
 _FORWARDERS: dict[type, type] = {
     BatchSubmitter: _SubmitsMany,
     Scaler: _Scales,
     TimesliceConfigurator: _ConfiguresTimeslicing,
     Closable: _Closes,
     LogReader: _ReadsLogs,
+    ChangeNotifier: _Notifies,
 }
 assert _FORWARDERS.keys() == CAPABILITIES.keys(), "a capability the metrics wrapper cannot forward"
 

@@ -8,6 +8,7 @@ from broker.core.adapter import (
     ADAPTERS,
     CAPABILITIES,
     BatchSubmitter,
+    ChangeNotifier,
     Closable,
     LogReader,
     Scaler,
@@ -29,7 +30,14 @@ def test_every_adapter_declares_exactly_the_capabilities_it_has(kind):
 
 def test_the_real_adapters_declare_what_the_broker_uses():
     assert declared(adapter_class("slurm")) == {BatchSubmitter, LogReader}
-    assert declared(adapter_class("k8s")) == {BatchSubmitter, Scaler, TimesliceConfigurator, Closable, LogReader}
+    assert declared(adapter_class("k8s")) == {
+        BatchSubmitter,
+        Scaler,
+        TimesliceConfigurator,
+        Closable,
+        LogReader,
+        ChangeNotifier,
+    }
     assert declared(adapter_class("sim")) == frozenset({LogReader, Scaler})
 
 
