@@ -194,3 +194,30 @@ def test_inventory_and_cluster_list_fit_the_terminal(gpush, fleet, monkeypatch, 
     assert gpush("cluster", "list", "-o", "name").out.split() == ["k8s-a", "slurm-a"]
     assert "slurm-a/mig-01" in gpush("inventory", "-o", "name").out.split()
     assert "clusters" in yaml.safe_load(gpush("inventory", "-o", "yaml").out)
+
+
+def test_watch_redraws_on_change_and_stops_when_the_job_ends(gpush, fleet, monkeypatch):
+    """Piped, each change prints one copy under a time stamp; status --watch ends with
+    the job, list --watch with Ctrl-C (exit 0)."""
+    from broker.client.embedded import embedded_client
+
+    looks = []
+    other_terminal = embedded_client()
+
+    def sleep(seconds):
+        looks.append(seconds)
+        if len(looks) == 1:
+            other_terminal.cancel(fleet["queued"])  # a change between two looks
+        elif len(looks) >= 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("time.sleep", sleep)
+    watched = gpush("list", "--watch", "--interval", 0.5)
+    assert watched.code == 0
+    copies = watched.out.split("--- ")[1:]
+    assert len(copies) == 2  # the first look, and the one after the cancel; no copy for no change
+    assert str(fleet["queued"]) in copies[0].split() and str(fleet["queued"]) not in copies[1].split()
+
+    done = gpush("status", fleet["done"], "--watch")
+    assert done.code == 0 and done.out.count("--- ") == 1 and "succeeded" in done.out
+    assert gpush("list", "--watch", "-o", "json").code == 2  # tables only
