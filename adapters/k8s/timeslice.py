@@ -40,6 +40,7 @@ from broker.core.errors import InvalidRequest
 from broker.core.yamltext import load_yaml
 
 CLUSTER_POLICY = ("nvidia.com", "v1", "clusterpolicies")
+CLUSTER_POLICY_NAME = "cluster-policy"  # the GPU Operator's Helm chart names its one ClusterPolicy so
 DEFAULT_CONFIG = "gpu-operator/time-slicing-config"
 DEFAULT_KEY = "any"
 
@@ -104,7 +105,8 @@ _BlockDumper.add_representer(
 
 @dataclass(frozen=True)
 class TimeslicePlan:
-    """What ``gpush k8s timeslice render`` prints and ``apply`` applies."""
+    """What ``gpush k8s timeslice render`` prints and ``apply`` applies (``cluster_policy_patch``
+    is a merge patch of the ClusterPolicy's spec; ``to_yaml`` makes it a whole object)."""
 
     replicas: int
     namespace: str
@@ -115,23 +117,35 @@ class TimeslicePlan:
     node_selector: str | None = None  # nodes to label DEVICE_PLUGIN_CONFIG=key
 
     def to_yaml(self) -> str:
-        """The ConfigMap, the ClusterPolicy patch, and the node labels, as YAML with comments."""
-        parts = [
-            "# The device plugin config: kubectl apply -f -",
-            yaml.dump(self.config_map, Dumper=_BlockDumper, sort_keys=False).rstrip(),
-            "---",
-            '# The ClusterPolicy: kubectl patch clusterpolicies.nvidia.com/cluster-policy --type merge -p "$(...)"',
-            yaml.safe_dump(self.cluster_policy_patch, sort_keys=False).rstrip(),
+        """What ``kubectl apply -f -`` takes: the ConfigMap and the ClusterPolicy (only the
+        fields gpush sets, which apply merges into the operator's policy), each a whole
+        object; the node labels are no object, so they come as the command, in comments."""
+        cluster_policy = {
+            "apiVersion": "/".join(CLUSTER_POLICY[:2]),
+            "kind": "ClusterPolicy",
+            "metadata": {"name": CLUSTER_POLICY_NAME},
+            **self.cluster_policy_patch,
+        }
+        slices = f"{self.replicas} slices of every GPU" if self.replicas > 1 else "off (1 slice of every GPU)"
+        where = f" on the nodes labelled {self.node_selector}" if self.node_selector else ""
+        header = [
+            f"# Time-slicing: {slices}{where}.",
+            "# Apply with `kubectl apply -f -`: the device plugin's config (a ConfigMap) and the",
+            f"# GPU Operator's ClusterPolicy, whose devicePlugin.config apply merges into {CLUSTER_POLICY_NAME}",
+            "# (`kubectl get clusterpolicies` shows yours: set its name below if it is another).",
         ]
         if self.node_selector:
-            parts += [
-                "---",
-                f"# The nodes: kubectl label nodes -l {self.node_selector} "
-                f"{DEVICE_PLUGIN_CONFIG}={self.key} --overwrite",
-                yaml.safe_dump(
-                    {"nodeSelector": self.node_selector, "labels": {DEVICE_PLUGIN_CONFIG: self.key}}, sort_keys=False
-                ).rstrip(),
+            header += [
+                "# Then label the nodes, which kubectl cannot apply from a file:",
+                f"#   kubectl label nodes -l {self.node_selector} {DEVICE_PLUGIN_CONFIG}={self.key} --overwrite",
             ]
+        header.append("# Or let gpush do it all: gpush k8s timeslice apply CLUSTER (same --replicas, --node-label).")
+        parts = [
+            *header,
+            yaml.dump(self.config_map, Dumper=_BlockDumper, sort_keys=False).rstrip(),
+            "---",
+            yaml.safe_dump(cluster_policy, sort_keys=False).rstrip(),
+        ]
         return "\n".join(parts) + "\n"
 
 

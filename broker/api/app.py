@@ -4,7 +4,8 @@ It owns what one app shares across its routes, put on ``app.state`` for the
 dependencies of broker.api.deps (engine, session factory, clock, adapter pool, token
 cache, metrics registry, HTTP limits), the error handlers of broker.api.responses,
 the edge limits of broker.api.limits, and which routers it serves: one module per
-resource in broker.api.
+resource in broker.api, and broker.api.docs (``/``, and /docs and /redoc with their
+assets served from the package, not a CDN).
 
 Routes own the transaction: each opens ``with session.begin()`` around the model
 functions of ``broker.intake.queue`` and ``broker.core.auth``, which only flush. Errors leave
@@ -20,7 +21,7 @@ from sqlalchemy import Engine
 from starlette.exceptions import HTTPException
 
 import broker
-from broker.api import admin, agent, clusters, health, inventory, jobs, policy, responses, tenants
+from broker.api import admin, agent, clusters, docs, health, inventory, jobs, policy, responses, tenants
 from broker.api.limits import EdgeLimits, HttpLimits
 from broker.core import auth, metrics
 from broker.core.clock import Clock, utcnow
@@ -29,7 +30,7 @@ from broker.core.db import session_factory
 from broker.core.errors import GpushError
 from broker.scheduling.leader import Wakeup
 
-ROUTERS = (health, admin, jobs, clusters, agent, inventory, tenants, policy)
+ROUTERS = (docs, health, admin, jobs, clusters, agent, inventory, tenants, policy)
 
 
 def create_app(
@@ -38,7 +39,7 @@ def create_app(
     """The broker's ASGI application on ``engine`` (schema must be at head); ``limits``
     default to ``HttpLimits.from_env()``."""
     limits = HttpLimits.from_env() if limits is None else limits
-    app = FastAPI(
+    app = docs.documented_app(
         title="gpush broker",
         version=broker.__version__,
         description="One global queue of GPU jobs above Slurm and Kubernetes.",
@@ -47,8 +48,8 @@ def create_app(
     app.state.sessions = session_factory(engine)
     app.state.clock = clock
     app.state.token_cache = auth.TokenCache(ttl=token_cache_ttl)
-    app.state.adapters = AdapterPool(clock)
     app.state.wakeup = Wakeup()  # the scheduling loop of this process waits on it (broker.api.server)
+    app.state.adapters = AdapterPool(clock, on_change=app.state.wakeup.set)
     app.state.metrics_registry = metrics.app_registry(engine)
     app.state.limits = limits
     app.add_middleware(EdgeLimits, limits=limits)
@@ -62,5 +63,9 @@ def create_app(
 
     for module in ROUTERS:
         app.include_router(module.router)
-    app.state.route_methods = responses.route_methods([module.router for module in ROUTERS])
+    # Every route's methods, the docs' own included, for the Allow header of 405 and OPTIONS
+    # (app.routes holds the docs' routes; each included router, its own).
+    app.state.route_methods = responses.route_methods(
+        [*app.routes, *(route for module in ROUTERS for route in module.router.routes)]
+    )
     return app

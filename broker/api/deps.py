@@ -13,8 +13,9 @@ side in one process.
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Query, Request
+from fastapi import Depends, Path, Query, Request, Security
 from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -66,8 +67,23 @@ def _lookup_token(sessions: sessionmaker[Session], token: str | None, cache: aut
         return auth.authenticate(session, token, cache)
 
 
-async def any_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> auth.Principal:
+# The bearer scheme in the OpenAPI document, on every route that takes a token (and on
+# no other), so that /docs can authorise. It refuses nothing itself (auto_error off):
+# any_principal reads the header, so that a missing, overlong or unknown token is a 401
+# in the error envelope with a message that says what to do.
+bearer = HTTPBearer(
+    scheme_name="bearer",
+    bearerFormat="gpush_...",
+    description="An API token: an admin creates one with `gpush admin token create` (the secret is shown once).",
+    auto_error=False,
+)
+
+
+async def any_principal(
+    request: Request, _declared: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
+) -> auth.Principal:
     cache: auth.TokenCache = request.app.state.token_cache
+    authorization = request.headers.get("authorization")
     token = None
     if authorization and len(authorization) > MAX_AUTHORIZATION_CHARS:
         # Refused before hashing or looking it up: a long header would cost both.

@@ -38,9 +38,11 @@ def validate_policy(body: PolicyText, session: Db, _who: Who, adapters: Adapters
 
 @router.post("/v1/policy", status_code=201, responses=errors(403, 409, *BODY))
 def apply_policy(body: PolicyApply, session: Db, who: Admin, clock: AppClock, adapters: Adapters) -> dict[str, Any]:
-    """Validate and activate a new policy version (refused: the active one stays)."""
+    """Validate and activate a new policy version (refused: the active one stays). The
+    active text again stores nothing: ``changed`` is false and the comment is not kept."""
     with session.begin():
         views = policystore.cluster_views(session, adapters)
+        before = policystore.active_version(session)
         info, report = policystore.apply(
             session,
             body.text,
@@ -51,20 +53,27 @@ def apply_policy(body: PolicyApply, session: Db, who: Admin, clock: AppClock, ad
             base_version=body.base_version,
             source=body.source,
         )
-    return {**info.to_dict(), "warnings": [f.to_dict() for f in report.warnings], "describe": report.describe()}
+    return {
+        **info.to_dict(),
+        "changed": info.version != before,
+        "warnings": [f.to_dict() for f in report.warnings],
+        "describe": report.describe(),
+    }
 
 
 @router.post("/v1/policy:rollback", status_code=201, responses=errors(403, 404, 409, *BODY))
 def rollback_policy(
     body: PolicyRollback, session: Db, who: Admin, clock: AppClock, adapters: Adapters
 ) -> dict[str, Any]:
-    """Make an earlier version active again (as a new version)."""
+    """Make an earlier version active again (as a new version; ``changed`` is false, and
+    nothing is stored, when its text is the active one already)."""
     with session.begin():
         views = policystore.cluster_views(session, adapters)
+        before = policystore.active_version(session)
         info, report = policystore.rollback(
             session, body.version, comment=body.comment, author=who.user, now=clock(), views=views
         )
-    return {**info.to_dict(), "describe": report.describe()}
+    return {**info.to_dict(), "changed": info.version != before, "describe": report.describe()}
 
 
 @router.get("/v1/policy", responses=errors(403, 404, 422))

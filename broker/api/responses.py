@@ -13,13 +13,13 @@ import reprlib
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
-from starlette.routing import compile_path
+from starlette.routing import BaseRoute, Mount, Route, compile_path
 
 from broker.core.errors import GpushError, InvalidRequest, NotFound, Unavailable
 from broker.core.validation import describe_details, validation_details
@@ -159,14 +159,17 @@ class _HttpError(GpushError):
         self.code = code
 
 
-def route_methods(routers: list[APIRouter]) -> list[tuple[re.Pattern[str], set[str]]]:
+def route_methods(routes: list[BaseRoute]) -> list[tuple[re.Pattern[str], set[str]]]:
     """Each route's path pattern and methods, read once when the app is built, for the
-    Allow header (several routes share a path: GET and POST /v1/jobs)."""
+    Allow header (several routes share a path: GET and POST /v1/jobs). A mount (the
+    docs' assets) serves files: GET. Anything else (an included router) is skipped:
+    pass its routes."""
     table = []
-    for router in routers:
-        for route in router.routes:
-            if isinstance(route, APIRoute):
-                table.append((compile_path(route.path)[0], set(route.methods)))
+    for route in routes:
+        if isinstance(route, APIRoute | Route) and route.methods:
+            table.append((compile_path(route.path)[0], set(route.methods)))
+        elif isinstance(route, Mount):
+            table.append((compile_path(route.path + "/{path:path}")[0], {"GET"}))
     return table
 
 

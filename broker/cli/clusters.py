@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from broker.cli import commands
-from broker.cli.settings import CONTEXT, Settings, json_option, output
+from broker.cli.settings import CONTEXT, Settings, format_option, json_option, output
 
 
 @click.group(context_settings=CONTEXT)
@@ -53,7 +53,7 @@ def cluster_add(
                 raise click.UsageError(f"--{key} is a Kubernetes setting: use it with --kind k8s")
             config[key] = str(Path(value).expanduser().resolve()) if key == "kubeconfig" else value
     if fleet:
-        config["fleet_yaml"] = commands.read_job_file(fleet, lambda: sys.stdin.read())
+        config["fleet_yaml"] = commands.read_job_file(fleet, lambda: sys.stdin.read(), what="fleet file")
     if fleet_cluster:
         config["cluster"] = fleet_cluster
     if speed is not None:
@@ -64,11 +64,11 @@ def cluster_add(
 
 
 @cluster.command("list", context_settings=CONTEXT)
-@json_option
+@format_option
 @click.pass_obj
-def cluster_list(settings: Settings, json_mode: bool) -> int:
+def cluster_list(settings: Settings, json_mode: bool, fmt: str) -> int:
     """Registered clusters with health and capacity."""
-    return commands.cluster_list(settings.client(), output(json_mode))
+    return commands.cluster_list(settings.client(), output(json_mode, fmt))
 
 
 @cluster.command("remove", context_settings=CONTEXT)
@@ -88,7 +88,7 @@ def k8s() -> None:
 
 @k8s.group("timeslice", context_settings=CONTEXT)
 def timeslice() -> None:
-    """Time-slicing: render the device-plugin ConfigMap and ClusterPolicy patch, or apply them."""
+    """Time-slicing: render the device plugin's ConfigMap and the ClusterPolicy for kubectl, or apply them."""
 
 
 _REPLICAS = click.option("--replicas", type=click.IntRange(1, 64), required=True, help="Time-slices per GPU.")
@@ -106,7 +106,8 @@ _NODE_LABEL = click.option("--node-label", metavar="KEY=VALUE", help="Only the n
     help="Where the device plugin reads its config.",
 )
 def timeslice_render(replicas: int, node_label: str | None, config_map: str) -> int:
-    """Print the ConfigMap, the ClusterPolicy patch and the node labels (kubectl can apply them)."""
+    """Print the ConfigMap and the ClusterPolicy for `kubectl apply -f -` (with --node-label,
+    the `kubectl label nodes` command to run after, in a comment)."""
     from adapters.k8s.timeslice import render_timeslice
 
     try:
@@ -138,16 +139,16 @@ def timeslice_apply(settings: Settings, cluster: str, replicas: int, node_label:
 
 
 @click.group("inventory", invoke_without_command=True, context_settings=CONTEXT)
-@click.option("--cluster", help="Only this cluster.")
+@click.option("-M", "--cluster", help="Only this cluster.")
 @click.option("--gpus", is_flag=True, help="A row per physical GPU too.")
-@json_option
+@format_option
 @click.pass_context
-def inventory(ctx: click.Context, cluster: str | None, gpus: bool, json_mode: bool) -> int | None:
+def inventory(ctx: click.Context, cluster: str | None, gpus: bool, json_mode: bool, fmt: str) -> int | None:
     """The GPU inventory of every cluster, reconciled with the node agents (per cluster, node, GPU)."""
     if ctx.invoked_subcommand is not None:
         return None
     settings: Settings = ctx.obj
-    return commands.inventory(settings.client(), output(json_mode), cluster=cluster, gpus=gpus)
+    return commands.inventory(settings.client(), output(json_mode, fmt), cluster=cluster, gpus=gpus)
 
 
 @inventory.command("drift", context_settings=CONTEXT)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
 
 from broker.cli import console
 from broker.cli.console import Output
-from broker.client.sdk import GpushClient
 from broker.core.errors import (
     EXIT_ERROR,
     EXIT_NOT_FOUND,
@@ -26,13 +27,17 @@ from broker.core.errors import (
     NotFound,
     Unavailable,
 )
-from broker.intake.jobfile import build_specs, load_documents
 
-ClientFactory = Callable[[], GpushClient]
+if TYPE_CHECKING:  # imported where used: `gpush --help` need not load pydantic models
+    from broker.client.sdk import GpushClient
+
+ClientFactory = Callable[[], "GpushClient"]
 
 
 def submit(client: GpushClient, out: Output, *, file: str | None, file_text: str | None, fields: dict[str, Any]) -> int:
     """Submit the job(s) of ``file`` (if any) with ``fields`` laid over them; print the ids."""
+    from broker.intake.jobfile import build_specs, load_documents
+
     docs = load_documents(file_text, source=file or "-") if file_text is not None else None
     specs = build_specs(docs, fields, source=file or "")
     if len(specs) == 1:
@@ -323,7 +328,8 @@ def cancel(client: GpushClient, out: Output, job_ids: list[int]) -> int:
             code = EXIT_NOT_FOUND
             results.append({"id": job_id, "outcome": "not_found", "error": exc.message})
             if not out.json_mode:
-                out.note(f"[red]error:[/] {exc.message}")
+                # As every other error reads (broker.cli.main); the message is text, not markup.
+                out.note(f"[red]gpush: error:[/] {escape(exc.message)}")
             continue
         job = result["job"]
         results.append({"id": job_id, "outcome": result["outcome"], "state": job.state.value})
@@ -502,10 +508,14 @@ def cluster_list(client: GpushClient, out: Output) -> int:
     if out.json_mode:
         out.json(summaries)
         return EXIT_OK
+    if out.fmt == "name":
+        for c in summaries:
+            out.line(c["name"])
+        return EXIT_OK
     if not summaries:
         out.note("no clusters: an admin adds one with `gpush cluster add NAME --kind sim|slurm|k8s ...`")
         return EXIT_OK
-    out.print(console.clusters_table(summaries))
+    out.print(console.clusters_table(summaries, width=out.console.width))
     return EXIT_OK
 
 
@@ -762,12 +772,17 @@ def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bo
     if out.json_mode:
         out.json(view)
         return EXIT_OK
+    if out.fmt == "name":
+        for c in view["clusters"]:
+            for n in c["nodes"]:
+                out.line(f"{c['name']}/{n['name']}")
+        return EXIT_OK
     if not view["clusters"] and not view.get("unscheduled"):
         out.note("no clusters and no agent reports: add a cluster (gpush cluster add) or run `gpush agent` on a node")
         return EXIT_OK
-    out.print(console.inventory_clusters_table(view))
+    out.print(console.inventory_clusters_table(view, width=out.console.width))
     out.line("")
-    out.print(console.inventory_nodes_table(view, gpus=gpus))
+    out.print(console.inventory_nodes_table(view, gpus=gpus, width=out.console.width))
     counts = view.get("findings_by_severity", {})
     if any(counts.values()):
         summary = ", ".join(f"{counts[s]} {s}" for s in SEVERITIES if counts.get(s))

@@ -11,21 +11,47 @@ job, 3 not found, 4 not allowed (no token, bad token, or not permitted).
 from __future__ import annotations
 
 import sys
+from urllib.parse import urlsplit
 
 import click
 
 from broker.cli import admin, clusters, jobs, policy, service, simulate
+from broker.cli.command_line import RecordingGroup
 from broker.cli.settings import CONTEXT, Settings
 from broker.core.errors import EXIT_ERROR, EXIT_USAGE, GpushError
 
 
-@click.group(context_settings=CONTEXT)
+def broker_url(value: str | None) -> str | None:
+    """``--url`` as the client needs it: ``http(s)://HOST[:PORT][/PATH]``; a bare
+    ``HOST:PORT`` means ``http://HOST:PORT``; anything else is refused, naming the form.
+    Empty means unset (the local broker)."""
+    text = (value or "").strip()
+    if not text:
+        return None
+    url = text if "://" in text else f"http://{text}"
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or parts.query or parts.fragment:
+        raise click.BadParameter(
+            f"{text!r} is not a broker URL: write http://HOST:PORT (or https://...), such as http://127.0.0.1:8642; "
+            "HOST:PORT alone means http://HOST:PORT",
+            param_hint="--url / GPUSH_URL",
+        )
+    return url
+
+
+@click.group(context_settings=CONTEXT, cls=RecordingGroup)
 @click.option(
     "--url",
     envvar="GPUSH_URL",
     show_envvar=True,
     metavar="URL",
-    help="Broker to talk to (http://host:8642). Unset: run the broker in-process on the local database.",
+    callback=lambda _ctx, _param, value: broker_url(value),
+    help="Broker to talk to: http://HOST:PORT or https://... (HOST:PORT alone means http://). "
+    "Unset: run the broker in-process on the local database.",
 )
 @click.option(
     "--token",

@@ -17,7 +17,7 @@ def policy() -> None:
 
 
 def _policy_file(path: str) -> str:
-    return commands.read_job_file(path, lambda: sys.stdin.read())
+    return commands.read_job_file(path, lambda: sys.stdin.read(), what="policy file")
 
 
 @policy.command("validate", context_settings=CONTEXT)
@@ -81,22 +81,32 @@ def policy_rollback(settings: Settings, version: int, comment: str, json_mode: b
 
 @policy.command("explain", context_settings=CONTEXT)
 @click.argument("job_id", type=int, required=False)
-@click.option("-f", "--file", "file", metavar="FILE", help="Explain a job file instead of a queued job.")
+@click.option(
+    "-f",
+    "--file",
+    "file",
+    metavar="FILE",
+    help="Explain the job(s) of a job file instead of a queued job: each of its documents, in order.",
+)
 @click.option("--version", type=int, help="Against a stored version (default: the active one).")
 @json_option
 @click.pass_obj
 def policy_explain(
     settings: Settings, job_id: int | None, file: str | None, version: int | None, json_mode: bool
 ) -> int:
-    """Every rule tried for a job, in order, and why; then where it would be placed now."""
+    """Every rule tried for a job, in order, and why; then where it would be placed now.
+    With -f, each job of the file in turn (--json: one result, or a list for several)."""
     from broker.intake.jobfile import build_specs, load_documents
 
     if (job_id is None) == (file is None):
         raise click.UsageError("give a JOB_ID or -f FILE")
-    spec = None
+    specs = None
     if file:
-        spec = build_specs(load_documents(_policy_file(file), source=file), {}, source=file)[0]
-    return commands.policy_explain(settings.client(), output(json_mode), job_id=job_id, spec=spec, version=version)
+        text = commands.read_job_file(file, lambda: sys.stdin.read())
+        specs = build_specs(load_documents(text, source=file), {}, source=file)
+    return commands.policy_explain(
+        settings.client(), output(json_mode), job_id=job_id, specs=specs, version=version, source=file
+    )
 
 
 @policy.command("schema", context_settings=CONTEXT)

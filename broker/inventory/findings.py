@@ -34,6 +34,8 @@ from broker.inventory.view import CRITICAL, MIG_SHARING, WARNING, Finding, UnitR
 from broker.inventory.wording import (
     DEVICE_PLUGIN_RESTART,
     age_text,
+    agent_check,
+    agent_install,
     drain_command,
     fix_config,
     gpus_text,
@@ -177,7 +179,7 @@ def no_agent_report(ctx: HostContext) -> Iterator[Finding]:
                 node,
                 f"no agent reports on {node}; its GPUs are unverified",
                 "MIG layouts, lost GPUs and GPUs offered twice on it go unnoticed",
-                f"run `gpush agent` on {node} (other nodes of {name} run it)",
+                agent_install(entry.cluster.kind, f"{node} (other nodes of {name} run it)"),
             )
 
 
@@ -216,7 +218,7 @@ def agent_report_stale(ctx: HostContext) -> Iterator[Finding]:
             f"the agent on {node} last reported {age_text(ctx.now - aware(report.collected_at))} ago "
             f"({report.collected_at.isoformat()})",
             "its GPUs are unverified: nothing is checked or marked on the word of an old report",
-            f"on {node}: `systemctl status gpush-agent` (or its pod's logs); it must reach the broker",
+            agent_check(entry.cluster.kind, node),
         )
 
 

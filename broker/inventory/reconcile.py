@@ -73,7 +73,7 @@ from broker.inventory.view import (
     UnitView,
     mark_broken,
 )
-from broker.inventory.wording import count_text, drain_command
+from broker.inventory.wording import agent_install, count_text, drain_command
 
 # The records were defined here before the package was split; other modules and scripts
 # still import them from here, so they stay importable from this module.
@@ -213,7 +213,7 @@ def _reconcile(
                     None,
                     f"no node of {view.name} runs the gpush agent ({count_text(len(view.nodes), 'node')} unverified)",
                     "MIG layouts, lost GPUs and GPUs offered twice go unnoticed until jobs strand on them",
-                    f"run `gpush agent` on the GPU nodes of {view.name} (a systemd unit or a DaemonSet)",
+                    agent_install(view.kind, f"the GPU nodes of {view.name}"),
                 )
             )
     # 5. Agents whose node no cluster lists.

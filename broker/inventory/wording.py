@@ -36,6 +36,42 @@ def fix_config(kind: str, node: str) -> str:
     return f"correct the fleet file of the simulated cluster for node {node}"
 
 
+# The node agent as the repository ships it (deploy/README.md): a systemd unit for hosts
+# (Slurm's nodes), a DaemonSet for Kubernetes. Paths in the gpush repository.
+AGENT_SYSTEMD_UNIT = "deploy/systemd/gpush-agent.service"
+AGENT_DAEMONSET = "deploy/k8s/gpush-agent-daemonset.yaml"
+AGENT_SELECTOR = "app.kubernetes.io/name=gpush-agent"  # the DaemonSet's pods, in namespace gpush
+
+
+def agent_install(kind: str, where: str) -> str:
+    """How to run the node agent on ``where`` (a node, or a cluster's GPU nodes)."""
+    unit = f"the systemd unit {AGENT_SYSTEMD_UNIT}"
+    daemonset = f"`kubectl apply -f {AGENT_DAEMONSET}`"
+    if kind == "slurm":
+        how = unit
+    elif kind == "k8s":
+        how = daemonset
+    else:
+        how = f"{unit}, or on Kubernetes {daemonset}"
+    return f"run `gpush agent` on {where}: {how} (from the gpush repository; deploy/README.md)"
+
+
+def agent_check(kind: str, node: str) -> str:
+    """Where to look when the agent on ``node`` stopped reporting."""
+    systemd = f"on {node}: `systemctl status gpush-agent` and `journalctl -u gpush-agent` ({AGENT_SYSTEMD_UNIT})"
+    pods = (
+        f"`kubectl -n gpush get pods -l {AGENT_SELECTOR} --field-selector spec.nodeName={node}` "
+        f"and that pod's logs ({AGENT_DAEMONSET})"
+    )
+    if kind == "slurm":
+        how = systemd
+    elif kind == "k8s":
+        how = pods
+    else:
+        how = f"{systemd}, or on Kubernetes {pods}"
+    return f"{how}; it must reach the broker"
+
+
 def drain_command(kind: str, node: str, why: str) -> str:
     """How to stop a cluster placing new jobs on ``node``; Slurm records ``why``."""
     if kind == "slurm":

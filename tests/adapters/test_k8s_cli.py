@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
 
 
-def test_render_prints_a_configmap_a_clusterpolicy_patch_and_node_labels(gpush):
+def test_render_prints_a_configmap_and_a_clusterpolicy_and_the_node_label_command(gpush):
     result = gpush("k8s", "timeslice", "render", "--replicas", "4", "--node-label", "nvidia.com/gpu.product=Tesla-T4")
     assert result.code == 0, result.err
-    config_map, patch, nodes = list(yaml.safe_load_all(result.out))
+    config_map, cluster_policy = list(yaml.safe_load_all(result.out))
     assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["namespace"] == "gpu-operator"
     plugin = yaml.safe_load(config_map["data"]["replicas-4"])
     assert plugin["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
-    assert patch == {"spec": {"devicePlugin": {"config": {"name": "time-slicing-config"}}}}
-    assert nodes["labels"] == {"nvidia.com/device-plugin.config": "replicas-4"}
+    assert cluster_policy["spec"] == {"devicePlugin": {"config": {"name": "time-slicing-config"}}}
+    # Labels are no object kubectl applies: the command is in a comment.
+    label = "kubectl label nodes -l nvidia.com/gpu.product=Tesla-T4 nvidia.com/device-plugin.config=replicas-4"
+    assert f"#   {label} --overwrite" in result.out
+
+
+@pytest.mark.parametrize("options", [[], ["--node-label", "nvidia.com/gpu.product=Tesla-T4"], ["--replicas", "1"]])
+def test_every_document_render_prints_is_an_object_kubectl_apply_takes(gpush, options):
+    replicas = [] if "--replicas" in options else ["--replicas", "4"]
+    result = gpush("k8s", "timeslice", "render", *replicas, *options)
+    assert result.code == 0, result.err
+    documents = list(yaml.safe_load_all(result.out))
+    assert [d["kind"] for d in documents] == ["ConfigMap", "ClusterPolicy"]
+    for document in documents:
+        assert set(document) >= {"apiVersion", "kind", "metadata"}, document
+        assert re.fullmatch(r"([a-z0-9.-]+/)?v[0-9]+\w*", document["apiVersion"]), document["apiVersion"]
+        assert document["metadata"]["name"]
+    assert documents[1]["apiVersion"] == "nvidia.com/v1"
 
 
 def test_without_a_node_label_the_config_is_the_default_for_every_node(gpush):

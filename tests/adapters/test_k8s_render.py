@@ -450,8 +450,9 @@ def test_render_timeslice_default_for_every_node():
         "spec": {"devicePlugin": {"config": {"name": "time-slicing-config", "default": "any"}}}
     }
     assert plan.node_selector is None
-    docs = [d for d in yaml.safe_load_all(plan.to_yaml()) if d]
-    assert docs[0]["kind"] == "ConfigMap" and docs[1] == plan.cluster_policy_patch
+    config_map, cluster_policy = yaml.safe_load_all(plan.to_yaml())
+    assert config_map == plan.config_map
+    assert cluster_policy["kind"] == "ClusterPolicy" and cluster_policy["spec"] == plan.cluster_policy_patch["spec"]
 
 
 def test_render_timeslice_for_labelled_nodes():

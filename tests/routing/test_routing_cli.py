@@ -94,6 +94,45 @@ def test_a_refused_policy_leaves_the_active_one_in_place(fleet, tmp_path):
     assert [v["version"] for v in fleet("policy", "history", "--json").json] == [1]
 
 
+def test_a_missing_file_is_named_for_what_it_is(gpush):
+    for command in (("policy", "validate", "nofile.yaml"), ("policy", "apply", "nofile.yaml", "-m", "x")):
+        result = gpush(*command)
+        assert result.code == 2 and "gpush: error: policy file nofile.yaml does not exist" in result.err, command
+    # explain -f reads a job file, not a policy.
+    assert "job file nofile.yaml does not exist" in gpush("policy", "explain", "-f", "nofile.yaml").err
+    fleet = gpush("cluster", "add", "x", "--kind", "sim", "--fleet", "nofile.yaml")
+    assert fleet.code == 2 and "fleet file nofile.yaml does not exist" in fleet.err
+
+
+def test_applying_the_active_policy_again_says_so_and_that_the_comment_was_not_recorded(fleet):
+    fleet("policy", "apply", DEFAULT, "-m", "first")
+    again = fleet("policy", "apply", DEFAULT, "-m", "tidy up")
+    assert again.code == 0
+    assert again.out.startswith("policy unchanged:") and "'tidy up' was not recorded" in again.out
+    assert "is active (tidy up)" not in again.out
+    assert fleet("policy", "apply", DEFAULT, "-m", "x", "--json").json["changed"] is False
+    assert [v["comment"] for v in fleet("policy", "history", "--json").json] == ["first"]
+    back = fleet("policy", "rollback", 1, "-m", "why not")
+    assert back.code == 0 and back.out.startswith("policy unchanged: version 1 is active already")
+    assert "'why not' was not recorded" in back.out
+
+
+def test_explain_of_a_job_file_explains_each_of_its_jobs(fleet, tmp_path):
+    fleet("policy", "apply", DEFAULT, "-m", "first")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(
+        "name: big\nkind: training\ngpus: 2\ncommand: [t]\n---\n"
+        "kind: inference\ngpu_memory_gb: 4\nimage: serve:1\ncommand: [serve]\n"
+    )
+    explained = fleet("policy", "explain", "-f", jobs)
+    assert explained.code == 0, explained.err
+    first, second = explained.out.split("\n\n== ")
+    assert first.startswith(f"== {jobs} job 1 of 2 (big)") and "route: slurm-a slurm/exclusive" in first
+    assert second.startswith(f"{jobs} job 2 of 2") and "route: k8s-a k8s/timeslice" in second
+    results = fleet("policy", "explain", "-f", jobs, "--json").json
+    assert [r["routes"][0]["sharing"] for r in results] == ["slurm/exclusive", "k8s/timeslice"]
+
+
 def test_only_admins_apply_policies_and_set_tenants(fleet):
     token = fleet("admin", "token", "create", "--user", "bob", "--tenant", "vision").out.strip()
     assert fleet("--token", token, "policy", "apply", DEFAULT, "-m", "x").code == 4
@@ -116,7 +155,8 @@ def test_submit_schedule_and_see_where_jobs_went_and_why(fleet):
     held = fleet("status", big.strip()).out
     assert "can never fit: needs 16 whole GPUs on one node" in held
     listing = fleet("list").out
-    assert "slurm-a mig 1g.5gb mig-01" in listing
+    assert "slurm-a/mig-01 1g.5gb" in listing  # where it runs, in the WHERE/REASON column
+    assert "slurm-a mig 1g.5gb mig-01" in fleet("list", "-o", "wide").out
     explained = fleet("policy", "explain", mig.strip()).out
     assert "1. isolated-training-on-mig: matched" in explained and "placement: slurm-a slurm/mig" in explained
     tenants = fleet("tenant", "list", "--json").json
