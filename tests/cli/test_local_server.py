@@ -40,9 +40,11 @@ def gpush(env, *args: str, check: bool = True) -> subprocess.CompletedProcess[st
 def test_a_submitted_job_runs_with_no_server_started_by_hand_and_its_output_shows(user_env):
     assert gpush(user_env, "server", "status", check=False).returncode == 1  # none yet
 
-    first = gpush(user_env, "cluster", "add", "slurm-a", "--kind", "sim", "--fleet", "examples/fleet.yaml")
+    first = gpush(
+        user_env, "cluster", "add", "slurm-a", "--kind", "sim", "--fleet", "examples/fleet.yaml", "--speed", "60"
+    )
     assert "started a local gpush server" in first.stderr
-    gpush(user_env, "cluster", "add", "k8s-a", "--kind", "sim", "--fleet", "examples/fleet.yaml")
+    gpush(user_env, "cluster", "add", "k8s-a", "--kind", "sim", "--fleet", "examples/fleet.yaml", "--speed", "60")
     gpush(user_env, "policy", "apply", "policies/default.yaml", "-m", "first")
     job = gpush(
         user_env,
