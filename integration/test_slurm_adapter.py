@@ -21,7 +21,8 @@ import pytest
 from sqlalchemy import select
 
 from adapters.slurm import SlurmAdapter
-from broker.core.adapter import Placement, Sharing
+from adapters.slurm.records import parse_gres
+from broker.core.adapter import Placement, Rejected, Sharing
 from broker.core.auth import Principal
 from broker.core.clusters import AdapterPool, add_cluster, list_clusters
 from broker.core.models import Job, JobEvent
@@ -74,7 +75,13 @@ def slurm(slurm_cluster: SlurmTestCluster):
 
 
 def slurm_config(cluster: SlurmTestCluster, backend: str, workdir: Path) -> dict:
-    common = {"jobcomp_file": str(cluster.jobcomp), "workdir": str(workdir), "cache_seconds": 0}
+    # A log directory of its own (the default is workdir itself): the broker must make it.
+    common = {
+        "jobcomp_file": str(cluster.jobcomp),
+        "workdir": str(workdir),
+        "cache_seconds": 0,
+        "log_dir": "gpush-logs",
+    }
     if backend == "rest":
         os.environ[TOKEN_ENV] = cluster.token()
         return {**common, "rest_url": cluster.rest_url, "token_env": TOKEN_ENV, "user": "root"}
@@ -176,9 +183,9 @@ def broker(engine, sessions, slurm: SlurmTestCluster, tmp_path, request) -> Brok
 
 
 def output(b: Broker, job_id: int) -> str:
-    files = list(b.workdir.glob(f"{b.adapter().settings.tag}-{job_id}-*.out"))
-    assert files, f"no output file of job {job_id} in {b.workdir}"
-    return files[0].read_text()
+    path = b.workdir / "gpush-logs" / f"{b.adapter().settings.tag}-{job_id}.out"  # the log_dir set above
+    assert path.exists(), f"no output file of job {job_id}: {sorted(b.workdir.rglob('*.out'))}"
+    return path.read_text()
 
 
 def tagged_in_slurm(slurm: SlurmTestCluster, b: Broker) -> Counter:
@@ -232,6 +239,55 @@ def test_a_command_reaches_the_program_unchanged(broker: Broker, backend, monkey
     assert output(broker, job_id) == "".join(f"[{arg}]" for arg in nasty)
     assert not Path("/tmp/gpush-pwned").exists()
     assert output(broker, leak) == "unset \n"  # the broker's variables never reach a job
+
+
+def test_a_jobs_output_is_read_back_as_it_prints_and_after_it_ended(broker: Broker, backend):
+    """`gpush logs` on Slurm: stdout and stderr in files of their own under the cluster's
+    log_dir (the broker made the directory; Slurm would have failed the job without it),
+    read on from an offset while the job prints (gpush logs -f), by their last lines, and
+    again by a broker that restarted."""
+    marker = broker.workdir / "go"
+    command = [
+        "sh",
+        "-c",
+        f'echo "out 1"; echo "err 1" >&2; while [ ! -e "{marker}" ]; do sleep 0.1; done; '
+        'printf "out 2 ünï\\n"; echo "err 2" >&2',
+    ]
+    job_id = broker.submit(kind="training", gpus=1, command=command)
+    broker.cycle_until(lambda: broker.job(job_id).state in ("submitted", "running"))
+    adapter, backend_id = broker.adapter(), broker.job(job_id).backend_id
+    path = broker.workdir / "gpush-logs" / f"{adapter.settings.tag}-{job_id}.out"
+
+    deadline = time.monotonic() + 30
+    while (first := _logs_once_started(adapter, job_id, backend_id)) is None or first.text != "out 1\n":
+        assert time.monotonic() < deadline, f"no output read back: {first}"
+        time.sleep(0.2)
+    assert (first.readable, first.location) == (True, f"node gpu01: {path}")
+    marker.touch()
+    broker.cycle_until(lambda: broker.job(job_id).state == "succeeded")
+
+    rest = adapter.logs(job_id, backend_id, offset=first.next_offset)
+    assert rest.text == "out 2 ünï\n" and first.text + rest.text == path.read_text()
+    assert adapter.logs(job_id, backend_id, offset=rest.next_offset).text == ""
+    assert adapter.logs(job_id, backend_id, stream="stderr").text == "err 1\nerr 2\n"
+    tail = adapter.logs(job_id, backend_id, tail=1)
+    assert (tail.text, tail.next_offset) == ("out 2 ünï\n", rest.next_offset)
+    broker.restart()  # a new broker process finds the files again from the gpush id
+    assert broker.adapter().logs(job_id, backend_id).text == "out 1\nout 2 ünï\n"
+
+    # A job Slurm refused at submission never ran: no output, and it says so.
+    three = Placement(cluster="slurm-a", sharing=Sharing.SLURM_EXCLUSIVE, units=3, gpu_equivalents=3.0)
+    with pytest.raises(Rejected):
+        adapter.submit(900101, JobSpec.model_validate({"kind": "training", "command": ["true"]}), three)
+    with pytest.raises(Rejected, match="job 900101 never started on slurm-a: no output"):
+        adapter.logs(900101, "")
+
+
+def _logs_once_started(adapter: SlurmAdapter, job_id: int, backend_id: str):
+    try:
+        return adapter.logs(job_id, backend_id)
+    except Rejected:  # not started yet
+        return None
 
 
 # -- what waits, and why ---------------------------------------------------------------------
@@ -419,25 +475,56 @@ def test_slurmctld_down_in_a_burst_loses_and_doubles_nothing(broker: Broker, slu
     assert all(counts[i] == 1 for i in everything), counts
 
 
-def _restart_slurmctld(slurm: SlurmTestCluster, timeout: float = 30.0) -> None:
+def _restart_slurmctld(slurm: SlurmTestCluster, timeout: float = 30.0, *, nodes: bool = True) -> None:
     """slurmctld alone, as systemd restarts a crashed one: slurmd, the running job steps
-    and slurmrestd stay as they are. Returns once every node has registered again."""
+    and slurmrestd stay as they are. Returns once every node has registered again, or
+    (``nodes=False``) as soon as slurmctld answers, as a broker goes on: the nodes register
+    a few seconds later."""
     subprocess.run(["slurmctld", "-f", str(slurm.conf)], env=slurm.env(), check=True, timeout=30)
     deadline = time.monotonic() + timeout
-    while not slurm.is_up():
+    while not (slurm.is_up() if nodes else "UP" in slurm.run("scontrol", "ping", check=False).stdout):
         if time.monotonic() > deadline:
             raise AssertionError(f"slurmctld did not come back in {timeout:g}s\n{slurm.log_tail(10)}")
         time.sleep(0.2)
 
 
-def _kill_slurmctld(slurm: SlurmTestCluster) -> None:
+def _end_slurmctld(slurm: SlurmTestCluster, how: int) -> None:
+    """Signal slurmctld and wait until it is gone; nothing to do when it is gone already."""
     pid = _slurmctld_pid(slurm)
-    os.kill(pid, signal.SIGKILL)
+    comm = Path(f"/proc/{pid}/comm")
+    if not comm.exists() or comm.read_text().strip() != "slurmctld":  # its pid file outlives it
+        return
+    os.kill(pid, how)
     deadline = time.monotonic() + 10
     while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
         if time.monotonic() > deadline:
-            raise AssertionError(f"slurmctld ({pid}) still alive 10 s after SIGKILL")
+            raise AssertionError(f"slurmctld ({pid}) still alive 10 s after signal {how}")
         time.sleep(0.05)
+
+
+def _kill_slurmctld(slurm: SlurmTestCluster) -> None:
+    _end_slurmctld(slurm, signal.SIGKILL)
+
+
+def _saved_state(slurm: SlurmTestCluster, copy: Path) -> None:
+    """Copy slurmctld's state as it stands now, for a later crash to go back to.
+
+    slurmctld saves its state a few seconds after each change, so a copy of its directory
+    taken while it runs holds some earlier moment, and copying it races the save (a file
+    renamed under the copy). A stale copy brought back a preceding test's jobs: pending
+    ones ran again, and running ones, long ended, were listed as running and held their
+    slices for good (see SlurmAdapter._phantoms). Stopped with SIGTERM, slurmctld saves
+    everything first; it is started again at once, alone."""
+    _end_slurmctld(slurm, signal.SIGTERM)
+    shutil.copytree(slurm.state / "ctld", copy)
+    _restart_slurmctld(slurm)
+
+
+def _go_back_to(slurm: SlurmTestCluster, copy: Path) -> None:
+    """The crash: slurmctld killed (if it still runs), its state on disk now the ``copy`` of an earlier moment."""
+    _kill_slurmctld(slurm)
+    shutil.rmtree(slurm.state / "ctld")
+    shutil.copytree(copy, slurm.state / "ctld")
 
 
 def test_slurmctld_killed_mid_burst_loses_and_doubles_nothing(broker: Broker, slurm, tmp_path):
@@ -445,20 +532,25 @@ def test_slurmctld_killed_mid_burst_loses_and_doubles_nothing(broker: Broker, sl
     burst: its state on disk is the one from before the burst, as when it dies between
     two saves (every few seconds; Slurm's FAQ "How could some jobs submitted immediately
     before the slurmctld daemon crashed be lost?"). Restarted alone, as systemd would, it
-    has forgotten the jobs, ends the running ones' processes as orphans when the nodes
-    register, and would give their job ids out again, which the nodes refuse as
-    duplicates (draining themselves). gpush puts the lost jobs back in its queue with the
-    reason, skips the reused ids, runs every job to completion exactly once (each writes
-    a line when it completes; a run slurmctld lost is ended long before), and holds no
-    GPU at the end, in Slurm's books or its own.
+    has forgotten the jobs and would give their job ids out again, which the nodes refuse
+    as duplicates (draining themselves). gpush, cycling on at once as a broker does, puts
+    the lost jobs back in its queue with the reason and skips the reused ids with held
+    placeholders; held until the nodes have registered, they make Slurm abort the lost
+    runs the nodes report ("Registered PENDING"). Every job runs to completion exactly
+    once (each writes a line when its work completes), and nothing holds a GPU at the
+    end, in Slurm's books or gpush's.
+
+    The work is `sleep 20 && echo`: this cluster tracks processes without cgroups
+    (proctrack/linuxproc), and ending an orphan there can kill the sleep and miss the
+    shell around it, which would then go on (seen on 22.05 without gpush: 1 run in 20).
+    With proctrack/cgroup the whole run ends.
     """
     runs = tmp_path / "runs"
     runs.mkdir()
     runs.chmod(0o777)
-    finish = ["sh", "-c", f'sleep 20; echo done >> "{runs}/$GPUSH_JOB_ID"']
+    finish = ["sh", "-c", f'sleep 20 && echo done >> "{runs}/$GPUSH_JOB_ID"']
     saved = tmp_path / "ctld-before-the-burst"
-    ctld_state = slurm.state / "ctld"
-    shutil.copytree(ctld_state, saved)
+    _saved_state(slurm, saved)
 
     # Quick jobs end while slurmctld is down: no record of them survives anywhere, so
     # they run again (at least once, as Slurm's own requeue would), and the nodes that
@@ -476,10 +568,8 @@ def test_slurmctld_killed_mid_burst_loses_and_doubles_nothing(broker: Broker, sl
     while not all((runs / str(i)).exists() for i in late) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(1)
-    # The crash: what slurmctld had saved is from before the burst.
-    shutil.rmtree(ctld_state)
-    shutil.copytree(saved, ctld_state)
-    _restart_slurmctld(slurm)
+    _go_back_to(slurm, saved)
+    _restart_slurmctld(slurm, nodes=False)
 
     everything = burst + late
     broker.cycle_until(lambda: set(broker.states(everything).values()) == {"succeeded"}, timeout=150, pause=0.5)
@@ -495,7 +585,45 @@ def test_slurmctld_killed_mid_burst_loses_and_doubles_nothing(broker: Broker, sl
     # No node refused a reused id: none drained, no job of gpush held by Slurm.
     assert not any(n.unavailable for n in broker.adapter().client.nodes()), broker.summary()
     assert "Duplicate jobid" not in (slurm.log_dir / "slurmctld.log").read_text()
-    # Nothing holds a GPU: Slurm's GRES and gpush's ledger are both back to zero.
-    assert not slurm.run("squeue", "-h", "-t", ACTIVE_STATES, "-o", "%i").stdout.strip()
+    # Nothing holds a GPU: Slurm's GRES and gpush's ledger are both back to zero, and the
+    # placeholders were cancelled once the nodes had registered.
+    broker.cycle_until(lambda: not slurm.run("squeue", "-h", "-t", ACTIVE_STATES, "-o", "%i %j").stdout.strip())
     assert all(not any(g.count for g in n.gres_used if g.name == "gpu") for n in broker.adapter().client.nodes())
     assert broker.held_gpus() == 0
+
+
+def test_runs_that_ended_before_slurmctld_restarted_give_their_gpus_back(broker: Broker, slurm, tmp_path):
+    """slurmctld restarts from a state saved while two jobs ran, after both had ended:
+    gpush's and someone else's. It lists both as running again and holds their slices
+    for good: the nodes register at once, sooner than Slurm 22.05 lets a job its node no
+    longer has go (BatchStartTimeout + MessageTimeout after it was last heard of). gpush
+    knows its own run ended and cancels it, which gives the slice back; the other one it
+    finds ended in the job completion log and reports, for an administrator to cancel."""
+    ours = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=["sleep", "4"])
+    theirs = slurm.submit(
+        "-p", "mig", "--gres=gpu:1g.5gb:1", "-J", "someone-else", "--output=/dev/null", "--wrap", "sleep 4"
+    )
+    broker.cycle_until(lambda: broker.job(ours).state == "running", timeout=20, pause=0.2)
+    ours_in_slurm = int(broker.job(ours).backend_id)
+    slurm.wait_for(theirs, "RUNNING")
+    saved = tmp_path / "ctld-while-both-ran"
+    _saved_state(slurm, saved)
+    broker.cycle_until(lambda: broker.job(ours).state == "succeeded", timeout=20, pause=0.2)
+    slurm.wait_for(theirs, "COMPLETED", timeout=20)
+    _go_back_to(slurm, saved)
+    _restart_slurmctld(slurm)
+    # Slurm's own view: both run again, on slices it will not give to anyone else.
+    listed = {j["job_id"]: j for j in slurm.jobs()}
+    assert {str(listed[i]["job_state"]) for i in (ours_in_slurm, theirs)} <= {"RUNNING", "['RUNNING']"}, listed
+
+    def slices_held() -> int:
+        mig01 = slurm.nodes()["mig01"]
+        return sum(g.count for g in parse_gres(mig01.get("gres_used")) if g.type == "1g.5gb")
+
+    broker.cycle_until(lambda: "CANCELLED" in str(slurm.job(ours_in_slurm)["job_state"]) and slices_held() == 1)
+
+    assert broker.job(ours).state == "succeeded" and broker.events(ours).count("running") == 1
+    assert "RUNNING" in str(slurm.job(theirs)["job_state"])  # gpush leaves others' jobs alone
+    detail = broker.adapter().health().detail
+    assert f"(Slurm job {theirs}, per the job completion log or accounting)" in detail, detail
+    assert f"scancel {theirs}" in detail

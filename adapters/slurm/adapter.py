@@ -25,6 +25,18 @@ caller may assume beyond the protocol's own guarantees:
   changed at or after the cursor; jobs that left squeue meanwhile come from
   accounting or the job completion log, and one that no record explains is reported
   failed with that reason.
+- **After slurmctld restarted from an older state** (a crash between two of its saves):
+  jobs it lost are reported LOST and run again (:meth:`SlurmAdapter._vanished`); the job
+  ids it gives out again are skipped with held placeholders, cancelled once the nodes
+  have registered (:meth:`SlurmAdapter._skip_reused_ids`); runs it lists as running
+  though they had ended are cancelled when they are gpush's and reported by ``health``
+  when they are not (:meth:`SlurmAdapter._phantoms`).
+- **Output** (:meth:`SlurmAdapter.logs`): every job writes stdout and stderr to
+  ``<log_dir>/<tag>-<gpush id>.out`` and ``.err`` (adapters.slurm.render.log_paths); the
+  broker creates ``log_dir`` before it submits, where it can, since Slurm does not and a
+  job whose output directory is missing on its node fails at launch. ``logs`` reads the
+  file Slurm reports for the job (squeue, else accounting, else the path gpush renders)
+  when the broker can see it, and otherwise says on which node it is.
 - **Speed.** ``submit_many`` submits a batch on several threads (``submit_threads``,
   8 by default): slurmctld serves RPCs in parallel, and one sbatch at a time leaves it
   idle. Reads made within ``cache_seconds`` (1 s) of each other share one squeue or
@@ -36,6 +48,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
+import posixpath
+import pwd
 import re
 import threading
 import time
@@ -49,15 +64,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.settings import key_value_pairs, load_settings
 from adapters.slurm.client import SlurmClient, make_client
+from adapters.slurm.output import Positions, read_from, read_tail
 from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode, Submission
-from adapters.slurm.render import job_id_of, render
+from adapters.slurm.render import expand_filename, job_id_of, log_directory, log_paths, render
 from broker.core.adapter import (
+    MAX_LOG_CHUNK,
     AdapterError,
     BackendJob,
     BackendState,
     BatchSubmitter,
     CapacityUnit,
     Health,
+    JobOutput,
+    LogReader,
     Placement,
     Rejected,
     Sharing,
@@ -70,12 +89,21 @@ from broker.core.schemas import JobSpec
 
 MIG_TYPE = re.compile(r"^\d+g\.\d+gb\Z")
 _FINAL = FINAL_STATES
+_PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 # Slurm's times have a resolution of 1 s: after a restart, changes this close to the
 # cursor are reported again rather than missed (a repeat changes nothing).
 _SLACK = timedelta(seconds=2)
 _log = logging.getLogger(__name__)
 # The most job ids skipped after slurmctld lost jobs (about as many as it lost).
 _MAX_SKIPPED = 1000
+# How long a held placeholder (see _skip_reused_ids) waits for nodes that have not
+# registered with the restarted slurmctld before it is cancelled anyway.
+_PLACEHOLDER_HOLD = 300.0
+# Runs of gpush jobs this process saw end, remembered to know them again (see _phantoms).
+_MAX_ENDED_RUNS = 10_000
+# What a restarted slurmctld lists such a run as. Not COMPLETING: the end of a run that is
+# completing is in the records already, and that run is no phantom.
+_UNFINISHED_RUN = frozenset({"RUNNING", "SUSPENDED"})
 
 
 class SlurmSettings(BaseModel):
@@ -97,6 +125,13 @@ class SlurmSettings(BaseModel):
     account: str | None = None
     qos: str | None = None
     workdir: str = "/tmp"
+    log_dir: str = Field(
+        ".",
+        description="where jobs write stdout and stderr (<log_dir>/<tag>-<gpush id>.out and .err): "
+        "relative to workdir unless absolute, %u (the job's Slurm user) allowed; it must exist on the "
+        "nodes, and the broker creates it where it can see it (a shared filesystem). Default: workdir "
+        "itself, which exists wherever jobs run",
+    )
     tag: str = Field("gpush", pattern=r"^[A-Za-z][A-Za-z0-9_.]{0,31}$")
     gpu_types: dict[str, str] = Field(default_factory=dict, description="GRES type -> GPU model")
     mps_per_gpu: int = Field(100, ge=1, description="gres/mps Count of one GPU in gres.conf")
@@ -116,6 +151,18 @@ class SlurmSettings(BaseModel):
     cache_seconds: float = Field(1.0, ge=0)
     timeout: float = Field(30.0, gt=0)
 
+    @field_validator("log_dir")
+    @classmethod
+    def _log_dir(cls, value: str) -> str:
+        # Only %u: the broker expands the directory itself to create it, and another
+        # pattern (%j, %N) would make one directory per job or per node that nobody creates.
+        if not value.strip() or "\\" in value or not value.isprintable() or "%" in value.replace("%u", ""):
+            raise ValueError(
+                "log_dir is a directory, absolute or relative to workdir, with no pattern but %u "
+                "(the job's user), e.g. gpush-logs or /shared/gpush-logs/%u"
+            )
+        return value
+
     @field_validator("gpu_types", mode="before")
     @classmethod
     def _pairs(cls, value: Any) -> Any:
@@ -131,7 +178,7 @@ class SlurmAdapter:
     """gpush's adapter for one Slurm cluster (see the module docstring)."""
 
     # slurmctld serves submissions on several threads: a cycle's jobs go in one batch.
-    capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter})
+    capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter, LogReader})
 
     def __init__(
         self,
@@ -158,6 +205,14 @@ class SlurmAdapter:
         self._seen: dict[int, tuple[float, str]] = {}
         # After slurmctld lost jobs: the highest job id it may give out again (see _skip_reused_ids)
         self._reused_up_to: int | None = None
+        self._log_dirs_refused: set[str] = set()  # log directories the broker could not create (said once)
+        self._held_since: dict[str, float] = {}  # placeholder Slurm id -> when first seen held (monotonic)
+        # Runs slurmctld lists as unfinished though they ended before it restarted (_phantoms):
+        self._check_phantoms = True  # look in the finished records at the next status read
+        self._ended_runs: dict[str, datetime] = {}  # Slurm id -> start time, of gpush runs seen ended
+        self._cancelled_phantoms: set[str] = set()  # gpush's own, cancelled here: their record is not news
+        self._foreign_phantoms: dict[str, SlurmJob] = {}  # other users' or brokers', reported by health
+        self._positions = Positions()  # where the offsets ``logs`` handed out lie in their files
 
     # -- reads, shared within cache_seconds ---------------------------------------------
 
@@ -206,7 +261,28 @@ class SlurmAdapter:
         detail = f"Slurm {version}: {len(nodes)} nodes, {gpus} GPU GRES"
         if down:
             detail += f"; {len(down)} unavailable ({'; '.join(down[:3])})"
+        if stale := self._stale_foreign_runs():
+            detail += "; " + _phantom_words(stale)
         return Health(True, detail, version)
+
+    def _stale_foreign_runs(self) -> list[SlurmJob]:
+        """Other owners' runs found ended (_phantoms) that slurmctld still lists unfinished."""
+        with self._lock:
+            found = dict(self._foreign_phantoms)
+        if not found:
+            return []
+        try:
+            listed = {j.job_id: j for j in self._jobs()}
+        except AdapterError:
+            return []
+        still = [
+            j
+            for i, j in found.items()
+            if i in listed and listed[i].state in _UNFINISHED_RUN and _same_run(listed[i], j.start_time)
+        ]
+        with self._lock:
+            self._foreign_phantoms = {j.job_id: j for j in still}
+        return still
 
     def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
         self._skip_reused_ids()
@@ -228,7 +304,9 @@ class SlurmAdapter:
             account=self.settings.account,
             qos=self.settings.qos,
             workdir=self.settings.workdir,
+            log_dir=self.settings.log_dir,
         )
+        self._make_log_dir()
         backend_id = self.client.submit(submission)
         with self._lock:
             self._known[job_id] = backend_id
@@ -275,19 +353,41 @@ class SlurmAdapter:
     def statuses(self, cursor: str | None = None) -> StatusPage:
         since = _cursor_time(cursor)
         jobs = self._jobs(fresh=True)
+        self._release_placeholders(jobs)
+        phantoms = self._phantoms(jobs)
         tagged = self._tagged(jobs)
         usage = functools.cache(lambda: self._usage(jobs))  # read once, if a job is pending
         with self._lock:
             reported = dict(self._reported)
+            cancelled = set(self._cancelled_phantoms)
         now_reported: dict[int, tuple[BackendState, str | None]] = {}
         read_at = time.monotonic()
         out: list[BackendJob] = []
         latest = since
         current: dict[int, str] = {}  # unfinished gpush jobs -> their Slurm job ids
+        ended_runs: dict[str, datetime] = {}
+        own_phantoms: list[tuple[int, SlurmJob]] = []
         for job_id, records in tagged.items():
             job = self._real(records)
             if job is None:
                 continue
+            if job.job_id in phantoms or job.job_id in cancelled:
+                # It ended before slurmctld restarted: say how it ended if the broker may not
+                # know yet (from the record of its end), never that it runs (see _phantoms).
+                record = phantoms.get(job.job_id)
+                if job.job_id in phantoms and job.job_id not in cancelled:
+                    own_phantoms.append((job_id, job))
+                seen = reported.get(job_id)
+                if record is not None:
+                    backend = self._finished(job_id, record)
+                    if seen != (backend.state, backend.reason):
+                        out.append(backend)
+                    now_reported[job_id] = (backend.state, backend.reason)
+                elif seen is not None:
+                    now_reported[job_id] = seen
+                continue
+            if job.state in _FINAL and job.start_time is not None:
+                ended_runs[job.job_id] = job.start_time
             changed = job.last_change
             if changed is not None and (latest is None or changed > latest):
                 latest = changed
@@ -331,7 +431,15 @@ class SlurmAdapter:
             if lost:
                 with self._lock:
                     self._reused_up_to = max(lost, self._reused_up_to or 0)
+                    # A controller that lost jobs restarted from an older state, in which
+                    # runs that had ended since may still run: look for them next time.
+                    self._check_phantoms = True
+        for job_id, job in own_phantoms:
+            self._cancel_phantom(job_id, job)
         with self._lock:
+            self._ended_runs.update(ended_runs)
+            while len(self._ended_runs) > _MAX_ENDED_RUNS:
+                del self._ended_runs[next(iter(self._ended_runs))]
             self._active = set(current)
             self._reported = now_reported
             self._seen = {job_id: (read_at, backend_id) for job_id, backend_id in current.items()}
@@ -347,8 +455,17 @@ class SlurmAdapter:
         such an id is refused as "already running, do not launch second copy": Slurm
         requeues it held and drains the node ("Duplicate jobid"). Seen on the test
         cluster, Slurm 22.05. So the first submission after a loss asks for those ids as
-        held placeholder jobs that run nothing and are cancelled at once, until Slurm's
-        ids have reached the highest lost one (at most ``_MAX_SKIPPED`` of them).
+        held placeholder jobs that run nothing, until Slurm's ids have reached the highest
+        lost one (at most ``_MAX_SKIPPED`` of them).
+
+        The placeholders stay held until every node has registered with the restarted
+        slurmctld (:meth:`_release_placeholders`). A node that reports a lost job's id
+        while a pending job holds it has the lost run aborted ("Registered PENDING JobId=N
+        on node"); one that reports it within MessageTimeout after the job holding the id
+        ended is taken for a job that has just ended ("Registered newly completed", a debug
+        line) and the lost run goes on. Cancelled at once, before the nodes registered,
+        the placeholders let every lost run finish beside its rerun (seen on 22.05: all
+        seven of seven).
         """
         with self._skipping:
             with self._lock:
@@ -368,23 +485,122 @@ class SlurmAdapter:
                 qos=self.settings.qos,
                 workdir=self.settings.workdir,
                 output="/dev/null",
+                error="/dev/null",
                 environment={"PATH": "/usr/bin:/bin"},  # slurmrestd refuses a job without one
                 hold=True,
             )
             for _ in range(_MAX_SKIPPED):
                 try:
                     skipped = self.client.submit(placeholder)
-                    self.client.cancel(skipped)
                 except Rejected as exc:
                     # The site refuses even a held job of ours: submit as before, and say why.
                     _log.warning("%s: could not skip the job ids slurmctld gives out again: %s", self.name, exc)
-                    return
+                    break
                 except AdapterError:
                     with self._lock:  # try again with the next submission
                         self._reused_up_to = max(target, self._reused_up_to or 0)
                     raise
+                with self._lock:
+                    self._held_since.setdefault(skipped, time.monotonic())
                 if not skipped.isdigit() or int(skipped) >= target:
-                    return
+                    break
+        try:
+            self._release_placeholders(self._jobs(fresh=True))
+        except AdapterError:
+            pass  # the next status read releases them
+
+    def _release_placeholders(self, jobs: Sequence[SlurmJob]) -> None:
+        """Cancel the held placeholders of :meth:`_skip_reused_ids` (this process's or an
+        earlier one's, known by their name) once no node waits to register with slurmctld
+        (state UNKNOWN after its restart), or once they have waited ``_PLACEHOLDER_HOLD``."""
+        held = [j for j in jobs if j.name == f"{self.settings.tag}-skip" and j.state not in _FINAL]
+        if not held:
+            return
+        now = time.monotonic()
+        with self._lock:
+            since = {j.job_id: self._held_since.setdefault(j.job_id, now) for j in held}
+        try:
+            unregistered = [n.name for n in self._nodes() if "UNKNOWN" in n.states]
+        except AdapterError:
+            return
+        for job in held:
+            if unregistered and now - since[job.job_id] < _PLACEHOLDER_HOLD:
+                continue
+            try:
+                self.client.cancel(job.job_id)
+            except AdapterError:
+                return  # the next status read tries again
+            with self._lock:
+                self._held_since.pop(job.job_id, None)
+
+    def _phantoms(self, jobs: Sequence[SlurmJob]) -> dict[str, FinishedRecord | None]:
+        """Runs slurmctld lists as unfinished that had ended before it restarted, by Slurm
+        id, with the record of their end (None: this process saw them end).
+
+        A slurmctld restarted from a state saved before a job ended (it saves every few
+        seconds; its crash, or a state restored from a copy) lists the job as running on
+        its node again and holds its GRES. The node, asked to register, does not report
+        it, but Slurm 22.05 lets such a job go only when the node registers more than
+        BatchStartTimeout + MessageTimeout after the job was last heard of, and the nodes
+        register once, at once: the GRES stay held for good (seen on the test cluster: 7
+        of 7 slices for minutes, until ``scontrol reconfigure``, after which Slurm requeues
+        the jobs and runs them again). Such a run is known by its end: a record of it
+        (the job completion log or accounting) with the same job id, name and start, or
+        a run of gpush's own that this process saw end. Looked for after a start, after
+        slurmctld lost jobs, and whenever one of gpush's ended runs is listed unfinished.
+        """
+        unfinished = [j for j in jobs if j.state in _UNFINISHED_RUN and j.start_time is not None]
+        if not unfinished:
+            return {}
+        with self._lock:
+            ended = dict(self._ended_runs)
+            check = self._check_phantoms
+        found: dict[str, FinishedRecord | None] = {
+            j.job_id: None for j in unfinished if j.job_id in ended and _same_run(j, ended[j.job_id])
+        }
+        if not (found or check):
+            return found
+        earliest = min(j.start_time for j in unfinished if j.start_time is not None)
+        try:
+            records = self.client.finished(earliest - _SLACK)
+        except AdapterError:
+            return found  # looked for again at the next read
+        by_run = {(r.job_id, r.name): r for r in records if r.start_time is not None}
+        for job in unfinished:
+            record = by_run.get((job.job_id, job.name))
+            if record is not None and _same_run(job, record.start_time):
+                found[job.job_id] = record
+        with self._lock:
+            self._check_phantoms = False
+            foreign = {
+                i: j
+                for j in unfinished
+                if (i := j.job_id) in found and job_id_of(self.settings.tag, j.name, j.comment) is None
+            }
+            new = sorted(set(foreign) - set(self._foreign_phantoms), key=_numeric)
+            self._foreign_phantoms.update(foreign)
+        if new:
+            _log.warning("%s: %s", self.name, _phantom_words([foreign[i] for i in new]))
+        return found
+
+    def _cancel_phantom(self, job_id: int, job: SlurmJob) -> None:
+        """Cancel a run of gpush's own that ended before slurmctld restarted (_phantoms): it
+        runs nowhere, and the cancel gives its GRES back (its node answers that it has no
+        such job and Slurm lets it go)."""
+        try:
+            self.client.cancel(job.job_id)
+        except AdapterError:
+            return  # found again at the next read
+        with self._lock:
+            self._cancelled_phantoms.add(job.job_id)
+        _log.warning(
+            "%s: Slurm job %s (gpush job %d) had ended before slurmctld restarted from an older state, "
+            "which listed it as running on %s and held its GRES; cancelled it there",
+            self.name,
+            job.job_id,
+            job_id,
+            job.nodes or "its node",
+        )
 
     def _vanished(self, last: BackendState | None, seen: float | None, now: float) -> tuple[BackendState, str]:
         """A job squeue no longer lists and no record explains: lost by slurmctld, or ended
@@ -410,6 +626,116 @@ class SlurmAdapter:
             f"left {self.name}'s queue with no record of how it ended "
             "(no accounting, no readable job completion log: set jobcomp_file)"
         )
+
+    # -- output ------------------------------------------------------------------------
+
+    def logs(
+        self,
+        job_id: int,
+        backend_id: str,
+        *,
+        stream: str = "stdout",
+        replica: int | None = None,
+        offset: int = 0,
+        tail: int | None = None,
+    ) -> JobOutput:
+        """Job ``job_id``'s stdout or stderr (see the module docstring), read here when the
+        broker can see the file, else where it is."""
+        if stream not in ("stdout", "stderr"):
+            raise Rejected(f"a Slurm job has two streams, stdout and stderr; not {stream!r}")
+        if replica not in (None, 0):
+            raise Rejected(f"job {job_id} is one Slurm job on {self.name}: it has no replica {replica}")
+        if offset < 0 or (tail is not None and tail < 0):
+            raise Rejected("offset and tail count from 0")
+        path, node, note = self._output_file(job_id, backend_id, stream)
+        location = f"node {node}: {path}" if node else path
+        try:
+            if tail is not None:
+                chunk = read_tail(path, tail, limit=MAX_LOG_CHUNK, positions=self._positions)
+            else:
+                chunk = read_from(path, offset, limit=MAX_LOG_CHUNK, positions=self._positions)
+        except OSError as exc:
+            why = "is not there" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc.strerror})"
+            if node:
+                where = f"it is on {node}'s own disk: read it there (ssh {node} tail -f {path})"
+            else:
+                where = f"Slurm no longer says which node ran job {job_id}: read it on that node"
+            return JobOutput(
+                location,
+                next_offset=offset,
+                readable=False,
+                note=f"{path} {why} on the broker's machine; {where}, or set the cluster's log_dir "
+                "to a directory on a filesystem the broker shares with the nodes",
+            )
+        if chunk.shorter:
+            note = (
+                f"{note}; " if note else ""
+            ) + f"the output is shorter than offset {offset}: Slurm ran the job again, and its files began anew"
+        return JobOutput(location, chunk.text, chunk.next_offset, note=note)
+
+    def _output_file(self, job_id: int, backend_id: str, stream: str) -> tuple[str, str | None, str | None]:
+        """(path, node, note) of the job's ``stream``: the file Slurm names for it (squeue, else
+        accounting), else the one gpush rendered. :class:`Rejected` when it never started."""
+        records = self._tagged(self._jobs(fresh=True)).get(job_id, [])
+        job = next((r for r in records if r.job_id == backend_id), None) or self._real(records)
+        if job is not None:
+            node = job.batch_host or job.nodes or None
+            if job.state in _PENDING and not job.restarts:
+                raise Rejected(f"job {job_id} has not started on {self.name} yet: no output")
+            if node is None and not job.restarts:
+                raise Rejected(f"job {job_id} never started on {self.name}: no output")
+            pattern, note = job.standard_error if stream == "stderr" else job.standard_output, None
+            if stream == "stderr" and not pattern and job.standard_output:
+                pattern, note = job.standard_output, "Slurm writes this job's stderr into its stdout file"
+            if pattern:
+                path = expand_filename(pattern, job_id=job.job_id, name=job.name, user=job.user, node=node or "")
+                return posixpath.join(job.work_dir or self.settings.workdir, path), node, note
+            return self._rendered_output(job_id, stream, job.user, job.work_dir), node, None
+        finished = [r for r in self.client.finished(None) if job_id_of(self.settings.tag, r.name) == job_id]
+        record = next((r for r in finished if r.job_id == backend_id), None) or (finished or [None])[-1]
+        if record is not None:
+            node = record.nodes if record.nodes not in ("", "None assigned", "(null)") else None
+            if node is None:
+                raise Rejected(f"job {job_id} never started on {self.name}: no output")
+            pattern = record.standard_error if stream == "stderr" else record.standard_output
+            if pattern:
+                path = expand_filename(pattern, job_id=record.job_id, name=record.name, user=record.user, node=node)
+                return posixpath.join(record.work_dir or self.settings.workdir, path), node, None
+            return self._rendered_output(job_id, stream, record.user, record.work_dir), node, None
+        # Slurm has forgotten it: where gpush told it to write.
+        return self._rendered_output(job_id, stream, None), None, None
+
+    def _rendered_output(self, job_id: int, stream: str, user: str | None, workdir: str = "") -> str:
+        """The file gpush asked Slurm for (``workdir``: the one the job ran in, when known)."""
+        out, err = log_paths(workdir or self.settings.workdir, self.settings.log_dir, self.settings.tag, job_id)
+        return (err if stream == "stderr" else out).replace("%u", user or self._slurm_user())
+
+    def _slurm_user(self) -> str:
+        """The Slurm user jobs run as: the REST user, or the broker's own for sbatch."""
+        if self.settings.rest_url or self.settings.rest_socket:
+            return self.settings.user or os.environ.get("USER") or "root"  # as make_client has it
+        return pwd.getpwuid(os.geteuid()).pw_name
+
+    def _make_log_dir(self) -> None:
+        """Create the log directory before a submission: Slurm creates none, and a job whose
+        ``--output`` directory is missing fails at launch (JobLaunchFailure, Slurm 22.05).
+        Made here, it is the nodes' directory when the broker shares their filesystem or is
+        their machine; a broker elsewhere needs a ``log_dir`` the site made on the nodes."""
+        directory = log_directory(self.settings.workdir, self.settings.log_dir).replace("%u", self._slurm_user())
+        if os.path.isdir(directory):
+            return
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            if directory not in self._log_dirs_refused:
+                self._log_dirs_refused.add(directory)
+                _log.warning(
+                    "%s: cannot create the jobs' log directory %s here (%s): jobs fail at launch unless it "
+                    "exists on the nodes (set log_dir to a directory of a filesystem the nodes share)",
+                    self.name,
+                    directory,
+                    exc.strerror,
+                )
 
     def inventory(self) -> list[CapacityUnit]:
         nodes = self._nodes()
@@ -570,7 +896,7 @@ class SlurmAdapter:
         self, job: SlurmJob, usage: Callable[[], _Usage | None] | None = None
     ) -> tuple[BackendState, str | None]:
         state = job.state
-        if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"):
+        if state in _PENDING:
             return BackendState.PENDING, self.pending_reason(job, usage)
         if state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING"):
             if state == "SUSPENDED":
@@ -686,11 +1012,43 @@ def _final_state(state: str, exit_code: int | None, reason: str | None = None) -
     }.get(state)
     if state == "FAILED" and reason == "BadConstraints":
         return BackendState.FAILED, "Slurm refused it at submission: no node offers what it asks for"
+    if state == "FAILED" and reason == "JobLaunchFailure":
+        # Seen on 22.05 when the directory of --output or --error is missing on the node.
+        return BackendState.FAILED, (
+            "Slurm could not start it on its node (JobLaunchFailure): is the cluster's log_dir, "
+            "or the job's working directory, missing there? Slurm creates neither"
+        )
     if why is None:
         why = f"exited with code {exit_code}" if exit_code else f"Slurm state {state}"
         if reason and reason not in ("None", "NonZeroExitCode"):
             why += f" ({reason})"
     return BackendState.FAILED, why
+
+
+def _same_run(job: SlurmJob, start: datetime | None) -> bool:
+    """Whether ``job`` is the run that started at ``start`` (Slurm's times: 1 s apart at most)."""
+    return job.start_time is not None and start is not None and abs(job.start_time - start) <= timedelta(seconds=1)
+
+
+def _numeric(job_id: str) -> tuple[int, str]:
+    return (int(job_id), "") if job_id.isdigit() else (0, job_id)
+
+
+def _phantom_words(jobs: Sequence[SlurmJob]) -> str:
+    """Runs that ended before slurmctld restarted and that it lists as running, in an admin's words."""
+    ids = sorted({j.job_id for j in jobs}, key=_numeric)
+    nodes = sorted({j.nodes for j in jobs if j.nodes})
+    gres = defaultdict(int)
+    for job in jobs:
+        for g in job.tres_per_node:
+            gres[g.spec().rsplit(":", 1)[0]] += g.count
+    held = ", ".join(f"{name}:{count}" for name, count in sorted(gres.items())) or "their resources"
+    return (
+        f"slurmctld lists {len(ids)} job{'s' if len(ids) > 1 else ''} as running on {', '.join(nodes) or 'its nodes'} "
+        f"that ended before it restarted from an older state (Slurm job {' '.join(ids)}, per the job "
+        f"completion log or accounting); they hold {held} until an administrator cancels them "
+        f"(scancel {' '.join(ids)}): `scontrol reconfigure` would run them again"
+    )
 
 
 def _cursor_time(cursor: str | None) -> datetime | None:

@@ -71,9 +71,6 @@ _OUTAGES = (
     "Protocol authentication error",  # munge on the broker's host or the controller
     "slurm.conf",  # the broker's own Slurm configuration, not the job
 )
-# slurm_errno.h: what slurmctld answers a job submitted held ("Job is in held state,
-# pending scheduler release"), with the job's id: sbatch prints nothing of it.
-ESLURM_JOB_HELD = 2042
 # Slurm's error numbers (slurm_errno.h) of its communication layer (1000s) and sockets
 # (5000s), and the system's of a connection, as slurmrestd reports them.
 _OUTAGE_NUMBERS = (range(1000, 2000), range(5000, 6000))
@@ -234,7 +231,8 @@ class CliBackend:
         for raw in _json(done.stdout, "sacct").get("jobs", []):
             state = raw.get("state") or {}
             words = states(state.get("current") if isinstance(state, dict) else state)
-            end = (raw.get("time") or {}).get("end") if isinstance(raw.get("time"), dict) else None
+            times = raw.get("time") if isinstance(raw.get("time"), dict) else {}
+            end = times.get("end")
             out.append(
                 FinishedRecord(
                     job_id=str(raw.get("job_id")),
@@ -243,6 +241,12 @@ class CliBackend:
                     exit_code=exit_code(raw.get("exit_code")),
                     end_time=timestamp(end),
                     nodes=str(raw.get("nodes") or ""),
+                    start_time=timestamp(times.get("start")),
+                    # 23.02 on; 24.05 on also expands the patterns for us
+                    standard_output=str(raw.get("stdout_expanded") or raw.get("stdout") or ""),
+                    standard_error=str(raw.get("stderr_expanded") or raw.get("stderr") or ""),
+                    work_dir=str(raw.get("working_directory") or ""),
+                    user=str(raw.get("user") or ""),
                 )
             )
         return out
@@ -272,6 +276,9 @@ def read_jobcomp(path: Path, since: datetime | None) -> list[FinishedRecord]:
                 exit_code=_jobcomp_exit(code),
                 end_time=end,
                 nodes=fields.get("NodeList", ""),
+                start_time=_local_time(fields.get("StartTime")),
+                work_dir=fields.get("WorkDir", ""),
+                user=fields.get("UserId", "").split("(", 1)[0],  # "alice(1000)"
             )
         )
     return out
@@ -417,8 +424,16 @@ class RestBackend:
         try:
             data = self._request("POST", "job/submit", body)
         except RestError as exc:
-            if job.hold and exc.numbers and set(exc.numbers) <= {ESLURM_JOB_HELD} and exc.answer.get("job_id"):
-                return str(exc.answer["job_id"])  # "Job is in held state": what was asked for
+            created = exc.answer.get("job_id")
+            if exc.status < 400 and isinstance(created, int) and not isinstance(created, bool) and created > 0:
+                # Slurm created the job and says why it does not start it now, as the error
+                # of an HTTP 200 that carries the id (recorded on 22.05): 2042 "Job is in
+                # held state, pending scheduler release" for a job submitted held, 2068
+                # "Required node not available (down, drained or reserved)" while the nodes
+                # have not registered with a slurmctld that just restarted. sbatch prints the
+                # id and nothing else. Taken for a refusal, the job failed in gpush and ran
+                # in Slurm, untracked.
+                return str(created)
             if exc.from_slurm and not _outage(exc.message, exc.numbers):
                 raise Rejected(f"Slurm refused the job: {exc.message}") from None
             raise Unreachable(f"slurmrestd: {exc.message}") from None
@@ -434,6 +449,7 @@ class RestBackend:
             "comment": job.comment,
             "current_working_directory": job.workdir,
             "standard_output": job.output,
+            "standard_error": job.error,
             "cpus_per_task": job.cpus_per_task,
         }
         if job.hold:

@@ -145,6 +145,14 @@ class SlurmJob:
     description: str = ""  # state_description: Slurm's detail of the reason, if any
     restarts: int = 0  # restart_cnt: how often Slurm requeued it (node failure, preemption, scontrol requeue)
     eligible_time: datetime | None = None  # when it may start (a requeued job waits until then)
+    # Where its output goes, as Slurm keeps it: 22.05 gives the pattern it was submitted
+    # with ("%x-%j.out"), 24.11 the expanded path; relative to ``work_dir`` when relative.
+    # An empty ``standard_error``: stderr goes into the stdout file (sbatch's default).
+    standard_output: str = ""
+    standard_error: str = ""
+    work_dir: str = ""
+    user: str = ""
+    batch_host: str = ""  # the node that runs the batch script (its output file is there)
 
     @property
     def state(self) -> str:
@@ -183,6 +191,11 @@ class SlurmJob:
             description=str(raw.get("state_description") or ""),
             restarts=number(raw.get("restart_cnt")) or 0,
             eligible_time=timestamp(raw.get("eligible_time")),
+            standard_output=str(raw.get("standard_output") or ""),
+            standard_error=str(raw.get("standard_error") or ""),
+            work_dir=str(raw.get("current_working_directory") or ""),
+            user=str(raw.get("user_name") or ""),
+            batch_host=str(raw.get("batch_host") or ""),
         )
 
 
@@ -246,7 +259,8 @@ class Submission:
     account: str | None
     qos: str | None
     workdir: str
-    output: str
+    output: str  # --output: the job's stdout file (Slurm creates no directory for it)
+    error: str  # --error: its stderr file
     environment: dict[str, str] = field(default_factory=dict)
     hold: bool = False  # submitted held: it runs only once released
 
@@ -260,6 +274,7 @@ class Submission:
             f"--cpus-per-task={self.cpus_per_task}",
             f"--chdir={self.workdir}",
             f"--output={self.output}",
+            f"--error={self.error}",
             # The job gets the environment sbatch runs with, which the command-line backend
             # reduces to PATH and SLURM_CONF (see CliBackend.submit), and what the script
             # exports; never the broker's own. Not NONE or NIL: both make slurmd load the
@@ -289,3 +304,9 @@ class FinishedRecord:
     exit_code: int | None
     end_time: datetime | None
     nodes: str = ""
+    start_time: datetime | None = None  # which run of the job ended (a requeued job starts again)
+    # Its output files, where the record tells (sacct from 23.02 on; not the job completion log)
+    standard_output: str = ""
+    standard_error: str = ""
+    work_dir: str = ""
+    user: str = ""

@@ -18,6 +18,13 @@ What callers may assume:
   the job's variables, gpush's ``GPUSH_*`` (job id, GPU memory budget: its share of the
   GPU under MPS), and a job that sets ``CUDA_VISIBLE_DEVICES`` refused (Slurm sets it
   for the GRES it gives; the script's export would override it).
+- **Output files** (:func:`log_paths`): ``--output`` ``<log_dir>/<tag>-<gpush id>.out`` and
+  ``--error`` ``<log_dir>/<tag>-<gpush id>.err``, ``log_dir`` relative to the working
+  directory unless absolute, with Slurm's ``%u`` (the job's user) allowed in it. Named
+  by the gpush id alone, so they are found again from the id (after a broker restart,
+  once Slurm has forgotten the job); a run Slurm starts again begins them afresh.
+  Slurm creates no directory for them: a job whose directory is missing on its node
+  fails at launch (``JobLaunchFailure``; the adapter creates it first where it can).
 - **The job never sees the broker's environment**: only what the script exports, with
   a plain ``PATH`` unless the job sets its own (the REST backend sends exactly that
   environment; the command-line backend runs sbatch with only ``PATH`` and
@@ -27,6 +34,7 @@ What callers may assume:
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 import shlex
 from collections.abc import Mapping
@@ -75,6 +83,48 @@ SHELL_VARIABLES = frozenset(
         "UID",
     }
 )
+
+
+# Slurm's filename patterns (sbatch(1), "filename pattern"), as a batch job's output
+# files expand them: %j job id, %x name, %u user, %N node, ...; %5j zero-pads numbers.
+_FILENAME_PATTERN = re.compile(r"%(\d*)([%AaJjNnstux])")
+
+
+def log_directory(workdir: str, log_dir: str) -> str:
+    """``log_dir`` as an absolute directory (relative ones are in ``workdir``), ``%u`` kept."""
+    return posixpath.normpath(posixpath.join(workdir, log_dir))
+
+
+def log_paths(workdir: str, log_dir: str, tag: str, job_id: int) -> tuple[str, str]:
+    """The ``--output`` and ``--error`` of gpush job ``job_id``: absolute, ``%u`` kept for Slurm."""
+    directory, name = log_directory(workdir, log_dir), tag_name(tag, job_id)
+    return f"{directory}/{name}.out", f"{directory}/{name}.err"
+
+
+def expand_filename(pattern: str, *, job_id: str, name: str = "", user: str = "", node: str = "") -> str:
+    """A batch job's output file pattern as Slurm expands it (22.05 reports the pattern
+    as submitted: ``/logs/%x-%j.out``; 24.11 the path)."""
+    if "\\" in pattern:  # a backslash anywhere turns expansion off; Slurm drops the backslashes
+        return pattern.replace("\\", "")
+
+    def one(match: re.Match[str]) -> str:
+        width, key = match.groups()
+        value = {
+            "%": "%",
+            "A": job_id,  # an array's master id: the job's own id when not an array
+            "a": "4294967294",  # the array index of a job that is not in an array (NO_VAL)
+            "J": job_id,  # job.step, but the batch step's files get the job id alone
+            "j": job_id,
+            "N": node.split(",")[0],  # the host name of the node, which gpush takes to be its name
+            "n": "0",
+            "s": "batch",
+            "t": "0",
+            "u": user,
+            "x": name,
+        }[key]
+        return value.zfill(min(int(width), 10)) if width and value.isdigit() else value
+
+    return _FILENAME_PATTERN.sub(one, pattern)
 
 
 def tag_name(tag: str, job_id: int) -> str:
@@ -129,6 +179,7 @@ def render(
     account: str | None = None,
     qos: str | None = None,
     workdir: str = "/tmp",
+    log_dir: str = "gpush-logs",
 ) -> Submission:
     if not spec.command:
         raise Rejected("Slurm runs a command: the job has none (give `command`, or `--` and the command)")
@@ -144,6 +195,7 @@ def render(
             "job's value; use another name"
         )
     env = job_environment(job_id, spec, placement, device_memory_gb=gpu_memory_gb, path=DEFAULT_PATH)
+    output, error = log_paths(workdir, log_dir, tag, job_id)
     comment = f"{tag}:job-{job_id} tenant={spec.tenant or '-'} user={spec.user or '-'}"
     if spec.name:
         comment += f" name={spec.name}"
@@ -159,6 +211,7 @@ def render(
         account=account,
         qos=qos,
         workdir=workdir,
-        output=f"{workdir.rstrip('/')}/{tag}-{job_id}-%j.out",
+        output=output,
+        error=error,
         environment=env,
     )
