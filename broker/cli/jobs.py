@@ -108,15 +108,15 @@ def status(settings: Settings, job_id: int, watch: bool, interval: float, fmt: s
     return commands.status(settings.client(), output(json_mode, fmt), job_id, watch=interval if watch else None)
 
 
+def state_option(help_text: str):
+    """``-s/--state``, repeatable, one of the job states."""
+    return click.option(
+        "-s", "--state", "states", multiple=True, type=click.Choice([s.value for s in JobState]), help=help_text
+    )
+
+
 @click.command("list", context_settings=CONTEXT)
-@click.option(
-    "-s",
-    "--state",
-    "states",
-    multiple=True,
-    type=click.Choice([s.value for s in JobState]),
-    help="Only jobs in this state; repeatable. Default: the active ones (not succeeded, failed or cancelled).",
-)
+@state_option("Only jobs in this state; repeatable. Default: the active ones (not succeeded, failed or cancelled).")
 @click.option("-A", "--all", "finished", is_flag=True, help="Finished jobs too.")
 @click.option("--me", is_flag=True, help="Only your own jobs.")
 @click.option("-u", "--user", help="Only this user's jobs.")
@@ -185,14 +185,7 @@ def events(settings: Settings, job_id: int, json_mode: bool) -> int:
 
 @click.command(context_settings=CONTEXT)
 @click.argument("job_ids", type=int, nargs=-1)
-@click.option(
-    "-s",
-    "--state",
-    "states",
-    multiple=True,
-    type=click.Choice([s.value for s in JobState]),
-    help="Every job of yours in this state (repeatable); with no ids.",
-)
+@state_option("Every active job in this state (repeatable), instead of ids.")
 @click.option("-u", "--user", help="Every job of this user (admins); with no ids.")
 @click.option("-l", "--label", "labels", multiple=True, metavar="KEY=VALUE", help="Every job with this label.")
 @click.option("--mine", "--me", "mine", is_flag=True, help="Every active job of yours.")

@@ -212,6 +212,7 @@ def test_watch_redraws_on_change_and_stops_when_the_job_ends(gpush, fleet, monke
             raise KeyboardInterrupt
 
     monkeypatch.setattr("time.sleep", sleep)
+    monkeypatch.setattr("broker.cli.console.age", lambda *a: "1m")  # no change but the one made here
     watched = gpush("list", "--watch", "--interval", 0.5)
     assert watched.code == 0
     copies = watched.out.split("--- ")[1:]
