@@ -559,6 +559,7 @@ def bench_backend(backend: str, settings: Settings, workdir: Path) -> list[Row]:
     # The user's own gpush settings and data stay out of it.
     env = {k: v for k, v in os.environ.items() if k not in ("GPUSH_URL", "GPUSH_TOKEN", "GPUSH_DATABASE_URL")}
     env.update(GPUSH_DATA_DIR=str(workdir / "data"), GPUSH_CONFIG_DIR=str(workdir / "config"))
+    env["GPUSH_LOCAL_SERVER"] = "0"  # the admin commands run in-process: the bench starts the one server
     if backend == "sqlite":
         data = workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
