@@ -462,7 +462,7 @@ class KubeClient:
         ]
         deadline = time.monotonic() + seconds
         response = self._send(
-            "GET", path, query=query, timeout=(min(self.timeout, 10.0), max(seconds, 0.1)), what=f"watch {kind}"
+            "GET", path, query=query, timeout=(min(self.timeout, 10.0), max(seconds, 0.01)), what=f"watch {kind}"
         )
         raw = response.response
         events: list[WatchEvent] = []
