@@ -90,7 +90,7 @@ def test_two_servers_share_one_queue(servers, database_url):
     assert json.loads(gpush("--url", b, "cancel", job_id, "--json", env=env).stdout)[0]["outcome"] == "cancelled"
     events = json.loads(gpush("--url", a, "events", job_id, "--json", env=env).stdout)
     assert [e["to_state"] for e in events] == ["queued", "cancelled"]
-    listed = json.loads(gpush("--url", a, "list", "--json", env=env).stdout)
+    listed = json.loads(gpush("--url", a, "list", "--all", "--json", env=env).stdout)  # finished ones too
     assert [j["id"] for j in listed["jobs"]] == [int(job_id)]
 
 
@@ -150,7 +150,7 @@ def test_scheduling_moves_to_the_other_server_when_the_leader_dies(database_url,
         leader.wait(10)
         second = gpush("--url", standby_url, "submit", "--kind", "training", "--", "python", "b.py").stdout.strip()
         wait_for(lambda: state(standby_url, second) in ("submitted", "running"), what="the standby to take over")
-        placed = json.loads(gpush("--url", standby_url, "list", "--json").stdout)["jobs"]
+        placed = json.loads(gpush("--url", standby_url, "list", "--all", "--json").stdout)["jobs"]
         assert {j["cluster"] for j in placed} == {"slurm-a"}
         assert len({j["backend_id"] for j in placed}) == 2
     finally:
