@@ -14,7 +14,7 @@ caller may assume beyond the protocol's own guarantees:
   that name that is not refuses the submission.
 - **Statuses by watch.** The cursor holds the resourceVersions of the Pod, Job and
   Deployment watches of this broker's label. Each call watches the three side by
-  side for at most ``watch_seconds`` (0.05 s: events not read yet wait for the next
+  side for at most ``watch_seconds`` (0.02 s: events not read yet wait for the next
   call, which the pod watch's wake-up (``notify_changes``) brings at once, so a longer
   wait only slows the scheduling cycle) and reports the jobs whose state or reason
   moved. The first call of a process, a cursor this process did not hand out, and a
@@ -133,7 +133,7 @@ class KubernetesSettings(BaseModel):
     timeslice_config: str = Field(DEFAULT_CONFIG, description="NAMESPACE/NAME of the time-slicing ConfigMap")
     gpu_types: dict[str, str] = Field(default_factory=dict, description="nvidia.com/gpu.product -> GPU model")
     submit_threads: int = Field(8, ge=1, le=64)
-    watch_seconds: float = Field(0.05, gt=0, le=30, description="longest a status read waits for events")
+    watch_seconds: float = Field(0.02, gt=0, le=30, description="longest a status read waits for events")
     cache_seconds: float = Field(1.0, ge=0)
     informers: bool = Field(True, description="keep Nodes and Pods by watch instead of listing them each cycle")
     timeout: float = Field(30.0, gt=0)

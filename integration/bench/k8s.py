@@ -17,12 +17,26 @@ clients, over ``--nodes`` simulated GPU nodes (time-sliced T4s: 4 GPUs a node, 4
   cycles run as the leader runs them (a cycle, then the rest of ``--interval``); the time from
   the submission until every job's Pod is bound. The ratio is gpush's rate over the direct Pods'
   rate (target at least 0.8); the ratio to the direct Jobs is printed beside it.
+* **submit to running**: ``--latency-jobs`` single jobs (the same inference job), one at a time
+  on the idle cluster, each way. Through gpush: a real ``gpush server`` (its own process, on a
+  scratch database of its own, ``--server-workers`` workers, its default 1 s cycle interval), so
+  the leader's loop runs as it ships: woken by the API when a job is submitted and by the
+  Kubernetes adapter's Pod watch when a Pod of its jobs changes. Each job is submitted over HTTP
+  with the SDK (1 to 3 s after the last one ended, so that it lands anywhere in the leader's
+  cycle) and read every 20 ms until gpush says ``running``; then cancelled, its Pod gone
+  before the next. Directly: the batch/v1 Job gpush renders for that job (its stored spec and
+  placement), created with the client; the time until a watch sees its Pod Running; deleted, its
+  Pod gone before the next. p50 and p99 of each; the target: gpush's p50 within 0.3 s of the
+  direct p50. Where gpush's time goes is printed from time stamps on one clock: the submit's
+  answer, the job's events (``routed``: the cycle decided; ``submitted``: the Job created;
+  ``running``: the status written), the bench's own Pod watch (Pod Running) and the poll; and
+  the server's /metrics (cycles, the seconds of each step and adapter call).
 * **inventory**: ``--inventory-nodes`` nodes in all (the rest created directly as the GPU
   Operator's device plugin would publish them), gpush's Pods still bound; the time of one
   ``KubernetesAdapter.inventory()`` with its node cache off, median of ``--repeats`` after one
   untimed call (target under 2 s).
 
-With ``--rounds N`` the three paths run N times in turn and the medians are the figures
+With ``--rounds N`` the paths run N times in turn and the medians are the figures
 (``make bench`` runs 3): this VM's speed varies from minute to minute.
 
 Each phase has a namespace of its own, deleted (its Pods gone) before the next begins, so every
@@ -48,6 +62,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +70,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from scratch import scratch_database  # noqa: E402
+from submit import gpush_cli, gpush_server  # noqa: E402
 
 CONTEXT = "gpush-bench"
 TAG = "gbench"
@@ -68,6 +84,7 @@ rules:
     match: {kind: inference, isolation: none}
     route: {cluster: k8s-bench, sharing: k8s/timeslice}
 """
+CLUSTER = "k8s-bench"
 DEFAULT_PG_URL = os.environ.get("GPUSH_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 BENCH_DATABASE = "gpush_bench_k8s"
 DIRECT_LABEL = ("bench.gpush.io/path", "direct")
@@ -177,6 +194,11 @@ class BindWatch:
             self.done_at = time.perf_counter()
             self.done.set()
 
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED") and (obj.get("spec") or {}).get("nodeName"):
+            self.bound.add(obj["metadata"]["name"])
+            self._check()
+
     def _run(self) -> None:
         from kubernetes.watch.watch import iter_resp_lines
 
@@ -200,9 +222,7 @@ class BindWatch:
                     if event["type"] == "ERROR":
                         raise RuntimeError(f"the Pod watch failed: {obj.get('message')}")
                     self._rv = obj["metadata"]["resourceVersion"]
-                    if event["type"] in ("ADDED", "MODIFIED") and (obj.get("spec") or {}).get("nodeName"):
-                        self.bound.add(obj["metadata"]["name"])
-                        self._check()
+                    self._event(event["type"], obj)
                     if self._stop.is_set():
                         break
             finally:
@@ -315,40 +335,52 @@ def bench_direct_jobs(api: Any, jobs: int, threads: int, timeout: float, namespa
 # --- (b) the same Pods through gpush ---------------------------------------------------------------------
 
 
+def adapter_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The Kubernetes adapter's settings the command line chooses (the rest: its defaults)."""
+    settings = {"submit_threads": args.threads, "informers": not args.no_informers}
+    if args.watch_seconds is not None:
+        settings["watch_seconds"] = args.watch_seconds
+    return settings
+
+
+def register_cluster(url: str, kubeconfig: Path, namespace: str, settings: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """Open (and upgrade) the database at ``url``, register the test cluster as ``kind: k8s``
+    with gpush's Pods in ``namespace`` and the adapter's ``settings``, and apply the policy;
+    (engine, session factory, adapter pool)."""
+    from broker.client.embedded import open_database
+    from broker.core.clusters import AdapterPool, add_cluster
+    from broker.core.db import session_factory
+    from broker.routing import versions as policystore
+    from broker.routing.versions import cluster_views
+
+    engine = open_database(url, auto_upgrade=True)
+    sessions = session_factory(engine)
+    pool = AdapterPool(now)
+    config = {
+        "kubeconfig": str(kubeconfig),
+        "context": CONTEXT,
+        "namespace": namespace,
+        "create_namespace": True,
+        "tag": TAG,
+        "image": IMAGE,
+        **settings,
+    }
+    with sessions() as session, session.begin():
+        add_cluster(session, name=CLUSTER, kind="k8s", config=config, actor="root", now=now())
+    with sessions() as session, session.begin():
+        views = cluster_views(session, pool)
+        policystore.apply(session, POLICY, comment="bench", author="root", now=now(), views=views, base_version=None)
+    return engine, sessions, pool
+
+
 class Broker:
     """An embedded broker: database, the k8s cluster registered, a policy, the scheduler."""
 
-    def __init__(
-        self, url: str, kubeconfig: Path, threads: int, informers: bool = True, namespace: str = "bench-gpush"
-    ):
-        self.namespace = namespace
-        from broker.client.embedded import open_database
-        from broker.core.clusters import AdapterPool, add_cluster
-        from broker.core.db import session_factory
-        from broker.routing import versions as policystore
-        from broker.routing.versions import cluster_views
+    def __init__(self, url: str, kubeconfig: Path, namespace: str, settings: dict[str, Any]):
         from broker.scheduling.cycle import Scheduler
 
-        self.engine = open_database(url, auto_upgrade=True)
-        self.sessions = session_factory(self.engine)
-        self.pool = AdapterPool(now)
-        config = {
-            "kubeconfig": str(kubeconfig),
-            "context": CONTEXT,
-            "namespace": namespace,
-            "create_namespace": True,
-            "tag": TAG,
-            "image": IMAGE,
-            "submit_threads": threads,
-            "informers": informers,
-        }
-        with self.sessions() as session, session.begin():
-            add_cluster(session, name="k8s-bench", kind="k8s", config=config, actor="root", now=now())
-        with self.sessions() as session, session.begin():
-            views = cluster_views(session, self.pool)
-            policystore.apply(
-                session, POLICY, comment="bench", author="root", now=now(), views=views, base_version=None
-            )
+        self.namespace = namespace
+        self.engine, self.sessions, self.pool = register_cluster(url, kubeconfig, namespace, settings)
         self.scheduler = Scheduler(self.engine, self.pool, clock=now)
 
     def close(self) -> None:
@@ -467,7 +499,7 @@ def bench_inventory(api: Any, kubeconfig: Path, nodes_now: int, nodes_wanted: in
         add_nodes(api, extra)
         print(f"inventory: {extra} more nodes created in {time.perf_counter() - begin:.1f} s")
     adapter = KubernetesAdapter(
-        "k8s-bench",
+        CLUSTER,
         {
             "kubeconfig": str(kubeconfig),
             "context": CONTEXT,
@@ -496,6 +528,300 @@ def bench_inventory(api: Any, kubeconfig: Path, nodes_now: int, nodes_wanted: in
     }
 
 
+# --- (d) submit-to-running latency, one job at a time -------------------------------------------------------
+
+SERVER_INTERVAL = 1.0  # gpush server's default --cycle-interval
+LATENCY_TARGET_S = 0.3  # gpush's p50 within this of the same Job created directly (the issue's target)
+# What the throughput phase submits; the direct Jobs are rendered from what gpush stored for it.
+LATENCY_SPEC = {"kind": "inference", "isolation": "none", "gpu_memory_gb": 2, "command": ["sleep", "infinity"]}
+DIRECT_TAG = "gdirect"  # the direct Jobs' broker label: not gpush's, so gpush's Pod watch ignores them
+POLL_S = 0.02  # how often the bench reads the job from gpush, as `gpush status --watch` would
+STOPPED = ("held", "failed", "cancelled", "succeeded")
+# The gpush job's way, in order: each step the time from the previous mark (see latency_gpush).
+GPUSH_STEPS = (
+    ("submit_s", "submit answered"),
+    ("placed_s", "to placed (wake-up, cycle up to the decision)"),
+    ("job_created_s", "to Job created (commit, create, record)"),
+    ("pod_running_s", "to Pod Running (Kubernetes)"),
+    ("state_written_s", "to running written (Pod event, cycle, status read, write)"),
+    ("seen_s", "to running seen (the poll)"),
+)
+DIRECT_STEPS = (
+    ("create_s", "create answered"),
+    ("pod_created_s", "to Pod created"),
+    ("pod_bound_s", "to Pod bound"),
+    ("pod_running_s", "to Pod Running"),
+)
+
+
+class PodTimeline(BindWatch):
+    """When each job's Pod was seen created, bound, Running and deleted, by watch; by job id (the
+    ``gpush.io/job-id`` label), in ``time.time()`` seconds, the clock of the broker's event times."""
+
+    def __init__(self, api: Any, namespace: str, tag: str):
+        from adapters.k8s.render import LABEL_BROKER
+
+        self.marks: dict[int, dict[str, float]] = {}
+        self.changed = threading.Condition()
+        super().__init__(api, namespace, f"{LABEL_BROKER}={tag}")
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        from adapters.k8s.render import LABEL_JOB_ID
+
+        at = time.time()
+        try:
+            job_id = int(((obj.get("metadata") or {}).get("labels") or {})[LABEL_JOB_ID])
+        except (KeyError, ValueError):
+            return
+        with self.changed:
+            marks = self.marks.setdefault(job_id, {})
+            marks.setdefault("created", at)
+            if kind == "DELETED":
+                marks.setdefault("deleted", at)
+            elif kind in ("ADDED", "MODIFIED"):
+                if (obj.get("spec") or {}).get("nodeName"):
+                    marks.setdefault("bound", at)
+                if (obj.get("status") or {}).get("phase") == "Running":
+                    marks.setdefault("running", at)
+            self.changed.notify_all()
+
+    def wait_for(self, job_id: int, mark: str, timeout: float) -> float:
+        with self.changed:
+            if not self.changed.wait_for(lambda: mark in self.marks.get(job_id, {}), timeout):
+                raise TimeoutError(
+                    f"the Pod of job {job_id} was not seen {mark} after {timeout:.0f} s "
+                    f"(seen: {sorted(self.marks.get(job_id, {}))})"
+                )
+            return self.marks[job_id][mark]
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p99 = statistics.quantiles(ordered, n=100, method="inclusive")[98] if len(ordered) > 1 else ordered[0]
+    return {"p50_s": statistics.median(ordered), "p99_s": p99, "min_s": ordered[0], "max_s": ordered[-1]}
+
+
+def step_medians(jobs: list[dict[str, Any]], steps: tuple[tuple[str, str], ...]) -> dict[str, float]:
+    return {key: statistics.median(job[key] for job in jobs) for key, _ in steps}
+
+
+def gpush_env(workdir: Path) -> dict[str, str]:
+    """The environment of the ``gpush`` processes: the user's own settings and data kept out."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GPUSH_URL", "GPUSH_TOKEN", "GPUSH_DATABASE_URL", "GPUSH_METRICS_TOKEN")
+    }
+    env.update(GPUSH_DATA_DIR=str(workdir / "data"), GPUSH_CONFIG_DIR=str(workdir / "config"))
+    # On SQLite a command would otherwise start a local server in the background, which would
+    # take the scheduler's lock from the server under test (and outlive the bench).
+    env["GPUSH_LOCAL_SERVER"] = "0"
+    return env
+
+
+def cycle_counters(url: str) -> dict[str, float]:
+    """The scheduling loop's counters from the server's /metrics: cycles, their seconds, each step's
+    seconds, the adapter's calls and their seconds (with one worker, the leader's own)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            name, labels = sample.name, sample.labels
+            if name in ("gpush_scheduler_cycle_seconds_count", "gpush_scheduler_cycle_seconds_sum"):
+                out[name.removeprefix("gpush_scheduler_")] = sample.value
+            elif name == "gpush_scheduler_cycle_step_seconds_sum":
+                out[f"step {labels['step']}"] = sample.value
+            elif name.startswith("gpush_adapter_call_seconds_") and labels.get("cluster") == CLUSTER:
+                out[f"{labels['method']} {name.rsplit('_', 1)[1]}"] = sample.value
+    return out
+
+
+def per_cycle(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """What the loop did between two readings of :func:`cycle_counters`: its cycles, their mean
+    seconds, each step's and each adapter call's seconds a cycle, and the calls."""
+    cycles = after.get("cycle_seconds_count", 0.0) - before.get("cycle_seconds_count", 0.0)
+    out: dict[str, Any] = {"cycles": int(cycles)}
+    if not cycles:
+        return out
+
+    def mean(key: str) -> float:
+        return round((after[key] - before.get(key, 0.0)) / cycles, 4)
+
+    out["cycle_s"] = mean("cycle_seconds_sum")
+    out["steps_s"] = {k.removeprefix("step "): mean(k) for k in sorted(after) if k.startswith("step ")}
+    out["adapter_s"] = {k.removesuffix(" sum"): mean(k) for k in sorted(after) if k.endswith(" sum")}
+    out["adapter_calls"] = {
+        k.removesuffix(" count"): int(after[k] - before.get(k, 0.0)) for k in sorted(after) if k.endswith(" count")
+    }
+    return out
+
+
+def latency_gpush(
+    api: Any, client: Any, server_url: str, namespace: str, jobs: int, timeout: float, rng: Any
+) -> tuple[dict[str, Any], Any]:
+    """``jobs`` jobs one at a time through a gpush server, after one untimed (connections, the
+    adapter built, its caches filled): each submitted over HTTP, read every POLL_S until running,
+    cancelled, and its Pod gone before the next. Each submission waits first: one interval, for
+    the loop to be back in its idle rhythm (the previous job's events set its cycles), then a
+    random part of two more, so that it lands anywhere in the leader's cycle, as a user's would
+    (measured without the wait: always between cycles). Returns the figures and the untimed job
+    as gpush stored it (its spec and placement)."""
+    timeline = PodTimeline(api, namespace, TAG)
+
+    def one() -> tuple[dict[str, Any], Any]:
+        time.sleep(SERVER_INTERVAL + rng.uniform(0, 2 * SERVER_INTERVAL))
+        begin = time.time()
+        job = client.submit(LATENCY_SPEC)
+        answered = time.time()
+        deadline = begin + timeout
+        while True:
+            seen = client.get(job.id)
+            if seen.state == "running":
+                break
+            if seen.state in STOPPED or time.time() > deadline:
+                raise RuntimeError(f"gpush job {job.id} is {seen.state}, not running: {seen.state_reason}")
+            time.sleep(POLL_S)
+        running = time.time()
+        client.cancel(job.id)
+        pod_running = timeline.wait_for(job.id, "running", timeout)
+        events: dict[str, float] = {}
+        for event in client.events(job.id):
+            events.setdefault(event.to_state.value, event.at.timestamp())
+        timeline.wait_for(job.id, "deleted", timeout)
+        while client.get(job.id).state != "cancelled":
+            if time.time() > deadline + timeout:
+                raise RuntimeError(f"gpush job {job.id} was not cancelled {timeout:.0f} s after its Pod went")
+            time.sleep(0.05)
+        marks = [begin, answered, events["routed"], events["submitted"], pod_running, events["running"], running]
+        sample = {"job": job.id, "total_s": running - begin}
+        sample.update({key: b - a for (key, _), (a, b) in zip(GPUSH_STEPS, pairwise(marks), strict=True)})
+        return sample, seen
+
+    try:
+        _, warm = one()
+        before = cycle_counters(server_url)
+        samples = [one()[0] for _ in range(jobs)]
+        loop = per_cycle(before, cycle_counters(server_url))
+    finally:
+        timeline.stop()
+    totals = [s["total_s"] for s in samples]
+    return {
+        "jobs": len(samples),
+        **percentiles(totals),
+        "steps_p50_s": step_medians(samples, GPUSH_STEPS),
+        "loop": loop,
+        "per_job": samples,
+    }, warm
+
+
+def direct_latency_job(job_id: int, warm: Any, namespace: str) -> dict[str, Any]:
+    """The Job gpush renders for the untimed job ``warm``, for another id and with the direct
+    broker label; no preferred node (a Job written by hand names none)."""
+    from dataclasses import replace
+
+    from adapters.k8s.render import RenderOptions, render
+    from broker.core.adapter import Placement
+    from broker.core.gpus import gpu_model
+    from broker.core.schemas import JobSpec
+
+    placement = replace(Placement.from_dict(warm.placement), node=None)
+    memory = gpu_model(placement.gpu_model).memory_gb if placement.gpu_model else None
+    options = RenderOptions(tag=DIRECT_TAG, namespace=namespace, image=IMAGE)
+    return render(job_id, JobSpec.model_validate(warm.spec), placement, options, gpu_memory_gb=memory).body
+
+
+def latency_direct(api: Any, namespace: str, warm: Any, jobs: int, timeout: float) -> dict[str, Any]:
+    """``jobs`` batch/v1 Jobs one at a time, after one untimed, each as gpush renders it: the time
+    from the create until its Pod is seen Running; each deleted, its Pod gone before the next."""
+    from kubernetes import client
+
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    batch = client.BatchV1Api(api)
+    timeline = PodTimeline(api, namespace, DIRECT_TAG)
+    samples: list[dict[str, Any]] = []
+    try:
+        for job_id in range(jobs + 1):
+            body = direct_latency_job(job_id, warm, namespace)
+            begin = time.time()
+            batch.create_namespaced_job(namespace, body, _preload_content=False)
+            answered = time.time()
+            running = timeline.wait_for(job_id, "running", timeout)
+            batch.delete_namespaced_job(
+                body["metadata"]["name"], namespace, propagation_policy="Background", _preload_content=False
+            )
+            timeline.wait_for(job_id, "deleted", timeout)
+            if job_id == 0:
+                continue
+            marks = timeline.marks[job_id]
+            points = [begin, answered, marks["created"], marks["bound"], running]
+            one = {"job": job_id, "total_s": running - begin}
+            one.update({key: b - a for (key, _), (a, b) in zip(DIRECT_STEPS, pairwise(points), strict=True)})
+            samples.append(one)
+    finally:
+        timeline.stop()
+    totals = [s["total_s"] for s in samples]
+    return {
+        "jobs": len(samples),
+        **percentiles(totals),
+        "steps_p50_s": step_medians(samples, DIRECT_STEPS),
+        "per_job": samples,
+    }
+
+
+def bench_latency(
+    api: Any, kubeconfig: Path, url: str, workdir: Path, args: argparse.Namespace, round_: int
+) -> dict[str, Any]:
+    """Submit-to-running of single jobs on the idle cluster: through a real ``gpush server`` (its
+    own process on a scratch database, the scheduling loop as it ships: one leader, cycles every
+    second, woken by submissions and by the cluster's Pod changes), then the same Job created
+    directly."""
+    import random
+
+    from broker.client.sdk import GpushClient
+
+    rng = random.Random(round_)
+    namespace = f"bench-latency-gpush-{round_}"
+    engine, _, pool = register_cluster(url, kubeconfig, namespace, adapter_settings(args))
+    pool.close()
+    engine.dispose()
+    env = gpush_env(workdir)
+    created = gpush_cli(env, url, "admin", "token", "create", "--user", "bench", "--tenant", "bench", "--json")
+    log = workdir / f"server-{round_}.log"
+    with gpush_server(env, url, args.server_workers, log) as (port, _):
+        server_url = f"http://127.0.0.1:{port}"
+        with GpushClient(server_url, json.loads(created)["token"]) as client:
+            gpush, warm = latency_gpush(api, client, server_url, namespace, args.latency_jobs, args.timeout, rng)
+    gpush["server_workers"] = args.server_workers
+    clear_namespace(api, namespace)
+    direct_namespace = f"bench-latency-direct-{round_}"
+    direct = latency_direct(api, direct_namespace, warm, args.latency_jobs, args.timeout)
+    clear_namespace(api, direct_namespace)
+    return {"direct": direct, "gpush": gpush, "gap_p50_s": gpush["p50_s"] - direct["p50_s"]}
+
+
+def print_latency(prefix: str, latency: dict[str, Any]) -> None:
+    direct, gpush, gap = latency["direct"], latency["gpush"], latency["gap_p50_s"]
+    print(
+        f"{prefix}submit to running, one job at a time on the idle cluster ({gpush['jobs']} jobs each): "
+        f"direct Job p50 {direct['p50_s']:.2f} s, p99 {direct['p99_s']:.2f} s; gpush p50 {gpush['p50_s']:.2f} s, "
+        f"p99 {gpush['p99_s']:.2f} s; gpush - direct at p50 {gap:+.2f} s "
+        f"(target <= {LATENCY_TARGET_S:g} s: {verdict(gap <= LATENCY_TARGET_S)})"
+    )
+    for name, result, steps in (("gpush", gpush, GPUSH_STEPS), ("direct", direct, DIRECT_STEPS)):
+        parts = ", ".join(f"{label} {result['steps_p50_s'][key]:.3f}" for key, label in steps)
+        print(f"  {name}, where the time goes (medians, s): {parts}")
+    loop = gpush["loop"]
+    if loop.get("cycles"):
+        steps = ", ".join(f"{k} {v:.3f}" for k, v in loop["steps_s"].items())
+        calls = ", ".join(f"{k} {v:.3f}" for k, v in loop["adapter_s"].items())
+        print(
+            f"  gpush server's loop over those jobs: {loop['cycles']} cycles, {loop['cycle_s']:.3f} s a cycle "
+            f"(steps, s a cycle: {steps}; adapter calls, s a cycle: {calls})"
+        )
+
+
 # --- main --------------------------------------------------------------------------------------------------
 
 
@@ -521,7 +847,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="gpush lists Nodes and Pods each cycle (the adapter's informers=false)",
     )
-    parser.add_argument("--rounds", type=int, default=1, help="repeat the three paths, report medians (default 1)")
+    parser.add_argument(
+        "--watch-seconds",
+        type=float,
+        help="the adapter's watch_seconds: how long one status read waits for events (default: the adapter's)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="repeat every path, report medians (default 1)")
+    parser.add_argument(
+        "--latency-jobs",
+        type=int,
+        default=20,
+        help="single jobs timed from submission to running, each way, each round (default 20; 0: none)",
+    )
+    parser.add_argument(
+        "--server-workers",
+        type=int,
+        default=1,
+        help="worker processes of the gpush server of the latency phase (default 1: its /metrics is the leader's)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the figures here as JSON")
     parser.add_argument("--serve-cluster", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
@@ -537,6 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         "replicas": REPLICAS,
         "db": args.db,
         "cpus": os.cpu_count(),
+        "watch_seconds": args.watch_seconds,  # None: the adapter's default
     }
     workdir = Path(tempfile.mkdtemp(prefix="gpush-k8s-bench-"))
     with ExitStack() as stack:
@@ -547,8 +891,9 @@ def main(argv: list[str] | None = None) -> int:
 
         rounds: list[dict[str, Any]] = []
         for r in range(args.rounds):
-            # The three paths one after another in each round, each on an idle cluster, so a
-            # slow spell of the machine weighs on all three alike; the medians are the figures.
+            # The paths one after another in each round (the three of throughput, then the two of
+            # latency), each on an idle cluster, so a slow spell of the machine weighs on all alike;
+            # the medians are the figures.
             one: dict[str, Any] = {}
             direct = one["direct"] = bench_direct(api, args.pods, args.threads, args.timeout, f"bench-direct-{r}")
             print(
@@ -570,9 +915,7 @@ def main(argv: list[str] | None = None) -> int:
                 url, _ = stack.enter_context(scratch_database(args.pg_url, f"{BENCH_DATABASE}_{r}"))
             else:
                 url = f"sqlite:///{workdir / f'gpush-{r}.db'}"
-            broker = Broker(
-                url, kubeconfig, args.threads, informers=not args.no_informers, namespace=f"bench-gpush-{r}"
-            )
+            broker = Broker(url, kubeconfig, f"bench-gpush-{r}", adapter_settings(args))
             try:
                 gpush = one["gpush"] = bench_gpush(api, broker, args.pods, args.interval, args.timeout)
             finally:
@@ -586,6 +929,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"  gpush cycle steps, seconds summed over the run: {gpush['cycle_step_s']}")
             clear_namespace(api, f"bench-gpush-{r}")
+            if args.latency_jobs > 0:
+                if args.db == "postgres":
+                    url, _ = stack.enter_context(scratch_database(args.pg_url, f"{BENCH_DATABASE}_latency_{r}"))
+                else:
+                    url = f"sqlite:///{workdir / f'gpush-latency-{r}.db'}"
+                one["latency"] = bench_latency(api, kubeconfig, url, workdir, args, r)
+                print_latency(f"round {r + 1}: ", one["latency"])
             rounds.append(one)
         results["rounds"] = rounds
 
@@ -606,6 +956,24 @@ def main(argv: list[str] | None = None) -> int:
             f"gpush / direct Pods: {ratio:.2f} (target >= 0.8: {verdict(ratio >= 0.8)}); "
             f"gpush / direct Jobs (the objects gpush creates): {results['ratio_to_direct_jobs']:.2f}"
         )
+
+        if args.latency_jobs > 0:
+            latency = results["latency"] = {
+                "direct": {k: median(f"latency.direct.{k}") for k in ("p50_s", "p99_s")},
+                "gpush": {k: median(f"latency.gpush.{k}") for k in ("p50_s", "p99_s")},
+                "gap_p50_s": median("latency.gap_p50_s"),
+                "target_s": LATENCY_TARGET_S,
+                "jobs": args.latency_jobs,
+                "server_workers": args.server_workers,
+            }
+            latency["met"] = latency["gap_p50_s"] <= LATENCY_TARGET_S
+            direct, gpush = latency["direct"], latency["gpush"]
+            print(
+                f"medians of {len(rounds)} rounds: submit to running, direct Job p50 {direct['p50_s']:.2f} s "
+                f"(p99 {direct['p99_s']:.2f}), gpush p50 {gpush['p50_s']:.2f} s (p99 {gpush['p99_s']:.2f}); "
+                f"gpush - direct at p50 {latency['gap_p50_s']:+.2f} s "
+                f"(target <= {LATENCY_TARGET_S:g} s: {verdict(latency['met'])})"
+            )
 
         inv = results["inventory"] = bench_inventory(api, kubeconfig, args.nodes, args.inventory_nodes, args.repeats)
         print(
