@@ -108,6 +108,16 @@ def status(settings: Settings, job_id: int, watch: bool, interval: float, fmt: s
     return commands.status(settings.client(), output(json_mode, fmt), job_id, watch=interval if watch else None)
 
 
+def _label_filter(values: tuple[str, ...]) -> dict[str, str] | None:
+    """``--label KEY=VALUE`` filters, or None; the job-file module (YAML, pydantic) is
+    imported only when there are some, so a plain `gpush list` starts fast."""
+    if not values:
+        return None
+    from broker.intake.jobfile import parse_pairs
+
+    return parse_pairs(values, option="--label") or None
+
+
 def state_option(help_text: str):
     """``-s/--state``, repeatable, one of the job states."""
     return click.option(
@@ -142,10 +152,8 @@ def list_(settings: Settings, json_mode: bool, fmt: str, watch: bool, interval: 
       gpush list -w              redraw as it changes
       gpush list -o name | xargs gpush cancel --yes
     """
-    from broker.intake.jobfile import parse_pairs
-
     filters["states"] = list(filters["states"])
-    filters["labels"] = parse_pairs(filters["labels"], option="--label") or None
+    filters["labels"] = _label_filter(filters["labels"])
     return commands.list_jobs(settings.client(), output(json_mode, fmt), watch=interval if watch else None, **filters)
 
 
@@ -211,8 +219,6 @@ def cancel(
       gpush cancel --mine                   every active job of yours
       gpush cancel --state queued --label sweep=lr --yes
     """
-    from broker.intake.jobfile import parse_pairs
-
     filtered = bool(states or user or labels or mine)
     if job_ids and filtered:
         raise click.UsageError("give job ids or filters (--state, --user, --label, --mine), not both")
@@ -225,7 +231,7 @@ def cancel(
             output(json_mode),
             states=list(states),
             user=user,
-            labels=parse_pairs(labels, option="--label") or None,
+            labels=_label_filter(labels),
             mine=mine,
             confirm=None if yes else lambda question: click.confirm(question, default=False, err=True),
         )
