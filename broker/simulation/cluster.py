@@ -381,10 +381,8 @@ class SimulatedCluster:
             f"{at(job.started_us)} [simulated] job {job.job_id} replica {replica} started on {job.node} "
             f"({job.units} x {what}), {self.name}: virtual time; the simulator runs no program",
         ]
-        if job.state is BackendState.RUNNING:
-            ran = (self._now_us - job.started_us) // 1_000_000
-            lines.append(f"{at(self._now_us)} [simulated] running for {format_duration(ran)}")
-        elif job.state in _FINISHED:
+        # Only lines that stay once written: ``gpush logs -f`` reads on from an offset.
+        if job.state in _FINISHED:
             ran = (job.at_us - job.started_us) // 1_000_000
             how = job.state.value + (f" (exit {job.exit_code})" if job.exit_code is not None else "")
             why = f": {job.reason}" if job.reason else ""

@@ -636,3 +636,17 @@ def test_an_elastic_job_with_no_time_limit_runs_until_cancelled(k8s: SimulatedCl
     assert k8s.find(1).state is BackendState.RUNNING
     k8s.cancel(1)
     assert k8s.find(1).state is BackendState.CANCELLED
+
+
+def test_a_jobs_output_only_grows_so_following_it_from_an_offset_reads_each_line_once(
+    slurm: SimulatedCluster, clock: VirtualClock
+) -> None:
+    slurm.submit(1, spec(600), slice_1g())
+    clock.at(300)
+    running = slurm.logs(1, "sim-1")
+    assert "started on mig-01" in running.text
+    clock.at(900)
+    rest = slurm.logs(1, "sim-1", offset=running.next_offset)
+    assert "[simulated] succeeded (exit 0)" in rest.text and "started" not in rest.text
+    assert running.text + rest.text == slurm.logs(1, "sim-1").text
+    assert slurm.logs(1, "sim-1", tail=1).text == rest.text
