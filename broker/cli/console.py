@@ -338,8 +338,7 @@ def clusters_table(summaries: list[dict[str, Any]], *, width: int = 80) -> Table
     for c in summaries:
         health = "[green]ok[/]" if c["health"]["ok"] else f"[red]down[/] {escape(c['health']['detail'])}"
         sharing = ", ".join(
-            f"{mode} {row['gpu_free']:.1f}/{row['gpu_total']:.1f}"
-            for mode, row in sorted(c["capacity"].items())
+            f"{mode} {row['gpu_free']:.1f}/{row['gpu_total']:.1f}" for mode, row in sorted(c["capacity"].items())
         )
         gpus = f"{c['gpu_free']:.1f}/{c['gpu_total']:.1f}"
         rows.append([escape(c["name"]), c["kind"], health, str(c["nodes"]), gpus, sharing or "-"])
