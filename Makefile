@@ -68,7 +68,7 @@ bench: venv postgres slurm
 	$(BIN)/python integration/bench/submit.py --json bench-results.json
 	$(BIN)/python integration/bench/schedule.py --million --json bench-schedule.json
 	$(BIN)/python integration/bench/placement.py --json bench-placement.json
-	$(BIN)/python integration/bench/slurm.py --jobs 1000 --backlog 300 --json bench-slurm.json
+	$(BIN)/python integration/bench/slurm.py --jobs 1000 --rounds 3 --json bench-slurm.json
 	$(BIN)/python integration/bench/k8s.py --rounds 3 --json bench-k8s.json
 	$(BIN)/python integration/bench/inventory.py --json bench-inventory.json
 	$(BIN)/python integration/bench/ray.py --json bench-ray.json
