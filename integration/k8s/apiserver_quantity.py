@@ -53,7 +53,7 @@ _BINARY_SUFFIXES = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL_NAMES = {e: s for s, e in _DECIMAL_SUFFIXES.items()}
 _BINARY_NAMES = {e // 10: s for s, e in _BINARY_SUFFIXES.items()}
 # What Go's strings.TrimSpace removes (unicode.IsSpace).
-_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 
 
 class QuantityError(ValueError):
