@@ -68,6 +68,8 @@ KUBERNETES_VERSION = {
     "platform": "linux/amd64",
 }
 PATCH_TYPES = (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH)
+# kube-apiserver's --etcd-compaction-interval: history older than one to two of these is gone (410).
+COMPACTION_INTERVAL = 300.0
 _UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/version"})
 _JSON = "application/json"
 
@@ -147,14 +149,17 @@ class ApiServerApp:
         token: str | None,
         bookmark_interval: float = 5.0,
         watch_timeout: float = 1800.0,
+        compaction_interval: float | None = COMPACTION_INTERVAL,
         address: str = "",
     ) -> None:
         self.store = store
         self.token = token
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
+        self.compaction_interval = compaction_interval
         self.address = address
         self.logs = PodLogs(store)
+        self._compactor: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -177,12 +182,22 @@ class ApiServerApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self.store.attach_loop(asyncio.get_running_loop())
+                if self.compaction_interval:
+                    self._compactor = asyncio.create_task(self._compact_every(self.compaction_interval))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self._compactor is not None:
+                    self._compactor.cancel()
                 self.store.attach_loop(None)
                 await self.logs.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def _compact_every(self, interval: float) -> None:
+        """kube-apiserver's compactor: each tick compacts etcd to the revision the tick before saw."""
+        while True:
+            await asyncio.sleep(interval)
+            self.store.compaction_tick()
 
     # --- routing ----------------------------------------------------------------------------------------
 
@@ -595,6 +610,7 @@ class TestApiServer:
         event_window: int = 100_000,
         bookmark_interval: float = 5.0,
         watch_timeout: float = 1800.0,
+        compaction_interval: float | None = COMPACTION_INTERVAL,
     ) -> None:
         self.host = host
         self.port = port
@@ -603,6 +619,7 @@ class TestApiServer:
         self.event_window = event_window
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
+        self.compaction_interval = compaction_interval
         if self.state_file is not None and self.state_file.exists():
             self.store = Store.load(self.state_file, event_window=event_window)
         else:
@@ -632,6 +649,7 @@ class TestApiServer:
             token=self.token,
             bookmark_interval=self.bookmark_interval,
             watch_timeout=self.watch_timeout,
+            compaction_interval=self.compaction_interval,
             address=f"{self.host}:{self.port}",
         )
         config = uvicorn.Config(
@@ -719,7 +737,10 @@ def start(
 
     ``options``: ``event_window`` (changes kept per resource for watches and continue tokens),
     ``bookmark_interval`` (seconds between BOOKMARK events), ``watch_timeout`` (seconds a watch
-    without ``timeoutSeconds`` stays open).
+    without ``timeoutSeconds`` stays open), ``compaction_interval`` (seconds between compactions of
+    the change history, 300 as kube-apiserver's ``--etcd-compaction-interval``; each compacts to the
+    revision the one before saw, so resourceVersions older than one to two intervals get 410
+    Expired; None never compacts on its own).
     """
     return TestApiServer(host, port, token, state_file, **options).start()
 
@@ -736,9 +757,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--context", default="gpush-test", help="context name in the kubeconfig (default gpush-test)")
     parser.add_argument("--state", type=Path, help="load objects from this file at start and save them at exit")
     parser.add_argument("--event-window", type=int, default=100_000, help="changes kept per resource for watches")
+    parser.add_argument(
+        "--compaction-interval",
+        type=float,
+        default=COMPACTION_INTERVAL,
+        help="seconds between compactions of the change history (default 300, as kube-apiserver; 0: never)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = start(args.host, args.port, args.token, args.state, event_window=args.event_window)
+    server = start(
+        args.host,
+        args.port,
+        args.token,
+        args.state,
+        event_window=args.event_window,
+        compaction_interval=args.compaction_interval or None,
+    )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

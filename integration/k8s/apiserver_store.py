@@ -7,7 +7,12 @@ It owns what etcd and the generic registry own in a real cluster:
   mutates it, so an :class:`Entry` can cache its JSON and be shared with watchers;
 * per resource type, the changes since the last compaction, for watches that resume from a
   resourceVersion, for consistent pagination (a continue token lists the state as of its
-  resourceVersion) and for ``resourceVersionMatch=Exact``; older than the retained window is 410;
+  resourceVersion) and for ``resourceVersionMatch=Exact``; older than the retained window is 410.
+  The window is what kube-apiserver keeps: :meth:`Store.compaction_tick`, which the server calls
+  on a timer (every 5 minutes by default, as ``--etcd-compaction-interval``), forgets everything up
+  to the revision the tick before it saw, so a watch from, or a list at, a resourceVersion older
+  than one to two intervals is 410 Expired; a watch already open is not cut off by it, as the watch
+  cache keeps feeding it;
 * create, update, patch and delete with the real semantics: optimistic concurrency, generation,
   the status and scale subresources, defaults and validation (apiserver_validation), and garbage
   collection of owned objects, done synchronously at the delete;
@@ -237,6 +242,9 @@ class Store:
     ) -> None:
         self.lock = threading.RLock()
         self.revision = 0
+        # etcd's compacted revision: a list or a new watch at an older resourceVersion is 410.
+        self.compacted_revision = 0
+        self._compaction_mark: int | None = None  # the revision the last compaction tick saw
         self.event_window = max(1, event_window)
         self._slack = max(1, self.event_window // 4)
         self._clock = clock
@@ -385,12 +393,36 @@ class Store:
                 self._owners.setdefault(uid, set()).add(ref)
 
     def compact(self) -> int:
-        """Forget all change history, as an etcd compaction does; older resourceVersions get 410."""
+        """Forget all change history now, as an etcd compaction to the current revision would;
+        older resourceVersions get 410 (tests force this; the server compacts on its own timer)."""
         with self.lock:
             for coll in self._collections.values():
                 coll.changes.clear()
                 coll.compacted_rv = self.revision
+            self.compacted_revision = self.revision
             return self.revision
+
+    def compaction_tick(self) -> int:
+        """One tick of kube-apiserver's compactor: compact to the revision the previous tick saw
+        (so between one and two intervals of history stay), and remember the current one for the
+        next. Returns the revision compacted to (0 on the first tick)."""
+        with self.lock:
+            target, self._compaction_mark = self._compaction_mark, self.revision
+            if target:
+                self._compact_through(target)
+            return target or 0
+
+    def _compact_through(self, target: int) -> None:
+        for coll in self._collections.values():
+            drop = bisect_right(coll.changes, target, key=_change_rv)
+            if drop:
+                coll.compacted_rv = max(coll.compacted_rv, coll.changes[drop - 1].rv)
+                del coll.changes[:drop]
+        self.compacted_revision = max(self.compacted_revision, target)
+
+    def _horizon(self, coll: Collection) -> int:
+        """The oldest resourceVersion a list or a new watch of ``coll`` may still ask for."""
+        return max(coll.compacted_rv, self.compacted_revision)
 
     # --- type and metadata checks --------------------------------------------------------------------
 
@@ -831,7 +863,7 @@ class Store:
 
     def _state_at(self, coll: Collection, rv: int, namespace: str | None) -> list[Entry]:
         """The objects as they were at ``rv``, undoing the retained changes after it."""
-        if rv < coll.compacted_rv:
+        if rv < self._horizon(coll):
             raise expired(TOO_OLD_CONTINUE)
         start = bisect_right(coll.changes, rv, key=_change_rv)
         if start == len(coll.changes):
@@ -871,8 +903,8 @@ class Store:
                 entries = self._state_at(coll, list_rv, namespace)
             elif resource_version_match == "Exact" and resource_version:
                 list_rv = _parse_rv(resource_version)
-                if list_rv < coll.compacted_rv:
-                    raise expired(f"too old resource version: {list_rv} ({coll.compacted_rv + 1})")
+                if list_rv < self._horizon(coll):
+                    raise expired(f"too old resource version: {list_rv} ({self._horizon(coll) + 1})")
                 entries = self._state_at(coll, list_rv, namespace)
             else:
                 if resource_version:
@@ -920,12 +952,15 @@ class Store:
                 ]
                 return coll, initial, self.revision
             rv = _parse_rv(resource_version)
-            if rv < coll.compacted_rv:
-                raise expired(f"too old resource version: {rv} ({coll.compacted_rv + 1})")
+            if rv < self._horizon(coll):
+                raise expired(f"too old resource version: {rv} ({self._horizon(coll) + 1})")
             return coll, [], rv
 
     def changes_after(self, coll: Collection, rv: int) -> tuple[list[Change] | None, int]:
-        """Changes to ``coll`` after ``rv`` (None when no longer retained) and the current revision."""
+        """Changes to ``coll`` after ``rv`` (None when no longer retained) and the current revision.
+
+        For a watch already open: only changes to its own collection that it has not had yet and
+        that were compacted away end it, not the store-wide compacted revision."""
         with self.lock:
             if rv < coll.compacted_rv:
                 return None, self.revision
@@ -966,6 +1001,7 @@ class Store:
                 if key == CRD_KEY:
                     store._register(from_crd(obj))
         store.revision = int(state["resourceVersion"])
+        store.compacted_revision = store.revision
         for coll in store._collections.values():
             coll.compacted_rv = store.revision
         return store
