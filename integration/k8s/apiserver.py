@@ -8,7 +8,7 @@ work against it unchanged. It is generic: it knows resources, not GPUs; the node
 
 Served: discovery (/api, /api/v1, /apis, /apis/<group>[/<version>], /version, /healthz), the core
 kinds (Namespace, Pod with binding and eviction, Node, ConfigMap, Secret, Service, ServiceAccount,
-Event), apps/v1 (Deployment, ReplicaSet, StatefulSet, DaemonSet), batch/v1 (Job, CronJob),
+Event, ResourceQuota, LimitRange), apps/v1 (Deployment, ReplicaSet, StatefulSet, DaemonSet), batch/v1 (Job, CronJob),
 coordination.k8s.io/v1 Lease, apiextensions.k8s.io/v1 CustomResourceDefinition and the custom
 resources each one defines. Verbs: get, list (selectors, pagination), watch, create, update, patch
 (JSON, merge, strategic merge; apply approximated as a merge), delete (with propagation), and

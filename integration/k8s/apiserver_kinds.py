@@ -119,6 +119,9 @@ BUILTINS: tuple[ResourceType, ...] = (
         field_labels=frozenset({"spec.unschedulable"}),
     ),
     _core("ConfigMap", "configmaps", short_names=("cm",)),
+    # Stored with their quantities canonical; the quota and LimitRanger admission plugins are not played.
+    _core("ResourceQuota", "resourcequotas", short_names=("quota",), status=True),
+    _core("LimitRange", "limitranges", short_names=("limits",)),
     _core("Secret", "secrets", field_labels=frozenset({"type"})),
     _core("Service", "services", short_names=("svc",), status=True, name_rule="dns1035", categories=("all",)),
     _core("ServiceAccount", "serviceaccounts", short_names=("sa",)),

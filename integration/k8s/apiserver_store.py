@@ -575,7 +575,7 @@ class Store:
                     new["status"] = old["status"]
                 else:
                     new.pop("status", None)
-            apply_defaults(rt, new)
+            apply_defaults(rt, new, old)
             errors = validate(rt, new, old)
             if rt.generation and _spec_part(new) != _spec_part(old):
                 metadata["generation"] = old_metadata.get("generation", 0) + 1

@@ -8,6 +8,13 @@ CustomResourceDefinitions without schemas. Defaults are the ones a client reads 
 Pod phase Pending and QoS class, requests taken from limits, restartPolicy, Job selectors and
 labels, Deployment replicas and strategy.
 
+Quantities are decoded as the real server decodes them and stored in their canonical form
+(apiserver_quantity: ``0.5`` is stored ``500m``, ``1024Mi`` is ``1Gi``) wherever a built-in kind
+holds one: container requests and limits, Pod overhead, emptyDir size limits, Pod and volume claim
+templates, Node capacity and allocatable, ResourceQuota and LimitRange. Pods get the Priority
+admission plugin's ``priority`` and ``preemptionPolicy`` when they name no PriorityClass (or a
+system one), and every Pod spec, alone or in a template, ``enableServiceLinks: true``.
+
 Decode errors (a label value that is not a string, a malformed quantity) are 400 BadRequest as on
 the real server; everything else is collected into a list of :class:`FieldError` that the store
 turns into one 422 Invalid.
@@ -20,6 +27,7 @@ from fractions import Fraction
 from typing import Any
 
 from integration.k8s.apiserver_errors import (
+    ApiError,
     FieldError,
     bad_request,
     forbidden,
@@ -29,6 +37,7 @@ from integration.k8s.apiserver_errors import (
     unsupported,
 )
 from integration.k8s.apiserver_kinds import ResourceType
+from integration.k8s.apiserver_quantity import QuantityError, from_json
 from integration.k8s.apiserver_selectors import selector_from_object
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -62,27 +71,11 @@ LABEL_VALUE_MESSAGE = (
     "start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used "
     "for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
 )
-QUANTITY_PATTERN = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-_QUANTITY = re.compile(QUANTITY_PATTERN)
-_QUANTITY_SUFFIXES = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-_EXPONENT = re.compile(r"^[eE]([-+]?[0-9]+)$")
+# The PriorityClasses every cluster has (scheduling/v1: system-node-critical, system-cluster-critical).
+SYSTEM_PRIORITY_CLASSES = {"system-node-critical": 2000001000, "system-cluster-critical": 2000000000}
+# What the Priority admission plugin gives a Pod without a PriorityClass when no class is the default.
+DEFAULT_PRIORITY = 0
+DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
 
 POD_UPDATE_FORBIDDEN = (
     "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,"
@@ -93,25 +86,12 @@ POD_UPDATE_FORBIDDEN = (
 
 def parse_quantity(value: Any) -> Fraction | None:
     """A resource quantity (``500m``, ``16Gi``, ``1e3``, a JSON number) as an exact number; None if invalid."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return Fraction(value)
-    if not isinstance(value, str):
-        return None
-    m = _QUANTITY.match(value)
-    if not m:
+    if value is None:
         return None
     try:
-        number = Fraction(m.group(1))
-    except ValueError:
+        return from_json(value).value
+    except QuantityError:
         return None
-    suffix = m.group(2)
-    if suffix in _QUANTITY_SUFFIXES:
-        return number * _QUANTITY_SUFFIXES[suffix]
-    if e := _EXPONENT.match(suffix):
-        return number * Fraction(10) ** int(e.group(1))
-    return None
 
 
 def name_errors(name: str, rule: str, field: str = "metadata.name") -> list[FieldError]:
@@ -184,13 +164,82 @@ def _is_extended(resource: str) -> bool:
     return "/" in resource and not resource.startswith("kubernetes.io/")
 
 
-def _check_quantities(rt: ResourceType, values: Any) -> None:
-    for value in (values or {}).values():
-        if parse_quantity(value) is None:
-            raise bad_request(
-                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: quantities must match the '
-                f"regular expression '{QUANTITY_PATTERN}'"
-            )
+# --- Quantities, decoded and stored canonical ---------------------------------------------------------
+
+
+def _canonical(rt: ResourceType, value: Any) -> str:
+    try:
+        return str(from_json(value))
+    except QuantityError as exc:
+        raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {exc}') from None
+
+
+def _canonical_map(rt: ResourceType, values: Any) -> None:
+    """A ResourceList (resource name -> Quantity), rewritten in place."""
+    if isinstance(values, dict):
+        for name, value in values.items():
+            values[name] = _canonical(rt, value)
+
+
+def _canonical_requirements(rt: ResourceType, resources: Any) -> None:
+    if isinstance(resources, dict):
+        _canonical_map(rt, resources.get("requests"))
+        _canonical_map(rt, resources.get("limits"))
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _canonical_pod_spec(rt: ResourceType, spec: Any) -> None:
+    spec = _dict(spec)
+    for group in ("initContainers", "containers", "ephemeralContainers"):
+        for container in _dicts(spec.get(group)):
+            _canonical_requirements(rt, container.get("resources"))
+    _canonical_map(rt, spec.get("overhead"))
+    _canonical_requirements(rt, spec.get("resources"))  # Pod-level resources
+    for volume in _dicts(spec.get("volumes")):
+        empty_dir = _dict(volume.get("emptyDir"))
+        if empty_dir.get("sizeLimit") is not None:
+            empty_dir["sizeLimit"] = _canonical(rt, empty_dir["sizeLimit"])
+        claim = _dict(_dict(_dict(volume.get("ephemeral")).get("volumeClaimTemplate")).get("spec"))
+        _canonical_requirements(rt, claim.get("resources"))
+
+
+def canonicalize_quantities(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """Every Quantity of a built-in object in the canonical form the real server stores; 400 for
+    one it cannot parse. Custom resources are left as sent (their schema's quantities are strings)."""
+    if not rt.builtin:
+        return
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    key = rt.key
+    if key == "pods":
+        _canonical_pod_spec(rt, spec)
+        for group in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+            for container_status in _dicts(status.get(group)):
+                _canonical_map(rt, container_status.get("allocatedResources"))
+                _canonical_requirements(rt, container_status.get("resources"))
+    elif key == "nodes":
+        _canonical_map(rt, status.get("capacity"))
+        _canonical_map(rt, status.get("allocatable"))
+    elif key == "resourcequotas":
+        _canonical_map(rt, spec.get("hard"))
+        _canonical_map(rt, status.get("hard"))
+        _canonical_map(rt, status.get("used"))
+    elif key == "limitranges":
+        for item in _dicts(spec.get("limits")):
+            for field in ("max", "min", "default", "defaultRequest", "maxLimitRequestRatio"):
+                _canonical_map(rt, item.get(field))
+    elif rt.group in ("apps", "batch"):
+        if rt.kind == "CronJob":
+            spec = _dict(_dict(spec.get("jobTemplate")).get("spec"))
+        _canonical_pod_spec(rt, _dict(spec.get("template")).get("spec"))
+        for claim in _dicts(spec.get("volumeClaimTemplates")):
+            _canonical_requirements(rt, _dict(claim.get("spec")).get("resources"))
 
 
 def _containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -251,8 +300,6 @@ def pod_spec_errors(rt: ResourceType, spec: Any, path: str) -> list[FieldError]:
             if not container.get("image"):
                 errors.append(required(f"{where}.image"))
             resources = container.get("resources") or {}
-            _check_quantities(rt, resources.get("requests"))
-            _check_quantities(rt, resources.get("limits"))
             errors.extend(_resource_errors(resources, f"{where}.resources"))
     policy = spec.get("restartPolicy")
     if policy not in ("Always", "OnFailure", "Never"):
@@ -261,10 +308,11 @@ def pod_spec_errors(rt: ResourceType, spec: Any, path: str) -> list[FieldError]:
 
 
 def _pull_policy(image: str) -> str:
-    if "@" in image:
-        return "IfNotPresent"
-    last = image.rsplit("/", 1)[-1]
-    tag = last.split(":", 1)[1] if ":" in last else "latest"
+    """SetDefaults_Container: Always for the tag ``latest``, which an image with neither tag nor
+    digest has (parsers.ParseImageName); IfNotPresent otherwise, a digest alone included."""
+    name, _, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    tag = last.split(":", 1)[1] if ":" in last else ("" if digest else "latest")
     return "Always" if tag == "latest" else "IfNotPresent"
 
 
@@ -274,12 +322,15 @@ def _default_pod_spec(spec: dict[str, Any]) -> None:
     spec.setdefault("schedulerName", "default-scheduler")
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("securityContext", {})
+    spec.setdefault("enableServiceLinks", True)
     for container in _containers(spec):
         container.setdefault("resources", {})
         container.setdefault("terminationMessagePath", "/dev/termination-log")
         container.setdefault("terminationMessagePolicy", "File")
         if isinstance(container.get("image"), str):
             container.setdefault("imagePullPolicy", _pull_policy(container["image"]))
+        for port in _dicts(container.get("ports")):
+            port.setdefault("protocol", "TCP")
 
 
 def qos_class(spec: dict[str, Any]) -> str:
@@ -299,17 +350,54 @@ def qos_class(spec: dict[str, Any]) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-def _default_pod(obj: dict[str, Any]) -> None:
+def _default_pod(obj: dict[str, Any], old: dict[str, Any] | None) -> None:
     spec = obj.setdefault("spec", {})
     if not isinstance(spec, dict):
         return
     _default_pod_spec(spec)
+    if old is not None:
+        # The Priority admission plugin keeps what it set at create on an update that leaves it out.
+        old_spec = _dict(old.get("spec"))
+        for field in ("priority", "preemptionPolicy"):
+            if spec.get(field) is None and old_spec.get(field) is not None:
+                spec[field] = old_spec[field]
     for container in _containers(spec):
         resources = container["resources"]
         limits = resources.get("limits") or {}
         if limits:
             # The real server defaults each request a container leaves out to its limit.
             resources["requests"] = {**limits, **(resources.get("requests") or {})}
+
+
+def admit_priority(name: str, spec: dict[str, Any]) -> None:
+    """The Priority admission plugin on a new Pod: the priority and preemption policy of its
+    PriorityClass, or of none (0, PreemptLowerPriority: no class is the cluster's default here);
+    a Pod that says otherwise is forbidden. Classes other than the system ones are not served
+    here, so a Pod naming one keeps what it says."""
+    class_name = spec.get("priorityClassName")
+    if class_name and class_name not in SYSTEM_PRIORITY_CLASSES:
+        return
+    priority = SYSTEM_PRIORITY_CLASSES.get(class_name or "", DEFAULT_PRIORITY)
+    given = spec.get("priority")
+    if given is not None and given != priority:
+        raise _forbidden_pod(
+            name,
+            f"the integer value of priority ({given}) must not be provided in pod spec; "
+            f"priority admission controller computed {priority} from the given PriorityClass name",
+        )
+    policy = spec.get("preemptionPolicy")
+    if policy is not None and policy != DEFAULT_PREEMPTION_POLICY:
+        raise _forbidden_pod(
+            name,
+            f"the string value of PreemptionPolicy ({policy}) must not be provided in pod spec; "
+            f"priority admission controller computed {DEFAULT_PREEMPTION_POLICY} from the given PriorityClass name",
+        )
+    spec["priority"] = priority
+    spec["preemptionPolicy"] = DEFAULT_PREEMPTION_POLICY
+
+
+def _forbidden_pod(name: str, why: str) -> ApiError:
+    return ApiError(403, "Forbidden", f'pods "{name}" is forbidden: {why}', {"name": name, "kind": "pods"})
 
 
 def _pod_update_errors(obj: dict[str, Any], old: dict[str, Any]) -> list[FieldError]:
@@ -544,11 +632,13 @@ def crd_status(obj: dict[str, Any], now: str) -> dict[str, Any]:
 # --- Entry points the store calls ---------------------------------------------------------------------
 
 
-def apply_defaults(rt: ResourceType, obj: dict[str, Any]) -> None:
-    """Defaults the real server applies on every create and update."""
+def apply_defaults(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None = None) -> None:
+    """What the real server does to every create and update before validation: quantities decoded
+    into their canonical form, then the defaults; ``old`` is the stored object on an update."""
+    canonicalize_quantities(rt, obj)
     key = rt.key
     if key == "pods":
-        _default_pod(obj)
+        _default_pod(obj, old)
     elif rt.group in ("apps", "batch"):
         _default_workload(obj, rt.kind)
     elif key == "namespaces":
@@ -629,6 +719,7 @@ def prepare_create(rt: ResourceType, obj: dict[str, Any], now: str) -> list[Fiel
         pass  # the kubelet registers a Node with its status, so create keeps it
     elif key == "pods":
         spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+        admit_priority(obj["metadata"]["name"], spec)
         obj["status"] = {"phase": "Pending", "qosClass": qos_class(spec)}
     elif key == "namespaces":
         obj["status"] = {"phase": "Active"}
@@ -659,10 +750,6 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
             errors.extend(_pod_update_errors(obj, old))
     elif rt.group in ("apps", "batch"):
         errors.extend(_workload_errors(rt, obj, old))
-    elif key == "nodes":
-        status = obj.get("status") or {}
-        _check_quantities(rt, status.get("capacity"))
-        _check_quantities(rt, status.get("allocatable"))
     elif key == "customresourcedefinitions.apiextensions.k8s.io":
         errors.extend(_crd_errors(obj, old))
     return errors
@@ -671,8 +758,5 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
 def validate_status(rt: ResourceType, obj: dict[str, Any]) -> list[FieldError]:
     """Checks on a write to the status subresource, after its defaults."""
     default_status(rt, obj)
-    if rt.key == "nodes":
-        status = obj.get("status") or {}
-        _check_quantities(rt, status.get("capacity"))
-        _check_quantities(rt, status.get("allocatable"))
+    canonicalize_quantities(rt, obj)
     return []
