@@ -43,16 +43,27 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from integration.k8s.apiserver_errors import (
     ApiError,
     bad_request,
+    invalid,
     method_not_allowed,
     no_such_resource,
     unauthorized,
+    unsupported,
     unsupported_media_type,
 )
 from integration.k8s.apiserver_kinds import ALL_VERBS, ResourceType
 from integration.k8s.apiserver_logs import PodLogs
 from integration.k8s.apiserver_patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
 from integration.k8s.apiserver_selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
-from integration.k8s.apiserver_store import ADDED, DELETED, MODIFIED, Change, Collection, Entry, Store
+from integration.k8s.apiserver_store import (
+    ADDED,
+    DELETED,
+    FIELD_VALIDATIONS,
+    MODIFIED,
+    Change,
+    Collection,
+    Entry,
+    Store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -335,10 +346,17 @@ class ApiServerApp:
             if method == "POST":
                 if rt.namespaced and namespace is None:
                     raise method_not_allowed()
+                warnings: list[str] = []
                 entry = self.store.create(
-                    rt, ns, await self._body(request), version=version, dry_run=self._dry_run(query)
+                    rt,
+                    ns,
+                    await self._body(request),
+                    version=version,
+                    dry_run=self._dry_run(query),
+                    field_validation=self._field_validation(rt, query, "CreateOptions"),
+                    warnings=warnings,
                 )
-                return self._object(rt, version, entry, 201)
+                return self._object(rt, version, entry, 201, warnings)
             if method == "DELETE":
                 return await self._delete_collection(request, rt, namespace, version)
             raise method_not_allowed()
@@ -395,12 +413,26 @@ class ApiServerApp:
         return bool(values)
 
     @staticmethod
-    def _object(rt: ResourceType, version: str, entry: Entry, code: int = 200) -> Response:
+    def _field_validation(rt: ResourceType, query: Any, options: str) -> str:
+        value = query.get("fieldValidation") or ""
+        if value not in ("", *FIELD_VALIDATIONS):
+            supported = sorted(["", *FIELD_VALIDATIONS])
+            raise invalid(rt, "", [unsupported("fieldValidation", value, supported)], kind=options, group="meta.k8s.io")
+        return value or "Warn"  # the default since Kubernetes 1.27
+
+    @staticmethod
+    def _object(
+        rt: ResourceType, version: str, entry: Entry, code: int = 200, warnings: Sequence[str] = ()
+    ) -> Response:
         raw = entry.raw
         served = rt.api_version(version)
         if not rt.builtin and entry.obj.get("apiVersion") != served:
             raw = orjson.dumps({**entry.obj, "apiVersion": served})
-        return Response(raw, code, media_type=_JSON)
+        response = Response(raw, code, media_type=_JSON)
+        for text in dict.fromkeys(warnings):  # one header per distinct warning, as the real server
+            quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+            response.headers.append("Warning", f'299 - "{quoted}"')
+        return response
 
     @staticmethod
     def _patch_type(request: Request) -> str:
@@ -416,12 +448,21 @@ class ApiServerApp:
         query = request.query_params
         if method == "GET":
             return self._object(rt, version, self.store.get(rt, ns, name))
+        warnings: list[str] = []
         if method == "PUT":
             body = await self._body(request)
             entry = self.store.replace(
-                rt, ns, name, body, subresource=subresource, version=version, dry_run=self._dry_run(query)
+                rt,
+                ns,
+                name,
+                body,
+                subresource=subresource,
+                version=version,
+                dry_run=self._dry_run(query),
+                field_validation=self._field_validation(rt, query, "UpdateOptions"),
+                warnings=warnings,
             )
-            return self._object(rt, version, entry)
+            return self._object(rt, version, entry, warnings=warnings)
         if method == "PATCH":
             content_type = self._patch_type(request)
             body = await self._body(request)
@@ -435,8 +476,10 @@ class ApiServerApp:
                 version=version,
                 dry_run=self._dry_run(query),
                 field_manager=query.get("fieldManager"),
+                field_validation=self._field_validation(rt, query, "PatchOptions"),
+                warnings=warnings,
             )
-            return self._object(rt, version, entry, 201 if created else 200)
+            return self._object(rt, version, entry, 201 if created else 200, warnings)
         if method == "DELETE" and subresource is None:
             propagation, preconditions = self._delete_options(query, await self._body(request, optional=True))
             entry = self.store.delete(

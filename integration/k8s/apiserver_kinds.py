@@ -59,6 +59,8 @@ class ResourceType:
     field_labels: frozenset[str] = field(default_factory=frozenset)
     default_propagation: str = "Background"
     categories: tuple[str, ...] = ()
+    # Custom resources: each served version's openAPIV3Schema, by which their fields are pruned.
+    schemas: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -184,4 +186,5 @@ def from_crd(crd: dict[str, Any]) -> ResourceType:
         builtin=False,
         field_labels=frozenset(fields),
         categories=tuple(names.get("categories") or ()),
+        schemas={v["name"]: (v.get("schema") or {}).get("openAPIV3Schema") for v in served},
     )

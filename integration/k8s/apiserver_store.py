@@ -64,6 +64,7 @@ from integration.k8s.apiserver_patch import (
     STRATEGIC_MERGE_PATCH,
     apply_patch,
 )
+from integration.k8s.apiserver_pruning import prune
 from integration.k8s.apiserver_selectors import FieldSelector, LabelSelector, selector_to_string
 from integration.k8s.apiserver_validation import (
     apply_defaults,
@@ -76,6 +77,8 @@ from integration.k8s.apiserver_validation import (
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 DEFAULT_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
 PROPAGATION_POLICIES = ("Orphan", "Background", "Foreground")
+# fieldValidation: what a write does with fields the schema does not know ("Warn" when not given).
+FIELD_VALIDATIONS = ("Ignore", "Warn", "Strict")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _SERVER_SET_METADATA = (
     "uid",
@@ -441,6 +444,36 @@ class Store:
         if kind and kind != rt.kind:
             raise bad_request(f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})")
 
+    @staticmethod
+    def _prune_unknown(
+        rt: ResourceType,
+        obj: dict[str, Any],
+        version: str | None,
+        field_validation: str,
+        warnings: list[str] | None,
+        *,
+        patched: bool = False,
+    ) -> None:
+        """A custom resource's fields its schema does not declare: dropped, and warned of, or
+        refused under fieldValidation=Strict, as apiextensions-apiserver does (apiserver_pruning)."""
+        if rt.builtin:
+            return
+        version = version or rt.version
+        raw = orjson.dumps(obj).decode() if patched else ""
+        unknown = prune(obj, rt.schemas.get(version))
+        if not unknown or field_validation == "Ignore":
+            return
+        messages = [f'unknown field "{path}"' for path in unknown]
+        if field_validation == "Strict":
+            why = "strict decoding error: " + ", ".join(messages)
+            if patched:
+                # patch.go: the patched object as the invalid value of a nameless, kindless Invalid.
+                error = invalid_value("patch", raw, why)
+                raise ApiError(422, "Invalid", f' "" is invalid: {error.message()}', {"causes": [error.cause()]})
+            raise bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: {why}')
+        if warnings is not None:
+            warnings.extend(messages)
+
     def _check_namespace(self, rt: ResourceType, metadata: dict[str, Any], namespace: str) -> None:
         if rt.namespaced:
             given = metadata.get("namespace")
@@ -469,12 +502,22 @@ class Store:
             return entry
 
     def create(
-        self, rt: ResourceType, namespace: str, body: Any, *, version: str | None = None, dry_run: bool = False
+        self,
+        rt: ResourceType,
+        namespace: str,
+        body: Any,
+        *,
+        version: str | None = None,
+        dry_run: bool = False,
+        field_validation: str = "Warn",
+        warnings: list[str] | None = None,
     ) -> Entry:
+        """``warnings`` collects what the answer's Warning headers say (the unknown fields dropped)."""
         obj = _private_copy(body)
         with self.lock:
             coll = self._collection(rt)
             self._check_type(rt, obj, version)
+            self._prune_unknown(rt, obj, version, field_validation, warnings)
             metadata = _metadata(obj)
             self._check_namespace(rt, metadata, namespace)
             name = metadata.get("name")
@@ -522,6 +565,8 @@ class Store:
         subresource: str | None = None,
         version: str | None = None,
         dry_run: bool = False,
+        field_validation: str = "Warn",
+        warnings: list[str] | None = None,
     ) -> Entry:
         obj = _private_copy(body)
         with self.lock:
@@ -529,7 +574,7 @@ class Store:
             current = coll.get(namespace, name)
             if current is None:
                 raise not_found(rt, name)
-            return self._replace(coll, current, obj, subresource, version, dry_run)
+            return self._replace(coll, current, obj, subresource, version, dry_run, field_validation, warnings)
 
     def _replace(
         self,
@@ -539,9 +584,13 @@ class Store:
         subresource: str | None,
         version: str | None,
         dry_run: bool,
+        field_validation: str = "Warn",
+        warnings: list[str] | None = None,
+        patched: bool = False,
     ) -> Entry:
         rt = coll.rt
         self._check_type(rt, obj, version)
+        self._prune_unknown(rt, obj, version, field_validation, warnings, patched=patched)
         metadata = _metadata(obj)
         given = metadata.get("name")
         if given and given != current.name:
@@ -603,6 +652,8 @@ class Store:
         version: str | None = None,
         dry_run: bool = False,
         field_manager: str | None = None,
+        field_validation: str = "Warn",
+        warnings: list[str] | None = None,
     ) -> tuple[Entry, bool]:
         """The patched object and whether the patch created it (server-side apply only)."""
         with self.lock:
@@ -629,7 +680,16 @@ class Store:
                         raise bad_request(
                             f"the name of the object ({given}) does not match the name on the URL ({name})"
                         )
-                    return self.create(rt, namespace, body, version=version, dry_run=dry_run), True
+                    created = self.create(
+                        rt,
+                        namespace,
+                        body,
+                        version=version,
+                        dry_run=dry_run,
+                        field_validation=field_validation,
+                        warnings=warnings,
+                    )
+                    return created, True
                 # Server-side apply without field ownership: the applied fields merge into the object.
                 content_type = STRATEGIC_MERGE_PATCH if rt.builtin else MERGE_PATCH
             if content_type == STRATEGIC_MERGE_PATCH and not rt.builtin:
@@ -637,7 +697,18 @@ class Store:
             if current is None:
                 raise not_found(rt, name)
             patched = apply_patch(content_type, current.obj, patch)
-            return self._replace(coll, current, _private_copy(patched), subresource, version, dry_run), False
+            entry = self._replace(
+                coll,
+                current,
+                _private_copy(patched),
+                subresource,
+                version,
+                dry_run,
+                field_validation,
+                warnings,
+                patched=True,
+            )
+            return entry, False
 
     # --- scale and binding ----------------------------------------------------------------------------
 
