@@ -600,6 +600,94 @@ def test_nodes_are_cluster_scoped_and_carry_status(core):
     assert api_error(core.read_node, name)[0] == 404
 
 
+def test_quantities_are_stored_in_their_canonical_form(core, apps, namespace):
+    """The real server decodes each Quantity and writes it back canonical, whatever was sent."""
+    resources = {
+        "requests": {"cpu": "0.5", "memory": "1024Mi", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "1000m", "memory": "1.5Gi", "nvidia.com/gpu": "1", "ephemeral-storage": "1e3"},
+    }
+    created = core.create_namespaced_pod(namespace, pod("quantities", resources=resources))
+    stored = created.spec.containers[0].resources
+    assert stored.requests == {"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": "1", "ephemeral-storage": "1e3"}
+    assert stored.limits == {"cpu": "1", "memory": "1536Mi", "nvidia.com/gpu": "1", "ephemeral-storage": "1e3"}
+    assert core.read_namespaced_pod("quantities", namespace).spec.containers[0].resources == stored
+
+    body = deployment("quantities")
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"memory": "0.1Gi"}}
+    template = apps.create_namespaced_deployment(namespace, body).spec.template.spec.containers[0].resources
+    # (Requests default to limits on Pods only, not in templates.)
+    assert template.limits == {"memory": "107374182400m"} and template.requests is None
+
+    quota = core.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "8000m", "pods": "1k"}}}
+    )
+    assert quota.spec.hard == {"requests.nvidia.com/gpu": "8", "pods": "1k"}
+    limits = core.create_namespaced_limit_range(
+        namespace,
+        {
+            "metadata": {"name": "defaults"},
+            "spec": {"limits": [{"type": "Container", "default": {"memory": "2048Mi"}, "max": {"cpu": "2000m"}}]},
+        },
+    )
+    assert (limits.spec.limits[0].default, limits.spec.limits[0].max) == ({"memory": "2Gi"}, {"cpu": "2"})
+    status, body = api_error(
+        core.create_namespaced_resource_quota,
+        namespace,
+        {"metadata": {"name": "bad"}, "spec": {"hard": {"memory": "512mi"}}},
+    )
+    assert (status, body["reason"]) == (400, "BadRequest") and "quantity's suffix" in body["message"]
+
+
+def test_node_capacity_is_stored_in_its_canonical_form(core):
+    name = unique("qty-node")
+    quantities = {"cpu": "4000m", "memory": "16384Mi", "nvidia.com/gpu": "8", "pods": "110"}
+    try:
+        created = core.create_node({"metadata": {"name": name}, "status": {"capacity": quantities}})
+        assert created.status.capacity == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8", "pods": "110"}
+        patched = core.patch_node_status(name, {"status": {"allocatable": {"memory": "15.5Gi", "cpu": "3.5"}}})
+        assert patched.status.allocatable == {"memory": "15872Mi", "cpu": "3500m"}
+    finally:
+        core.delete_node(name)
+
+
+def test_a_pod_gets_the_defaults_a_real_server_gives_it(core, apps, batch, namespace):
+    bare = pod("defaults")
+    bare["spec"]["containers"].append({"name": "pinned", "image": "busybox:latest@sha256:" + "0" * 64})
+    bare["spec"]["containers"].append({"name": "tagged", "image": "registry.example:5000/team/app:1.2"})
+    spec = core.create_namespaced_pod(namespace, bare).spec
+    assert spec.enable_service_links is True
+    assert (spec.restart_policy, spec.dns_policy) == ("Always", "ClusterFirst")
+    assert spec.scheduler_name == "default-scheduler"
+    assert spec.termination_grace_period_seconds == 30 and spec.security_context == client.V1PodSecurityContext()
+    # The Priority admission plugin: no class, so the default priority and preemption policy.
+    assert (spec.priority, spec.preemption_policy) == (0, "PreemptLowerPriority")
+    main, pinned, tagged = spec.containers
+    assert (main.termination_message_path, main.termination_message_policy) == ("/dev/termination-log", "File")
+    assert [c.image_pull_policy for c in spec.containers] == ["IfNotPresent", "Always", "IfNotPresent"]
+    untagged = core.create_namespaced_pod(namespace, pod("untagged", image="busybox")).spec
+    assert untagged.containers[0].image_pull_policy == "Always"
+    explicit = pod("explicit")
+    explicit["spec"].update(enableServiceLinks=False, priority=0, preemptionPolicy="PreemptLowerPriority")
+    spec = core.create_namespaced_pod(namespace, explicit).spec
+    assert (spec.enable_service_links, spec.priority, spec.preemption_policy) == (False, 0, "PreemptLowerPriority")
+    critical = pod("critical")
+    critical["spec"]["priorityClassName"] = "system-node-critical"
+    assert core.create_namespaced_pod(namespace, critical).spec.priority == 2000001000
+    # A priority the Pod's class does not give it is the admission plugin's 403.
+    status, body = api_error(
+        core.create_namespaced_pod, namespace, {**pod("own"), "spec": {**pod()["spec"], "priority": 7}}
+    )
+    assert (status, body["reason"]) == (403, "Forbidden")
+    assert body["message"].startswith('pods "own" is forbidden: the integer value of priority (7) must not be provided')
+
+    # Templates get the Pod spec defaults (not admission's priority: that is set on the Pods).
+    template = apps.create_namespaced_deployment(namespace, deployment("tmpl")).spec.template.spec
+    assert template.enable_service_links is True and template.priority is None
+    assert template.containers[0].image_pull_policy == "IfNotPresent"
+    job_template = batch.create_namespaced_job(namespace, job("tmpl")).spec.template.spec
+    assert job_template.enable_service_links is True and job_template.scheduler_name == "default-scheduler"
+
+
 # --- custom resources -----------------------------------------------------------------------------------------
 
 
@@ -677,6 +765,92 @@ def test_custom_resources_are_served_once_their_definition_exists(api):
     finally:
         extensions.delete_custom_resource_definition(f"clusterpolicies.{group}")
     assert eventually(lambda: _not_served(custom, args))
+
+
+def structural_crd(group: str) -> dict[str, Any]:
+    """A ClusterPolicy-like CRD with a structural schema: what the GPU Operator installs."""
+    string = {"type": "string"}
+    spec = {
+        "type": "object",
+        "properties": {
+            "devicePlugin": {
+                "type": "object",
+                "properties": {"config": {"type": "object", "properties": {"name": string, "default": string}}},
+            },
+            "driver": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "nodes": {"type": "array", "items": {"type": "object", "properties": {"name": string}}},
+            "labels": {"type": "object", "additionalProperties": string},
+        },
+    }
+    crd = cluster_policy_crd(group)
+    crd["spec"]["versions"][0]["schema"] = {
+        "openAPIV3Schema": {
+            "type": "object",
+            "properties": {"spec": spec, "status": {"type": "object", "properties": {"state": string}}},
+        }
+    }
+    return crd
+
+
+def test_fields_a_custom_resources_schema_does_not_know_are_pruned_with_a_warning(api):
+    extensions = client.ApiextensionsV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    group = f"{unique('t')}.gpush.example"
+    args = (group, "v1", "clusterpolicies")
+    extensions.create_custom_resource_definition(structural_crd(group))
+    policy = {
+        "apiVersion": f"{group}/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy", "labels": {"a": "b"}, "clusterName": "gone"},
+        "spec": {
+            "devicePlugin": {"config": {"name": "time-slicing-config", "defualt": "any"}},
+            "devicePlugn": {"enabled": True},
+            "driver": {"anything": {"goes": 1}},
+            "nodes": [{"name": "n1", "gpus": 2}],
+            "labels": {"x": "y"},
+        },
+        "status": {"state": "ready"},
+        "extra": True,
+    }
+    try:
+        assert eventually(lambda: not _not_served(custom, args))
+        status, body = api_error(custom.create_cluster_custom_object, *args, policy, field_validation="Strict")
+        assert (status, body["reason"]) == (400, "BadRequest")
+        assert body["message"] == (
+            'ClusterPolicy in version "v1" cannot be handled as a ClusterPolicy: strict decoding error: '
+            'unknown field "extra", unknown field "spec.devicePlugin.config.defualt", '
+            'unknown field "spec.devicePlugn", unknown field "spec.nodes[0].gpus", unknown field "metadata.clusterName"'
+        )
+
+        created, code, headers = custom.create_cluster_custom_object_with_http_info(*args, policy)
+        assert code == 201
+        assert created["spec"] == {
+            "devicePlugin": {"config": {"name": "time-slicing-config"}},
+            "driver": {"anything": {"goes": 1}},
+            "nodes": [{"name": "n1"}],
+            "labels": {"x": "y"},
+        }
+        assert "extra" not in created and "clusterName" not in created["metadata"]
+        assert created["metadata"]["labels"] == {"a": "b"} and created["apiVersion"] == f"{group}/v1"
+        warnings = headers.get("Warning", "")
+        for path in ("extra", "metadata.clusterName", "spec.devicePlugin.config.defualt", "spec.devicePlugn"):
+            assert f'299 - "unknown field \\"{path}\\""' in warnings, warnings
+        assert custom.get_cluster_custom_object(*args, "cluster-policy")["spec"] == created["spec"]
+
+        patch = {"spec": {"devicePlugin": {"config": {"default": "tesla-t4"}}, "migManager": {}}}
+        status, body = api_error(
+            custom.patch_cluster_custom_object, *args, "cluster-policy", patch, field_validation="Strict"
+        )
+        assert (status, body["reason"]) == (422, "Invalid")
+        assert body["message"].startswith(' "" is invalid: patch: Invalid value: "{')
+        assert body["message"].endswith('strict decoding error: unknown field "spec.migManager"')
+        patched, _, headers = custom.patch_cluster_custom_object_with_http_info(
+            *args, "cluster-policy", patch, field_validation="Ignore"
+        )
+        assert patched["spec"]["devicePlugin"]["config"] == {"name": "time-slicing-config", "default": "tesla-t4"}
+        assert "migManager" not in patched["spec"] and "Warning" not in headers
+    finally:
+        extensions.delete_custom_resource_definition(f"clusterpolicies.{group}")
 
 
 def _create_when_served(custom: client.CustomObjectsApi, args: tuple[str, str, str], body: dict) -> dict | None:
@@ -833,6 +1007,51 @@ def test_a_resource_version_older_than_the_kept_history_is_gone(private_server, 
         core.list_namespaced_config_map, "default", resource_version=old, resource_version_match="Exact"
     )
     assert status == 410
+
+
+def test_history_older_than_the_compaction_window_is_gone_without_forcing_it(tmp_path):
+    """As kube-apiserver compacts etcd every 5 minutes (here every 0.2 s), to the revision it saw
+    at the tick before: an old resourceVersion is 410 for a new watch and a list, while an open
+    watch goes on."""
+    server = start(compaction_interval=0.2)
+    try:
+        core = _core(server, tmp_path)
+        for i in range(3):
+            core.create_namespaced_config_map("default", configmap(f"cm-{i}"))
+        first = core.list_namespaced_config_map("default", limit=2)
+        old = first.metadata.resource_version
+        core.patch_namespaced_config_map("cm-0", "default", {"data": {"k": "v2"}})
+        events, thread = _watch_in_thread(
+            core.list_namespaced_config_map, "default", resource_version=old, count=2, _request_timeout=30
+        )
+        _take(events, 1)  # the watch is open and has the patch
+
+        def gone() -> bool:
+            try:
+                core.list_namespaced_config_map("default", resource_version=old, resource_version_match="Exact")
+            except ApiException as exc:
+                return exc.status == 410
+            return False
+
+        assert eventually(gone, timeout=5)
+        token = first.metadata._continue
+        status, body = api_error(core.list_namespaced_config_map, "default", limit=2, _continue=token)
+        assert (status, body["reason"]) == (410, "Expired")
+        with pytest.raises(ApiException) as info:
+            list(watch.Watch().stream(core.list_namespaced_config_map, "default", resource_version=old))
+        assert info.value.status == 410
+        # The watch opened before the compaction still sees what comes after it.
+        core.create_namespaced_config_map("default", configmap("later"))
+        (event,) = _take(events, 1)
+        assert (event["type"], event["object"].metadata.name) == ("ADDED", "later")
+        thread.join(10)
+    finally:
+        server.stop()
+
+
+def test_the_default_compaction_window_is_kube_apiservers():
+    server = TestApiServer()
+    assert server.compaction_interval == 300.0  # --etcd-compaction-interval
 
 
 def test_bookmarks_carry_the_current_resource_version(private_server, tmp_path):
