@@ -37,6 +37,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from adapters.k8s import quantity
 from adapters.k8s.render import (
     GFD_COUNT,
     GFD_MEMORY,
@@ -55,20 +56,6 @@ _MIG_PRODUCT = re.compile(r"^(?P<parent>.+)-MIG-(?P<profile>\d+g\.\d+gb)\Z")
 _FINISHED = ("Succeeded", "Failed")
 
 
-def quantity(value: Any) -> int:
-    """An extended-resource count (``"8"``; ``"8k"`` would be odd but is read)."""
-    if value is None:
-        return 0
-    text = str(value).strip()
-    suffixes = {"k": 10**3, "M": 10**6, "G": 10**9}
-    try:
-        if text and text[-1] in suffixes:
-            return int(float(text[:-1]) * suffixes[text[-1]])
-        return int(float(text))
-    except ValueError:
-        return 0
-
-
 def gpu_requests_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, Counter[str]]:
     """Extended GPU resources (``nvidia.com/gpu``, ``nvidia.com/mig-*``) held per node by
     bound Pods that have not finished (requests; limits where no request is given)."""
@@ -83,7 +70,7 @@ def gpu_requests_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, Counter
             asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
             for name, value in asked.items():
                 if name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX):
-                    held[node][name] += quantity(value)
+                    held[node][name] += quantity.count(value)
     return held
 
 
@@ -135,12 +122,12 @@ def node_units(
     unavailable = node_unavailable(node)
     product = labels.get(GFD_PRODUCT)
     model = _model(product, gpu_types)
-    memory_gb = float(model.memory_gb) if model else quantity(labels.get(GFD_MEMORY)) / 1024 or None
+    memory_gb = float(model.memory_gb) if model else quantity.count(labels.get(GFD_MEMORY)) / 1024 or None
     model_name = model.name if model else (product.removesuffix("-SHARED") if product else "unknown")
     strategy = labels.get(GFD_SHARING)
-    replicas = quantity(labels.get(GFD_REPLICAS)) or 1
-    advertised = quantity(allocatable.get(GPU_RESOURCE))
-    count = quantity(labels.get(GFD_COUNT))
+    replicas = quantity.count(labels.get(GFD_REPLICAS)) or 1
+    advertised = quantity.count(allocatable.get(GPU_RESOURCE))
+    count = quantity.count(labels.get(GFD_COUNT))
     base = {"node": name}
     if product:
         base["product"] = product
@@ -245,14 +232,14 @@ def node_units(
     for resource, value in sorted(allocatable.items()):
         if not resource.startswith(MIG_RESOURCE_PREFIX):
             continue
-        capacity = quantity(value)
+        capacity = quantity.count(value)
         profile = resource.removeprefix(MIG_RESOURCE_PREFIX)
         if capacity <= 0 or not re.match(r"^\d+g\.\d+gb\Z", profile):
             continue
         mig_product = labels.get(f"{resource}.product", "")
         match = _MIG_PRODUCT.match(mig_product)
         parent = _profile_parent(profile, match.group("parent") if match else product, gpu_types)
-        slice_replicas = quantity(labels.get(f"{resource}.replicas")) or 1  # time-sliced MIG slices
+        slice_replicas = quantity.count(labels.get(f"{resource}.replicas")) or 1  # time-sliced MIG slices
         units.append(
             unit(
                 Sharing.K8S_MIG,
