@@ -335,3 +335,21 @@ def test_an_extended_resource_count_as_a_server_may_write_it(served, expected):
 def test_what_is_no_quantity_counts_as_the_default():
     assert gpush_quantity.count(None) == 0 and gpush_quantity.count("") == 0
     assert gpush_quantity.count("16GB", default=-1) == -1 and gpush_quantity.count("1e999999999") == 0
+
+
+@pytest.mark.parametrize(
+    ("resource", "text", "units"),
+    [
+        ("cpu", "500m", 500),
+        ("cpu", "1.5E-2", 15),
+        ("cpu", "0.5n", 1),
+        ("memory", "107374182400m", 107374183),
+        ("memory", "1536Mi", 1536 * 2**20),
+        ("nvidia.com/gpu", "1k", 1000),
+        ("memory", "9Ei", 2**63 - 1),
+    ],
+)
+def test_the_simulator_reads_quantities_with_the_servers_parser(resource, text, units):
+    from integration.k8s.simulator import _quantity
+
+    assert _quantity(resource, text) == units

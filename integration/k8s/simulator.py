@@ -92,9 +92,9 @@ from functools import lru_cache
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from kubernetes.utils import parse_quantity
 from kubernetes.watch.watch import iter_resp_lines
 
+from integration.k8s.apiserver_quantity import from_json
 from integration.k8s.container_output import ContainerLog, program_output
 from integration.k8s.gpu_nodes import (
     DEVICE_PLUGIN_CONFIG_LABEL,
@@ -193,8 +193,9 @@ def _exists(read: Callable[..., bytes], *args) -> bool:
 
 @lru_cache(maxsize=8192)
 def _quantity(resource: str, text: str) -> int:
-    """A quantity as an integer: cpu in millicores, everything else in units (bytes for memory)."""
-    value = parse_quantity(text)
+    """A quantity as an integer: cpu in millicores, everything else in units (bytes for memory).
+    Read by the API server's own parser, so every form it stores reads as the server means it."""
+    value = from_json(text).value
     return math.ceil(value * 1000) if resource == "cpu" else math.ceil(value)
 
 
