@@ -14,6 +14,9 @@ resources each one defines. Verbs: get, list (selectors, pagination), watch, cre
 (JSON, merge, strategic merge; apply approximated as a merge), delete (with propagation), and
 deleteCollection; the status and scale subresources; ``pods/log``, read from the node's kubelet
 (apiserver_logs: the node simulator serves its kubelets' logs). The semantics live in apiserver_store.
+Like kube-apiserver it compacts its change history on a timer (``compaction_interval``, 300 s), stores
+quantities in their canonical form (apiserver_quantity), and prunes the fields of custom resources
+their schema does not declare, warning or refusing by ``fieldValidation`` (apiserver_pruning).
 
 Use :func:`start` in tests (the server runs in a background thread), or run
 ``python -m integration.k8s.apiserver --port 6443 --kubeconfig kubeconfig.yaml`` by hand.
