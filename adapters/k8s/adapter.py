@@ -92,6 +92,7 @@ from broker.core.adapter import (
     Health,
     JobOutput,
     LogReader,
+    Owner,
     Placement,
     Rejected,
     Scaler,
@@ -264,7 +265,7 @@ class KubernetesAdapter:
         said = "created on first use" if namespace is None else "readable"
         return Health(True, f"Kubernetes {version}: namespace {self.namespace} {said}", version)
 
-    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
         manifest = render(
             job_id,
             spec,

@@ -77,6 +77,7 @@ from broker.core.adapter import (
     Health,
     JobOutput,
     LogReader,
+    Owner,
     Placement,
     Rejected,
     Sharing,
@@ -284,7 +285,7 @@ class SlurmAdapter:
             self._foreign_phantoms = {j.job_id: j for j in still}
         return still
 
-    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
         self._skip_reused_ids()
         with self._lock:
             if not self._primed:

@@ -18,6 +18,13 @@ What callers may assume of every adapter:
   may be retried later (the job goes back to the queue, or the cycle skips the
   cluster). Anything else is a bug.
 - **No user work in the broker.** Adapters talk to a cluster; they never run jobs.
+- **Whose job it is.** ``submit`` gets the job's :class:`Owner`: the user and tenant of
+  the token that submitted it, never anything the job spec says. An adapter that runs
+  jobs under their users' own identities (Slurm's ``run_as=owner``, a namespace per
+  tenant on Kubernetes) takes it from there, and refuses (:class:`Rejected`, saying
+  why) a job whose owner it cannot map rather than running it as someone else.
+  ``owner`` is None only where no user is involved (the simulator's own replays,
+  adapter tests): the cluster's configured service identity then applies.
 
 Optional capabilities. Beyond the protocol an adapter may offer a few more things,
 each a small Protocol here, and it says which in its ``capabilities`` class attribute
@@ -25,7 +32,7 @@ each a small Protocol here, and it says which in its ``capabilities`` class attr
 none declared means none offered):
 
 - :class:`BatchSubmitter`: ``submit_many(items)``, items being ``(job_id, spec,
-  placement)``, returning per item the backend id or the :class:`AdapterError` it met,
+  placement, owner)``, returning per item the backend id or the :class:`AdapterError` it met,
   with ``submit``'s guarantees for each. The scheduler uses it (:func:`submit_batch`),
   so a cluster that serves submissions in parallel (Slurm) gets a cycle's jobs at once
   rather than one after another.
@@ -89,6 +96,14 @@ class Sharing(StrEnum):
             "mps": "process",
             "timeslice": "none",
         }[self.value.split("/", 1)[1]]
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a job belongs to: the user and tenant of the token that submitted it."""
+
+    user: str
+    tenant: str
 
 
 @dataclass(frozen=True)
@@ -239,8 +254,9 @@ class ClusterAdapter(Protocol):
 
     name: str
 
-    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
-        """Hand the job to the cluster; returns the backend id. Idempotent by ``job_id``."""
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
+        """Hand the job to the cluster as ``owner``'s; returns the backend id. Idempotent
+        by ``job_id``."""
 
     def cancel(self, job_id: int) -> None:
         """Stop the job if the cluster has it; no error if it does not."""
@@ -260,7 +276,8 @@ class ClusterAdapter(Protocol):
 
 # -- optional capabilities (see the module docstring) ------------------------------------
 
-SubmitItem = tuple[int, JobSpec, Placement]  # (gpush job id, spec, placement), as submit takes them
+# (gpush job id, spec, placement[, owner]), as submit takes them
+SubmitItem = tuple[int, JobSpec, Placement] | tuple[int, JobSpec, Placement, Owner]
 
 
 class BatchSubmitter(Protocol):
@@ -427,7 +444,7 @@ def submit_batch(adapter: ClusterAdapter, items: Sequence[SubmitItem]) -> list[s
 
 
 def submit_each(adapter: ClusterAdapter, items: Sequence[SubmitItem], *, threads: int = 1) -> list[str | AdapterError]:
-    """``adapter.submit`` for each ``(job_id, spec, placement)`` on up to ``threads`` threads:
+    """``adapter.submit`` for each ``(job_id, spec, placement[, owner])`` on up to ``threads`` threads:
     per item the backend id or the :class:`AdapterError` it raised, in order. What the
     scheduler does for an adapter without ``submit_many``, and what adapters that have
     one run after their own preparation."""

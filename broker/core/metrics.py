@@ -51,6 +51,7 @@ from broker.core.adapter import (
     Health,
     JobOutput,
     LogReader,
+    Owner,
     Placement,
     RenderedConfig,
     Scaler,
@@ -182,8 +183,8 @@ class InstrumentedAdapter:
     def __repr__(self) -> str:
         return f"InstrumentedAdapter({self.adapter!r})"
 
-    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
-        return self._call("submit", self.adapter.submit, job_id, spec, placement)
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
+        return self._call("submit", self.adapter.submit, job_id, spec, placement, owner)
 
     def cancel(self, job_id: int) -> None:
         return self._call("cancel", self.adapter.cancel, job_id)

@@ -36,6 +36,7 @@ class Candidate:
     spec_hash: str
     idempotency_key: str | None
     spec: JobSpec | None = None
+    user: str = ""  # who submitted it (their token's user): the identity it runs as
 
     @property
     def asked(self) -> JobSpec:  # what the policy's rules match on: the spec itself
@@ -131,12 +132,15 @@ class TenantQueue:
                     cast(Job.spec, Text),
                     Job.spec_hash,
                     Job.idempotency_key,
+                    Job.user,
                 )
                 .where(Job.tenant == self.tenant, _IS_QUEUED, Job.priority == self.levels[self.level])
                 .order_by(Job.created_at, Job.id)
                 .limit(self.left)
             ).all()
-            self.buffer.extend(Candidate(r[0], self.tenant, r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows)
+            self.buffer.extend(
+                Candidate(r[0], self.tenant, r[1], r[2], r[3], r[4], r[5], r[6], user=r[7]) for r in rows
+            )
             self.left -= len(rows)
             self.level += 1
             self.done = self.left <= 0 or self.level >= len(self.levels)

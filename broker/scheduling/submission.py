@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
-from broker.core.adapter import AdapterError, Placement, Rejected, Sharing, submit_batch
+from broker.core.adapter import AdapterError, Owner, Placement, Rejected, Sharing, submit_batch
 from broker.core.clusters import ClusterInfo
 from broker.core.states import JobState, set_states
 from broker.scheduling.claim import Candidate
@@ -144,7 +144,10 @@ class Submission:
         with report.timing("submit"):
             for cluster, items in by_cluster.items():
                 adapter = self._adapter(clusters[cluster])
-                results = submit_batch(adapter, [(job.job_id, job.spec, placement) for job, placement in items])
+                results = submit_batch(
+                    adapter,
+                    [(job.job_id, job.spec, placement, Owner(job.user, job.tenant)) for job, placement in items],
+                )
                 for (job, placement), result in zip(items, results):
                     if isinstance(result, Rejected):
                         answers.refused.append((job.job_id, placement, str(result)))

@@ -72,6 +72,7 @@ from broker.core.adapter import (
     Health,
     JobOutput,
     LogReader,
+    Owner,
     Placement,
     Rejected,
     Scaler,
@@ -230,7 +231,8 @@ class SimulatedCluster:
 
     # -- the adapter protocol ----------------------------------------------------------
 
-    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
+        # A simulated cluster runs no one's processes: whose job it is changes nothing.
         with self._shared():
             self._answer()
             if job_id not in self._jobs:

@@ -49,7 +49,7 @@ class Plain:
     def __init__(self):
         self.submitted = []
 
-    def submit(self, job_id, spec, placement):
+    def submit(self, job_id, spec, placement, owner=None):
         self.submitted.append(job_id)
         return f"plain-{job_id}"
 

@@ -338,7 +338,7 @@ class MigNodeSlurm:
         self.jobs: dict[int, Placement] = {}
         self._lock = threading.Lock()
 
-    def submit(self, job_id: int, spec: JobSpec, placement: Placement) -> str:
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner=None) -> str:
         with self._lock:
             self.jobs.setdefault(job_id, placement)
         return f"slurm-{job_id}"

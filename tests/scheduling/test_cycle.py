@@ -168,8 +168,8 @@ class CrashAfterSubmit:
     def __getattr__(self, item):
         return getattr(self.inner, item)
 
-    def submit(self, job_id, spec, placement):
-        self.inner.submit(job_id, spec, placement)
+    def submit(self, job_id, spec, placement, owner=None):
+        self.inner.submit(job_id, spec, placement, owner)
         raise SystemExit("broker killed between the adapter call and the database write")
 
 
@@ -201,7 +201,7 @@ def test_a_job_the_cluster_never_got_goes_back_to_the_queue(engine, sessions, cl
     job_id = submit(sessions, clock, kind="training", gpus=1)
 
     class CrashBeforeSubmit(CrashAfterSubmit):
-        def submit(self, job_id, spec, placement):
+        def submit(self, job_id, spec, placement, owner=None):
             raise SystemExit("broker killed before the adapter call")
 
     with sessions() as session:
@@ -293,8 +293,8 @@ class ClusterSays(CrashAfterSubmit):
         super().__init__(inner)
         self.pages: list[list[BackendJob]] = []
 
-    def submit(self, job_id, spec, placement):
-        return self.inner.submit(job_id, spec, placement)
+    def submit(self, job_id, spec, placement, owner=None):
+        return self.inner.submit(job_id, spec, placement, owner)
 
     def statuses(self, cursor=None):
         if self.pages:
