@@ -58,12 +58,13 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from adapters.settings import key_value_pairs, load_settings
 from adapters.slurm.client import SlurmClient, make_client
+from adapters.slurm.identity import resolve
 from adapters.slurm.output import Positions, read_from, read_tail
 from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode, Submission
 from adapters.slurm.render import expand_filename, job_id_of, log_directory, log_paths, render
@@ -125,6 +126,31 @@ class SlurmSettings(BaseModel):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
+    # Whose jobs they are (adapters.slurm.identity; README: "Jobs as their users").
+    run_as: Literal["service", "owner"] = Field(
+        "service",
+        description="service: every job as the cluster's user (REST) or the broker's own (CLI); "
+        "owner: each job as its gpush user's Unix user",
+    )
+    unix_users: dict[str, str] = Field(default_factory=dict, description="gpush user -> Unix user (run_as=owner)")
+    same_name_users: bool = Field(
+        True, description="a gpush user not in unix_users runs as the Unix user of the same name (else refused)"
+    )
+    tenant_accounts: dict[str, str] = Field(default_factory=dict, description="tenant -> Slurm account (--account)")
+    tenant_qos: dict[str, str] = Field(default_factory=dict, description="tenant -> Slurm QOS (--qos)")
+    tenant_partitions: dict[str, str] = Field(default_factory=dict, description="tenant -> partition")
+    jwt_key_file: str | None = Field(
+        None,
+        description="the site's jwt_hs256.key: the broker mints each user's token (REST, run_as=owner); "
+        "without it the service token of root or SlurmUser names the user (proxy mode)",
+    )
+    token_lifetime: int = Field(600, ge=60, le=86400, description="seconds a minted token lives")
+    switch_user: Literal["runuser", "sudo"] | None = Field(
+        None, description="how the CLI backend runs sbatch as a user: runuser (broker as root) or sudo -n"
+    )
+    command_prefix: str | None = Field(
+        None, description="a command the CLI commands run under, e.g. 'chroot /srv/slurm-24.11' (shell words)"
+    )
     workdir: str = "/tmp"
     log_dir: str = Field(
         ".",
@@ -168,6 +194,12 @@ class SlurmSettings(BaseModel):
     @classmethod
     def _pairs(cls, value: Any) -> Any:
         return key_value_pairs(value, "gpu_types", "a100=A100-SXM4-80GB", form="TYPE=MODEL")
+
+    @field_validator("unix_users", "tenant_accounts", "tenant_qos", "tenant_partitions", mode="before")
+    @classmethod
+    def _maps(cls, value: Any, info: ValidationInfo) -> Any:
+        form = "USER=UNIXNAME" if info.field_name == "unix_users" else "TENANT=NAME"
+        return key_value_pairs(value, info.field_name, "alice=asmith" if form[0] == "U" else "vision=vision", form=form)
 
     @field_validator("gpu_types")
     @classmethod
@@ -293,21 +325,36 @@ class SlurmAdapter:
             known = self._known.get(job_id)
         if known is not None:
             return known
+        s = self.settings
+        identity = resolve(
+            owner,
+            cluster=self.name,
+            run_as=s.run_as,
+            unix_users=s.unix_users,
+            same_name_users=s.same_name_users,
+            tenant_accounts=s.tenant_accounts,
+            tenant_qos=s.tenant_qos,
+            tenant_partitions=s.tenant_partitions,
+            account=s.account,
+            qos=s.qos,
+            partition=s.partition,
+        )
         submission = render(
             job_id,
             spec,
             placement,
-            tag=self.settings.tag,
+            tag=s.tag,
             gres_type=self._gres_type(placement),
-            mps_per_gpu=self.settings.mps_per_gpu,
+            mps_per_gpu=s.mps_per_gpu,
             gpu_memory_gb=self._model_memory(placement.gpu_model),
-            partition=self.settings.partition,
-            account=self.settings.account,
-            qos=self.settings.qos,
-            workdir=self.settings.workdir,
-            log_dir=self.settings.log_dir,
+            partition=identity.partition,
+            account=identity.account,
+            qos=identity.qos,
+            workdir=s.workdir,
+            log_dir=s.log_dir,
+            user=identity.user,
         )
-        self._make_log_dir()
+        self._make_log_dir(identity.user)
         backend_id = self.client.submit(submission)
         with self._lock:
             self._known[job_id] = backend_id
@@ -717,17 +764,28 @@ class SlurmAdapter:
             return self.settings.user or os.environ.get("USER") or "root"  # as make_client has it
         return pwd.getpwuid(os.geteuid()).pw_name
 
-    def _make_log_dir(self) -> None:
+    def _make_log_dir(self, user: str | None = None) -> None:
         """Create the log directory before a submission: Slurm creates none, and a job whose
         ``--output`` directory is missing fails at launch (JobLaunchFailure, Slurm 22.05).
         Made here, it is the nodes' directory when the broker shares their filesystem or is
         their machine; a broker elsewhere needs a ``log_dir`` the site made on the nodes."""
-        directory = log_directory(self.settings.workdir, self.settings.log_dir).replace("%u", self._slurm_user())
+        per_user = "%u" in self.settings.log_dir
+        directory = log_directory(self.settings.workdir, self.settings.log_dir).replace(
+            "%u", user or self._slurm_user()
+        )
         if os.path.isdir(directory):
             return
         try:
             os.makedirs(directory, exist_ok=True)
-        except OSError as exc:
+            if user is not None:
+                # Jobs that run as their users write here: a user's own directory is
+                # theirs, one shared by users is like /tmp (anyone writes, only the owner
+                # of a file removes it).
+                if per_user and os.geteuid() == 0:
+                    os.chown(directory, pwd.getpwnam(user).pw_uid, -1)
+                elif not per_user:
+                    os.chmod(directory, 0o1777)
+        except (OSError, KeyError) as exc:
             if directory not in self._log_dirs_refused:
                 self._log_dirs_refused.add(directory)
                 _log.warning(
@@ -735,7 +793,7 @@ class SlurmAdapter:
                     "exists on the nodes (set log_dir to a directory of a filesystem the nodes share)",
                     self.name,
                     directory,
-                    exc.strerror,
+                    getattr(exc, "strerror", None) or exc,
                 )
 
     def inventory(self) -> list[CapacityUnit]:

@@ -31,9 +31,10 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +42,7 @@ from typing import Any, Protocol
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from adapters.slurm.identity import TokenCache
 from adapters.slurm.records import FinishedRecord, SlurmJob, SlurmNode, Submission, exit_code, states, timestamp
 from adapters.slurm.render import DEFAULT_PATH
 from broker.core.adapter import Rejected, Unreachable
@@ -125,8 +127,14 @@ class CliBackend:
         bin_dir: str | None = None,
         jobcomp_file: str | None = None,
         timeout: float = 30.0,
+        command_prefix: Sequence[str] = (),
+        switch_user: str | None = None,
     ):
         self.env = dict(os.environ)
+        # Run every command under this one (a chroot with another Slurm, ssh to a login
+        # node): its commands are then looked up there, by name or in bin_dir.
+        self.prefix = tuple(command_prefix)
+        self.switch_user = switch_user or ("runuser" if os.geteuid() == 0 else "sudo")
         if slurm_conf:
             self.env["SLURM_CONF"] = slurm_conf
         self.bin_dir = bin_dir
@@ -135,17 +143,27 @@ class CliBackend:
         self._has_sacct: bool | None = None
 
     def _cmd(self, name: str) -> str:
+        if self.prefix:
+            return str(Path(self.bin_dir) / name) if self.bin_dir else name
         path = str(Path(self.bin_dir) / name) if self.bin_dir else shutil.which(name, path=self.env.get("PATH"))
         if not path or not Path(path).exists():
             raise Unreachable(f"{name} not found (install Slurm's client commands, or set the cluster's bin_dir)")
         return path
 
     def _run(
-        self, name: str, *args: str, stdin: str | None = None, env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        *args: str,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
+        argv = [self._cmd(name), *args]
+        if user is not None:
+            argv = [*self._as_user(user, env or {}), *argv]
         try:
             return subprocess.run(
-                [self._cmd(name), *args],
+                [*self.prefix, *argv],
                 input=stdin,
                 capture_output=True,
                 text=True,
@@ -155,6 +173,16 @@ class CliBackend:
             )
         except subprocess.TimeoutExpired:
             raise Unreachable(f"{name} did not answer in {self.timeout:g} s") from None
+
+    def _as_user(self, user: str, env: Mapping[str, str]) -> list[str]:
+        """The command that runs what follows as ``user``, passing on ``env``'s names
+        (runuser and sudo reset the environment; the job's comes from sbatch's)."""
+        names = sorted(env)
+        if self.switch_user == "runuser":  # the broker is root: util-linux's runuser
+            return ["runuser", "-u", user, "--", "env", *(f"{k}={env[k]}" for k in names)]
+        # sudo -n never asks for a password: a sudoers rule lets the broker's user run
+        # Slurm's commands as the site's users (README: "Jobs as their users").
+        return ["sudo", "-n", "-u", user, "--", "env", *(f"{k}={env[k]}" for k in names)]
 
     def _ok(self, name: str, *args: str) -> str:
         done = self._run(name, *args)
@@ -177,12 +205,14 @@ class CliBackend:
         clean = {"PATH": self.env.get("PATH", DEFAULT_PATH)} | {
             k: v for k, v in self.env.items() if k in ("SLURM_CONF", "LANG", "LC_ALL")
         }
-        done = self._run("sbatch", *job.sbatch_args(), stdin=job.script, env=clean)
+        done = self._run("sbatch", *job.sbatch_args(), stdin=job.script, env=clean, user=job.user)
         if done.returncode == 0:
             return done.stdout.strip().split(";", 1)[0]
         # sbatch says why in "sbatch: error: ..." lines, sometimes two for one reason
         # (DOS line breaks). No such line (killed, a missing library) is not Slurm's answer.
         said = [line.split(" error: ", 1)[1] for line in done.stderr.splitlines() if " error: " in line]
+        if job.user is not None and not said and _switch_refused(done.stderr):
+            raise Rejected(f"cannot run sbatch as {job.user}: {_last_line(done.stderr)}")
         message = " ".join(said) or _last_line(done.stderr) or f"sbatch exited {done.returncode}"
         if done.returncode > 0 and said and not _outage(message):
             raise Rejected(f"Slurm refused the job: {message}")
@@ -323,8 +353,13 @@ class RestBackend:
         jobcomp_file: str | None = None,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        jwt_key_file: str | None = None,
+        token_lifetime: int = 600,
     ):
         self.user = user
+        # Tokens for the users jobs run as, minted with the site's key; without a key a
+        # job runs as its user by proxy: the service token names the user in its header.
+        self._minted = TokenCache(jwt_key_file, token_lifetime) if jwt_key_file else None
         self._token, self._token_env, self._token_file = token, token_env, token_file
         self.jobcomp_file = jobcomp_file
         if transport is None and socket:
@@ -333,7 +368,18 @@ class RestBackend:
         self._version = api_version
         self._has_db: bool | None = None
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, user: str | None = None) -> dict[str, str]:
+        """The service identity's headers, or ``user``'s: a token minted for them with the
+        site's key, else the service token naming them (proxy mode, which slurmrestd
+        allows for a token of root or SlurmUser)."""
+        if user is not None and self._minted is not None:
+            return {"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": self._minted.token(user)}
+        headers = self._service_headers()
+        if user is not None:
+            headers["X-SLURM-USER-NAME"] = user
+        return headers
+
+    def _service_headers(self) -> dict[str, str]:
         token = self._token
         if self._token_env:
             token = os.environ.get(self._token_env)
@@ -348,13 +394,21 @@ class RestBackend:
             raise Unreachable("no Slurm token: set token_env or token_file for the cluster")
         return {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": token}
 
-    def _request(self, method: str, path: str, body: Any = None, *, plugin: str = "slurm") -> dict[str, Any]:
+    def _request(
+        self, method: str, path: str, body: Any = None, *, plugin: str = "slurm", user: str | None = None
+    ) -> dict[str, Any]:
         url = f"/{plugin}/{self.api_version()}/{path}"
         try:
-            response = self.http.request(method, url, headers=self._headers(), json=body)
+            response = self.http.request(method, url, headers=self._headers(user), json=body)
         except httpx.HTTPError as exc:
             raise Unreachable(f"slurmrestd at {self.http.base_url}: {exc}") from None
         if response.status_code in (401, 403):
+            if user is not None and (self._minted is not None or self._service_accepted()):
+                how = "a token minted with jwt_key_file" if self._minted else f"the token of {self.user} by proxy"
+                raise UserRefused(
+                    f"slurmrestd did not accept {how} for user {user} ({response.status_code}): the user must "
+                    "exist on the Slurm controller, and proxy mode needs the token of root or SlurmUser"
+                )
             raise Unreachable(f"slurmrestd refused the token ({response.status_code}): renew it (scontrol token)")
         try:
             data = response.json()
@@ -370,6 +424,13 @@ class RestBackend:
             )
             raise RestError(response.status_code, message, numbers=numbers, from_slurm=bool(errors), answer=data)
         return data
+
+    def _service_accepted(self) -> bool:
+        """Whether slurmrestd accepts the service token (so a refusal was of the user)."""
+        try:
+            return self.http.get(f"/slurm/{self.api_version()}/ping", headers=self._headers()).status_code == 200
+        except (httpx.HTTPError, Unreachable):
+            return False
 
     def api_version(self) -> str:
         if self._version is None:
@@ -422,7 +483,9 @@ class RestBackend:
     def submit(self, job: Submission) -> str:
         body = {"script": job.script, "job": self._job_body(job)}
         try:
-            data = self._request("POST", "job/submit", body)
+            data = self._request("POST", "job/submit", body, user=job.user)
+        except UserRefused as exc:
+            raise Rejected(str(exc)) from None
         except RestError as exc:
             created = exc.answer.get("job_id")
             if exc.status < 400 and isinstance(created, int) and not isinstance(created, bool) and created > 0:
@@ -504,6 +567,10 @@ class RestBackend:
         return []
 
 
+class UserRefused(Unreachable):
+    """slurmrestd did not accept the identity of the user a job runs as."""
+
+
 class RestError(Unreachable):
     """slurmrestd answered with an error: Unreachable unless a caller knows it is a refusal.
 
@@ -542,6 +609,14 @@ def _json(text: str, what: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _switch_refused(stderr: str) -> bool:
+    """Whether runuser or sudo, not sbatch, refused: no such user, no sudo rule."""
+    text = stderr.lower()
+    return any(
+        words in text for words in ("runuser:", "sudo:", "does not exist", "unknown user", "a password is required")
+    )
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     return lines[-1] if lines else ""
@@ -561,10 +636,14 @@ def make_client(config: Mapping[str, Any]) -> SlurmClient:
             api_version=config.get("api_version"),
             jobcomp_file=config.get("jobcomp_file"),
             timeout=timeout,
+            jwt_key_file=config.get("jwt_key_file"),
+            token_lifetime=int(config.get("token_lifetime") or 600),
         )
     return CliBackend(
         slurm_conf=config.get("slurm_conf"),
         bin_dir=config.get("bin_dir"),
         jobcomp_file=config.get("jobcomp_file"),
         timeout=timeout,
+        command_prefix=shlex.split(config.get("command_prefix") or ""),
+        switch_user=config.get("switch_user"),
     )

@@ -263,6 +263,9 @@ class Submission:
     error: str  # --error: its stderr file
     environment: dict[str, str] = field(default_factory=dict)
     hold: bool = False  # submitted held: it runs only once released
+    # The Unix user the job runs as (adapters.slurm.identity); None: the cluster's service
+    # identity (the REST user, or the broker's own user for sbatch).
+    user: str | None = None
 
     def sbatch_args(self) -> list[str]:
         """sbatch options as argv (no shell ever sees them); the script goes on stdin."""

@@ -180,6 +180,7 @@ def render(
     qos: str | None = None,
     workdir: str = "/tmp",
     log_dir: str = "gpush-logs",
+    user: str | None = None,
 ) -> Submission:
     if not spec.command:
         raise Rejected("Slurm runs a command: the job has none (give `command`, or `--` and the command)")
@@ -214,4 +215,5 @@ def render(
         output=output,
         error=error,
         environment=env,
+        user=user,
     )
