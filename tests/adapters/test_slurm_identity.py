@@ -17,7 +17,9 @@ from adapters.slurm.client import CliBackend, RestBackend
 from adapters.slurm.identity import resolve
 from broker.core.adapter import Owner, Rejected, Unreachable
 from broker.core.errors import InvalidRequest
-from tests.adapters.test_slurm_adapter import adapter, mig, recorded_2205, spec
+from tests.adapters.test_slurm_adapter import _workdir, adapter, mig, recorded_2205, spec
+
+_workdir = _workdir  # autouse: jobs are submitted into the test's own directory
 
 ALICE = Owner("alice", "vision")
 

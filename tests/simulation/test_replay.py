@@ -45,7 +45,7 @@ SHIPPED_TRACE = next(
             ROOT.parent / "shared" / "traces" / "alibaba-openb-2023",
             Path("/work/shared/traces/alibaba-openb-2023"),
         )
-        if p.is_dir()
+        if (p / "openb_pod_list_default.csv").is_file()
     ),
     ROOT.parent / "shared" / "traces" / "alibaba-openb-2023",
 )
