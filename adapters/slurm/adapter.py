@@ -198,8 +198,9 @@ class SlurmSettings(BaseModel):
     @field_validator("unix_users", "tenant_accounts", "tenant_qos", "tenant_partitions", mode="before")
     @classmethod
     def _maps(cls, value: Any, info: ValidationInfo) -> Any:
-        form = "USER=UNIXNAME" if info.field_name == "unix_users" else "TENANT=NAME"
-        return key_value_pairs(value, info.field_name, "alice=asmith" if form[0] == "U" else "vision=vision", form=form)
+        if info.field_name == "unix_users":
+            return key_value_pairs(value, info.field_name, "alice=asmith", form="USER=UNIXNAME")
+        return key_value_pairs(value, info.field_name, "vision=vision", form="TENANT=NAME")
 
     @field_validator("gpu_types")
     @classmethod

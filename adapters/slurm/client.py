@@ -177,12 +177,11 @@ class CliBackend:
     def _as_user(self, user: str, env: Mapping[str, str]) -> list[str]:
         """The command that runs what follows as ``user``, passing on ``env``'s names
         (runuser and sudo reset the environment; the job's comes from sbatch's)."""
-        names = sorted(env)
-        if self.switch_user == "runuser":  # the broker is root: util-linux's runuser
-            return ["runuser", "-u", user, "--", "env", *(f"{k}={env[k]}" for k in names)]
-        # sudo -n never asks for a password: a sudoers rule lets the broker's user run
-        # Slurm's commands as the site's users (README: "Jobs as their users").
-        return ["sudo", "-n", "-u", user, "--", "env", *(f"{k}={env[k]}" for k in names)]
+        # runuser: the broker is root (util-linux). sudo -n never asks for a password: a
+        # sudoers rule lets the broker's user run Slurm's commands as the site's users
+        # (README: "Jobs as their users").
+        switch = ["runuser", "-u", user] if self.switch_user == "runuser" else ["sudo", "-n", "-u", user]
+        return [*switch, "--", "env", *(f"{k}={env[k]}" for k in sorted(env))]
 
     def _ok(self, name: str, *args: str) -> str:
         done = self._run(name, *args)
