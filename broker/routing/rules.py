@@ -46,7 +46,7 @@ from broker.core.adapter import Sharing
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, gpu_model
 from broker.core.schemas import Isolation, Kind
-from broker.core.yamltext import EXCERPT_CHARS, BoundedLoader, excerpt, yaml_problem
+from broker.core.yamltext import EXCERPT_CHARS, BoundedLoader, excerpt, gc_paused, yaml_problem
 
 MIG_SHARING = frozenset({Sharing.SLURM_MIG, Sharing.K8S_MIG})
 
@@ -420,6 +420,11 @@ def _refuse(source: str, details: list[dict[str, Any]]) -> InvalidRequest:
 def load_policy(text: str, source: str = "policy") -> Policy:
     """A policy from YAML text, or :class:`InvalidRequest` whose message names ``source``,
     the line and column, the field, the value and what is allowed, for every error."""
+    with gc_paused():
+        return _load_policy(text, source)
+
+
+def _load_policy(text: str, source: str) -> Policy:
     try:
         loader = BoundedLoader(text)  # reading starts here: a control character is refused at once
     except yaml.YAMLError as exc:

@@ -23,6 +23,7 @@ from broker.core.adapter import CapacityUnit, Sharing
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, gpu_model
 from broker.core.schemas import Isolation, Kind
+from broker.core.yamltext import gc_paused
 from broker.routing.rules import (
     MIG_SHARING,
     GpuCountRange,
@@ -602,6 +603,11 @@ def validate(policy: Policy, clusters: Mapping[str, ClusterView]) -> ValidationR
     without a memory bound, modes a cluster has no units of right now, and repeated
     routes.
     """
+    with gc_paused():  # thousands of findings and index entries: see gc_paused
+        return _validate(policy, clusters)
+
+
+def _validate(policy: Policy, clusters: Mapping[str, ClusterView]) -> ValidationReport:
     out = _Findings(policy)
     shadows = shadowed_by([rule.match for rule in policy.rules])
     for index, rule in enumerate(policy.rules):
