@@ -12,7 +12,9 @@ and leaves it running. A cluster that does not start is a failure, never a skip:
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,3 +58,51 @@ def slurm_cluster() -> Iterator[SlurmTestCluster]:
         yield cluster
     finally:
         cluster.stop(purge=not chosen)
+
+
+# -- a site's cluster: slurmdbd, associations, users and accounts ---------------------
+
+# The site's people: Unix users the setup creates, each in the Slurm account of a tenant.
+SITE_USERS = {"alice": "vision", "bob": "nlp"}
+# Its own ports, so that it runs beside the session's plain cluster.
+SITE_PORTS = {
+    "GPUSH_SLURMCTLD_PORT": "7817",
+    "GPUSH_SLURMDBD_PORT": "7819",
+    "GPUSH_SLURMRESTD_PORT": "7820",
+    "GPUSH_SLURMD_PORT": "7821",
+}
+
+
+def ensure_unix_user(name: str) -> None:
+    """The Unix user ``name``, created (with a home) if the machine has none: a site's
+    jobs run as real users, whose files and processes are theirs."""
+    try:
+        pwd.getpwnam(name)
+        return
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        pytest.fail(f"the site tests need a Unix user {name!r}: create it (useradd -m {name}) or run as root")
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_site() -> Iterator[SlurmTestCluster]:
+    """A Slurm cluster as a real site runs one (start.sh --accounting): slurmdbd on the
+    machine's MariaDB, AccountingStorageEnforce=associations,limits,qos, Unix users alice
+    and bob, account vision (alice's) and nlp (bob's). Root keeps its own association."""
+    for user in SITE_USERS:
+        ensure_unix_user(user)
+    state = Path(tempfile.mkdtemp(prefix="gpush-slurm-site-"))
+    try:
+        cluster = start(state, fresh=True, env=SITE_PORTS, accounting=True)
+    except SlurmClusterError as exc:
+        shutil.rmtree(state, ignore_errors=True)
+        pytest.fail(f"the Slurm site cluster (slurmdbd on MariaDB) did not start in {state}:\n{exc}", pytrace=False)
+    try:
+        cluster.sacctmgr("add", "account", ",".join(sorted(set(SITE_USERS.values()))))
+        for user, account in SITE_USERS.items():
+            cluster.sacctmgr("add", "user", user, f"account={account}")
+        yield cluster
+    finally:
+        cluster.stop(purge=True)

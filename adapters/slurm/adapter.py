@@ -64,7 +64,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from adapters.settings import key_value_pairs, load_settings
 from adapters.slurm.client import SlurmClient, make_client
-from adapters.slurm.identity import resolve
+from adapters.slurm.identity import explain_refusal, resolve
+from adapters.slurm.limits import limit_reason
 from adapters.slurm.output import Positions, read_from, read_tail
 from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode, Submission
 from adapters.slurm.render import expand_filename, job_id_of, log_directory, log_paths, render
@@ -356,7 +357,12 @@ class SlurmAdapter:
             user=identity.user,
         )
         self._make_log_dir(identity.user)
-        backend_id = self.client.submit(submission)
+        try:
+            backend_id = self.client.submit(submission)
+        except Rejected as exc:
+            raise Rejected(
+                explain_refusal(str(exc), identity, cluster=self.name, service_user=self._slurm_user())
+            ) from None
         with self._lock:
             self._known[job_id] = backend_id
             self._active.add(job_id)
@@ -1010,8 +1016,8 @@ class SlurmAdapter:
         }
         if reason in explained:
             return explained[reason]
-        if reason.startswith(("QOS", "Assoc")):
-            return f"waiting for a Slurm limit of {self.name} ({reason}: an account or QOS limit is reached)"
+        if (limit := limit_reason(reason, cluster=self.name, account=job.account, qos=job.qos)) is not None:
+            return limit
         return f"waiting in {self.name}: {reason}"
 
     def _usage(self, jobs: Sequence[SlurmJob] | None = None) -> _Usage | None:

@@ -121,3 +121,38 @@ class TokenCache:
             self._tokens[user] = (now + self.lifetime * 2 / 3, token)
             return token
         return held[1]
+
+
+# Slurm's words when an association check refuses a job, and what the site does about it.
+_ASSOCIATION_REFUSALS = (
+    ("Invalid account", "account"),
+    ("Invalid qos", "qos"),
+    ("Job's account not permitted to use this partition", "partition"),
+)
+
+
+def explain_refusal(message: str, identity: SlurmIdentity, *, cluster: str, service_user: str) -> str:
+    """Slurm's refusal of a submission, with what it means for this job's identity: an
+    association that is missing is the site's to add (``sacctmgr``), and a user Slurm does
+    not know at all may have no Unix account on the cluster."""
+    user = identity.user or service_user
+    for words, what in _ASSOCIATION_REFUSALS:
+        if words.lower() not in message.lower():
+            continue
+        if what == "qos":
+            hint = (
+                f"user {user} may not use QOS {identity.qos or '(the default)'} on {cluster}: an admin allows it "
+                f"(sacctmgr modify user {user} set qos+={identity.qos or 'QOS'}) or maps the tenant to another "
+                "(tenant_qos)"
+            )
+        else:
+            account = identity.account or "(the user's default account)"
+            hint = (
+                f"user {user} has no Slurm association with account {account} on {cluster}"
+                + (f" and partition {identity.partition}" if what == "partition" and identity.partition else "")
+                + f": an admin adds one (sacctmgr add user {user} account={identity.account or 'ACCOUNT'})"
+            )
+            if identity.user:
+                hint += f", and {user} must be a Unix user on the cluster's nodes"
+        return f"{message}; {hint}"
+    return message

@@ -153,6 +153,8 @@ class SlurmJob:
     work_dir: str = ""
     user: str = ""
     batch_host: str = ""  # the node that runs the batch script (its output file is there)
+    account: str = ""  # the Slurm account it is charged to
+    qos: str = ""
 
     @property
     def state(self) -> str:
@@ -196,6 +198,8 @@ class SlurmJob:
             work_dir=str(raw.get("current_working_directory") or ""),
             user=str(raw.get("user_name") or ""),
             batch_host=str(raw.get("batch_host") or ""),
+            account=str(raw.get("account") or ""),
+            qos=str(raw.get("qos") or ""),
         )
 
 

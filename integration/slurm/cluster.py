@@ -91,6 +91,7 @@ class SlurmTestCluster:
     rest_api: str  # newest OpenAPI version slurmrestd serves, e.g. "v0.0.38"
     log_dir: Path
     jobcomp: Path  # jobcomp/filetxt: one line per finished job
+    accounting: bool = False  # started with --accounting: slurmdbd, associations enforced
 
     @classmethod
     def load(cls, state: str | os.PathLike[str]) -> SlurmTestCluster:
@@ -107,6 +108,7 @@ class SlurmTestCluster:
             rest_api=env["GPUSH_SLURMRESTD_API"],
             log_dir=Path(env["GPUSH_SLURM_LOG_DIR"]),
             jobcomp=Path(env["GPUSH_SLURM_JOBCOMP"]),
+            accounting=env.get("GPUSH_SLURM_ACCOUNTING") == "1",
         )
 
     @property
@@ -156,6 +158,37 @@ class SlurmTestCluster:
     def rest_path(self, endpoint: str) -> str:
         """``/slurm/v0.0.38/jobs`` for ``"jobs"``, with the API version this Slurm serves."""
         return f"/slurm/{self.rest_api}/{endpoint.lstrip('/')}"
+
+    # -- accounting (clusters started with --accounting) ---------------------------
+
+    def sacctmgr(self, *args: str, timeout: float = 20.0) -> str:
+        """``sacctmgr -i ARGS`` (no questions asked); its output. sacctmgr waits for ever on a
+        slurmdbd that does not answer, hence the timeout."""
+        self._needs_accounting("sacctmgr")
+        return self.run("sacctmgr", "-i", *args, timeout=timeout).stdout
+
+    def sacct(self, *job_ids: int) -> list[dict[str, str]]:
+        """What Slurm's own accounting (slurmdbd) recorded of the jobs: one row each (the
+        allocation, not its steps) with JobID, User, Account, QOS, State, AllocTRES."""
+        self._needs_accounting("sacct")
+        fields = ["JobID", "User", "Account", "QOS", "State", "AllocTRES"]
+        out = self.run(
+            "sacct",
+            "-a",
+            "-X",
+            "-n",
+            "-P",
+            f"--format={','.join(fields)}",
+            "-j",
+            ",".join(str(i) for i in job_ids),
+        ).stdout
+        return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line]
+
+    def _needs_accounting(self, what: str) -> None:
+        if not self.accounting:
+            raise SlurmClusterError(
+                f"{what}: the cluster in {self.state} runs without slurmdbd (start.sh --accounting)"
+            )
 
     # -- jobs and nodes ------------------------------------------------------------
 
@@ -287,17 +320,22 @@ def _run_script(script: Path, *args: str, env: Mapping[str, str] | None = None, 
 
 
 def start(
-    state: str | os.PathLike[str], fresh: bool = True, *, env: Mapping[str, str] | None = None
+    state: str | os.PathLike[str],
+    fresh: bool = True,
+    *,
+    env: Mapping[str, str] | None = None,
+    accounting: bool = False,
 ) -> SlurmTestCluster:
     """Start (or restart) the cluster in ``state`` and return it once it is usable.
 
     ``fresh`` forgets the jobs and node state of an earlier run in the same directory.
     Ports and the start timeout come from the environment, or ``env`` on top of it:
     ``GPUSH_SLURMCTLD_PORT``, ``GPUSH_SLURMD_PORT``, ``GPUSH_SLURMRESTD_PORT``,
-    ``GPUSH_SLURM_START_TIMEOUT``. Raises :class:`SlurmClusterError` with the daemons'
+    ``GPUSH_SLURM_START_TIMEOUT`` (and ``GPUSH_SLURMDBD_PORT`` with ``accounting``: slurmdbd
+    on the machine's MariaDB, associations enforced). Raises :class:`SlurmClusterError` with the daemons'
     log tails when the cluster does not come up; start.sh then leaves nothing running.
     """
-    _run_script(START, str(state), *(["--fresh"] if fresh else []), env=env)
+    _run_script(START, str(state), *(["--fresh"] if fresh else []), *(["--accounting"] if accounting else []), env=env)
     return SlurmTestCluster.load(state)
 
 

@@ -8,12 +8,13 @@
 set -euo pipefail
 started=$(date +%s%N)
 
-# slurmctld, slurmd, the client commands and slurmrestd; munge for node authentication.
+# slurmctld, slurmd, the client commands and slurmrestd; munge for node authentication;
+# slurmdbd (and the mariadb client, to create its database) for the accounting cluster.
 # The auth/jwt and rest_auth/jwt plugins that slurmrestd needs are in
 # slurm-wlm-jwt-plugin, not in slurmrestd itself. start.sh also uses curl (to see
 # slurmrestd answer), setpriv (util-linux, to run slurmrestd unprivileged) and
 # hostname -s.
-PACKAGES=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge curl util-linux hostname)
+PACKAGES=(slurmctld slurmd slurmdbd slurm-client slurmrestd slurm-wlm-jwt-plugin munge curl util-linux hostname mariadb-client)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -8,15 +8,26 @@
 #
 # Partitions: gpu (default, every node), mig, mps, exclusive (gpu01).
 # Daemons: munged (own key and socket), slurmctld, three slurmd, slurmrestd (JWT)
-# on 127.0.0.1 and a unix socket. No slurmdbd. No systemd, no cgroups.
+# on 127.0.0.1 and a unix socket; with --accounting also slurmdbd on MariaDB. No
+# systemd, no cgroups.
 #
-# Usage: start.sh STATE [--fresh]
-#   --fresh  forget the jobs and node state of an earlier run in STATE (job ids
-#            restart at 1); without it a restart keeps them, as a real cluster does.
+# Usage: start.sh STATE [--fresh] [--accounting]
+#   --fresh       forget the jobs and node state of an earlier run in STATE (job ids
+#                 restart at 1; with --accounting the accounting database too);
+#                 without it a restart keeps them, as a real cluster does.
+#   --accounting  what a real site runs: slurmdbd storing into MariaDB (a database and
+#                 user of its own, created here), AccountingStorageEnforce=associations,
+#                 limits,qos and gres/gpu counted as a TRES, so that only users with an
+#                 association may run jobs and account limits (GrpTRES=gres/gpu=N)
+#                 hold. The cluster is registered; accounts and users are the
+#                 caller's to add (sacctmgr). MariaDB must answer at GPUSH_MARIADB_HOST
+#                 (127.0.0.1):GPUSH_MARIADB_PORT (3306) to GPUSH_MARIADB_ADMIN (root,
+#                 no password), which may create databases and users.
 # Ports (TCP, 127.0.0.1): GPUSH_SLURMCTLD_PORT (6817), GPUSH_SLURMD_PORT (6821; the
 # nodes take it, +1 and +2), GPUSH_SLURMRESTD_PORT (6820). A second cluster on the
 # same machine needs another STATE and other ports.
 # GPUSH_SLURM_START_TIMEOUT (30): seconds to wait for the nodes and slurmrestd.
+# GPUSH_SLURMDBD_PORT (6819): slurmdbd's port with --accounting.
 #
 # Everything (config, keys, sockets, pid files, logs, spool, fake /dev) lives under
 # STATE; /etc is not touched. On success it writes STATE/env.sh; on failure it exits
@@ -25,11 +36,12 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 started=$(date +%s%N)
 
-usage() { echo "usage: $0 STATE [--fresh]" >&2; exit 2; }
-STATE="" FRESH=0
+usage() { echo "usage: $0 STATE [--fresh] [--accounting]" >&2; exit 2; }
+STATE="" FRESH=0 ACCOUNTING=0
 for arg in "$@"; do
     case $arg in
         --fresh) FRESH=1 ;;
+        --accounting) ACCOUNTING=1 ;;
         -*) usage ;;
         *) [ -z "$STATE" ] || usage; STATE=$arg ;;
     esac
@@ -43,6 +55,7 @@ die() { echo "start.sh: $*" >&2; exit 1; }
 CTLD_PORT=${GPUSH_SLURMCTLD_PORT:-6817}
 NODE_PORT=${GPUSH_SLURMD_PORT:-6821}
 REST_PORT=${GPUSH_SLURMRESTD_PORT:-6820}
+DBD_PORT=${GPUSH_SLURMDBD_PORT:-6819}
 NODES=(mig01 mps01 gpu01)
 ETC=$STATE/etc RUN=$STATE/run LOG=$STATE/log DEV=$STATE/dev
 CONF=$ETC/slurm.conf
@@ -108,9 +121,11 @@ rm -f "$STATE/env.sh"
 # Another process on one of our ports would make a daemon exit after a while with a
 # less obvious message; say it up front.
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for port in "$CTLD_PORT" "$REST_PORT" $((NODE_PORT)) $((NODE_PORT + 1)) $((NODE_PORT + 2)); do
+PORTS=("$CTLD_PORT" "$REST_PORT" $((NODE_PORT)) $((NODE_PORT + 1)) $((NODE_PORT + 2)))
+((ACCOUNTING)) && PORTS+=("$DBD_PORT")
+for port in "${PORTS[@]}"; do
     ! port_taken "$port" ||
-        die "port $port on 127.0.0.1 is already in use; choose others with GPUSH_SLURMCTLD_PORT, GPUSH_SLURMD_PORT, GPUSH_SLURMRESTD_PORT"
+        die "port $port on 127.0.0.1 is already in use; choose others with GPUSH_SLURMCTLD_PORT, GPUSH_SLURMD_PORT, GPUSH_SLURMRESTD_PORT, GPUSH_SLURMDBD_PORT"
 done
 
 mkdir -p "$ETC" "$RUN/restd" "$LOG" "$DEV" "$STATE/ctld" "$STATE/spool" "$STATE/munge"
@@ -165,6 +180,65 @@ node_line() { # name slurmd-port-offset gres
     echo "NodeName=$1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((NODE_PORT + $2))" \
         "CPUs=16 RealMemory=64000 Gres=$3 State=UNKNOWN"
 }
+# --- accounting (--accounting): slurmdbd and its MariaDB database, one per cluster
+# port so that several test clusters can share the server. The database user's
+# password is made here and kept in slurmdbd.conf (0600), as on a real site.
+ACCOUNTING_CONF=""
+if ((ACCOUNTING)); then
+    command -v slurmdbd >/dev/null || die "slurmdbd is not installed: run integration/slurm/install.sh"
+    command -v mariadb >/dev/null || die "the mariadb client is not installed: run integration/slurm/install.sh"
+    DB_NAME=gpush_slurm_acct_$CTLD_PORT DB_USER=gpush_slurm_$CTLD_PORT
+    DB_HOST=${GPUSH_MARIADB_HOST:-127.0.0.1} DB_PORT=${GPUSH_MARIADB_PORT:-3306}
+    sql() { timeout 20 mariadb -u "${GPUSH_MARIADB_ADMIN:-root}" -h "$DB_HOST" -P "$DB_PORT" --batch -e "$1"; }
+    sql "SELECT 1" >/dev/null ||
+        die "MariaDB does not answer at $DB_HOST:$DB_PORT as ${GPUSH_MARIADB_ADMIN:-root}: start it (start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd) or set GPUSH_MARIADB_HOST/PORT/ADMIN"
+    [ -s "$ETC/slurmdbd.pass" ] || { head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$ETC/slurmdbd.pass"; chmod 600 "$ETC/slurmdbd.pass"; }
+    DB_PASS=$(<"$ETC/slurmdbd.pass")
+    ((FRESH)) && sql "DROP DATABASE IF EXISTS $DB_NAME"
+    sql "CREATE DATABASE IF NOT EXISTS $DB_NAME;
+         CREATE USER IF NOT EXISTS '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+         CREATE USER IF NOT EXISTS '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+         ALTER USER '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+         ALTER USER '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+         GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'localhost';
+         GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'127.0.0.1';" ||
+        die "could not create database $DB_NAME and user $DB_USER in MariaDB"
+    # slurmdbd reads slurmdbd.conf beside slurm.conf (SLURM_CONF's directory), and
+    # refuses one that others may read: it holds the database password.
+    cat >"$ETC/slurmdbd.conf" <<EOF
+# Written by integration/slurm/start.sh for Slurm $SLURM_VERSION; rewritten at each start.
+AuthType=auth/munge
+# the cluster's own munged, not the system's: sacctmgr and slurmctld use this socket
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$RUN/slurmdbd.pid
+LogFile=$LOG/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=$DB_HOST
+StoragePort=$DB_PORT
+StorageUser=$DB_USER
+StoragePass=$DB_PASS
+StorageLoc=$DB_NAME
+EOF
+    chmod 600 "$ETC/slurmdbd.conf"
+    ACCOUNTING_CONF="# --accounting: jobs are recorded by slurmdbd, and only users with an association
+# (sacctmgr add user NAME account=ACCOUNT) may run them; account and QOS limits hold.
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+# The munge socket for slurmdbd connections is not AuthInfo's but this one: without it
+# slurmctld and sacctmgr look for the system's munged and retry for ever.
+AccountingStoragePass=$MUNGE_SOCKET
+AccountingStorageEnforce=associations,limits,qos
+AccountingStorageTRES=gres/gpu,gres/mps
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30"
+fi
+
 # Options whose default is "none" (accounting storage, job accounting, switch, task
 # and MPI plugins) are left out on purpose: newer Slurm builds dropped several
 # */none plugin files, and the defaults mean the same in every version.
@@ -214,6 +288,7 @@ MessageTimeout=10
 KillWait=2
 InactiveLimit=0
 GresTypes=gpu,mps
+$ACCOUNTING_CONF
 $(node_line mig01 0 gpu:1g.5gb:7,gpu:3g.20gb:2)
 $(node_line mps01 1 gpu:a100:1,mps:100)
 $(node_line gpu01 2 gpu:a100:2)
@@ -275,6 +350,20 @@ export SLURM_CONF=$CONF
 munged --force --socket="$MUNGE_SOCKET" --key-file="$STATE/munge/munge.key" \
     --pid-file="$RUN/munged.pid" --log-file="$LOG/munged.log" --seed-file="$STATE/munge/munged.seed" ||
     give_up "munged did not start"
+if ((ACCOUNTING)); then
+    slurmdbd || give_up "slurmdbd did not start"
+    # sacctmgr waits for ever on a slurmdbd that does not answer: bound each call.
+    sacctmgr_() { timeout 15 sacctmgr -i "$@"; }
+    deadline=$(($(date +%s) + ${GPUSH_SLURM_START_TIMEOUT:-30}))
+    until sacctmgr_ -n list cluster format=cluster >/dev/null 2>&1; do
+        ! gone "$RUN/slurmdbd.pid" || give_up "slurmdbd exited"
+        (($(date +%s) <= deadline)) || give_up "slurmdbd does not answer sacctmgr"
+        sleep 0.2
+    done
+    # slurmctld registers itself only with a cluster the database knows.
+    sacctmgr_ -n list cluster format=cluster | grep -qw gpush ||
+        sacctmgr_ add cluster gpush >/dev/null || give_up "sacctmgr add cluster gpush failed"
+fi
 # a configuration error makes these exit before they daemonize
 slurmctld -f "$CONF" || give_up "slurmctld did not start"
 for n in "${NODES[@]}"; do
@@ -320,7 +409,9 @@ done
         GPUSH_SLURM_DEV_DIR "$DEV" \
         GPUSH_SLURMCTLD_PORT "$CTLD_PORT" \
         GPUSH_SLURMD_PORT "$NODE_PORT" \
-        GPUSH_SLURMRESTD_PORT "$REST_PORT"
+        GPUSH_SLURMRESTD_PORT "$REST_PORT" \
+        GPUSH_SLURM_ACCOUNTING "$ACCOUNTING" \
+        GPUSH_SLURMDBD_PORT "$DBD_PORT"
 } >"$STATE/env.sh"
 
 sinfo -N -o '%N %P %t %G' | sort -u

@@ -73,6 +73,7 @@ stop_daemon slurmctld "$RUN/slurmctld.pid"
 for f in "$RUN"/slurmd-*.pid; do
     [ -e "$f" ] && stop_daemon slurmd "$f"
 done
+stop_daemon slurmdbd "$RUN/slurmdbd.pid"
 stop_daemon munged "$RUN/munged.pid"
 
 # 3. A job step that survived anyway (its slurmd was killed, say). slurmstepd is a

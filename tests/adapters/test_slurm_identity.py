@@ -202,3 +202,26 @@ def test_rest_refusing_a_user_is_a_refusal_while_the_service_is_accepted():
 
     with pytest.raises(Unreachable, match="renew it"):  # the service token itself: an outage
         rest(down).submit(rendered("carol"))
+
+
+def test_a_missing_association_is_explained_with_what_the_site_does():
+    from adapters.slurm.identity import SlurmIdentity, explain_refusal
+
+    identity = SlurmIdentity(user="mallory", account="vision", qos=None, partition=None)
+    text = explain_refusal(
+        "Slurm refused the job: Invalid account or account/partition combination specified",
+        identity,
+        cluster="slurm-a",
+        service_user="gpush",
+    )
+    assert text.startswith("Slurm refused the job: Invalid account")
+    assert "user mallory has no Slurm association with account vision on slurm-a" in text
+    assert "sacctmgr add user mallory account=vision" in text
+    assert "mallory must be a Unix user" in text
+
+    qos = SlurmIdentity(user=None, account=None, qos="high", partition=None)
+    text = explain_refusal("Invalid qos specification", qos, cluster="slurm-a", service_user="gpush")
+    assert "user gpush may not use QOS high" in text and "tenant_qos" in text
+    assert explain_refusal("Requested node configuration is not available", qos, cluster="c", service_user="u") == (
+        "Requested node configuration is not available"
+    )
