@@ -58,8 +58,8 @@ def limit_reason(reason: str, *, cluster: str, account: str = "", qos: str = "")
     Slurm: AssocGrpGRES): it starts when the account's other jobs free some"``; None for a
     reason that is not a limit (Resources, Priority, ...)."""
     names = {
-        "account": f"account {account}" if account else "the job's account",
-        "qos": f"QOS {qos}" if qos else "the job's QOS",
+        "account": f"account {account}" if account else "the account",
+        "qos": f"QOS {qos}" if qos else "the QOS",
     }
     said = f"Slurm: {reason}"
     if reason in _WHOLE:

@@ -838,7 +838,7 @@ def test_pending_reasons_say_what_the_job_waits_for():
     assert gpush.pending_reason(share) == "waiting in slurm-a for an MPS share of 25 (25 of 100 busy)"
 
     limited = SlurmJob.of(dict(raw_job(V2205 / "squeue.json", "gpush-8"), state_reason="QOSMaxGRESPerUser"))
-    assert "a Slurm limit of slurm-a (QOSMaxGRESPerUser" in gpush.pending_reason(limited)
+    assert "the QOS's limit on GPUs per user (MaxTRESPU=gres/gpu=N; Slurm: QOSMaxGRESPerUser)" in gpush.pending_reason(limited)
 
 
 def test_a_job_slurm_requeued_itself_says_so_and_when_it_may_start(monkeypatch):

@@ -54,4 +54,4 @@ def test_what_is_not_a_limit_is_left_to_the_other_reasons(reason):
 
 
 def test_without_an_account_or_qos_the_job_s_own_is_named():
-    assert "the job's account's limit" in limit_reason("AssocGrpGRES", cluster="c")
+    assert "the account's limit" in limit_reason("AssocGrpGRES", cluster="c")
