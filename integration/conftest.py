@@ -15,7 +15,11 @@ import pytest
 from psycopg import sql
 
 from broker.core.db import make_engine, upgrade
-from integration.slurm_fixtures import slurm_cluster, slurm_site  # noqa: F401  (Slurm test clusters, one of each per session)
+from integration.slurm_fixtures import (  # noqa: F401  (Slurm test clusters, one of each per session)
+    slurm_chroots,
+    slurm_cluster,
+    slurm_site,
+)
 
 ADMIN_DSN = os.environ.get("GPUSH_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.slurm.cluster import SlurmClusterError, SlurmTestCluster, start
+from integration.slurm.cluster import SlurmClusterError, SlurmTestCluster, chroot_of, start, unmount_chroot
 
 
 def _running_cluster(state: str) -> SlurmTestCluster | None:
@@ -103,6 +103,56 @@ def slurm_site() -> Iterator[SlurmTestCluster]:
         cluster.sacctmgr("add", "account", ",".join(sorted(set(SITE_USERS.values()))))
         for user, account in SITE_USERS.items():
             cluster.sacctmgr("add", "user", user, f"account={account}")
+        yield cluster
+    finally:
+        cluster.stop(purge=True)
+
+
+# -- newer Slurm versions, each in a Debian chroot (integration/slurm/chroot.sh) --------
+
+# Debian releases whose Slurm the core suites also run on: trixie carries 24.11, sid the
+# newest Debian has (26.05 when this was written). GPUSH_SLURM_SUITES narrows the list
+# (a space-separated list; "none" for none).
+SLURM_SUITES = [s for s in os.environ.get("GPUSH_SLURM_SUITES", "trixie sid").split() if s != "none"]
+# Each its own ports, apart from the host's clusters (68xx, 78xx).
+SUITE_PORTS = {
+    suite: {
+        "GPUSH_SLURMCTLD_PORT": str(base + 17),
+        "GPUSH_SLURMDBD_PORT": str(base + 19),
+        "GPUSH_SLURMRESTD_PORT": str(base + 20),
+        "GPUSH_SLURMD_PORT": str(base + 21),
+    }
+    for suite, base in (("trixie", 8800), ("sid", 8900), ("forky", 9000))
+}
+
+
+@pytest.fixture(scope="session")
+def slurm_chroots() -> Iterator[dict[str, Path]]:
+    """Debian suite -> its Slurm chroot, built and mounted on first use (a few minutes the
+    first time on a machine), unmounted when the session ends."""
+    roots: dict[str, Path] = {}
+    try:
+        yield roots
+    finally:
+        for root in roots.values():
+            unmount_chroot(root)
+
+
+def chroot_cluster(chroots: dict[str, Path], suite: str, *, accounting: bool) -> Iterator[SlurmTestCluster]:
+    """A test cluster on ``suite``'s Slurm (a fixture's body): started fresh, stopped after."""
+    if suite not in SUITE_PORTS:
+        pytest.fail(f"no ports set for Debian suite {suite!r} (integration/slurm_fixtures.py SUITE_PORTS)")
+    for user in SITE_USERS:
+        ensure_unix_user(user)
+    try:
+        if suite not in chroots:
+            chroots[suite] = chroot_of(suite, users=SITE_USERS)
+        state = Path(tempfile.mkdtemp(prefix=f"gpush-slurm-{suite}-", dir="/tmp"))
+        state.chmod(0o755)
+        cluster = start(state, fresh=True, env=SUITE_PORTS[suite], accounting=accounting, chroot=chroots[suite])
+    except SlurmClusterError as exc:
+        pytest.fail(f"the Slurm test cluster on Debian {suite}'s Slurm did not start:\n{exc}", pytrace=False)
+    try:
         yield cluster
     finally:
         cluster.stop(purge=True)

@@ -10,6 +10,7 @@ are read back.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -85,7 +86,9 @@ def slurm_config(cluster: SlurmTestCluster, backend: str, workdir: Path) -> dict
     if backend == "rest":
         os.environ[TOKEN_ENV] = cluster.token()
         return {**common, "rest_url": cluster.rest_url, "token_env": TOKEN_ENV, "user": "root"}
-    return {**common, "slurm_conf": str(cluster.conf)}
+    # A cluster of a newer Slurm in a chroot (test_slurm_versions.py): its commands run there.
+    prefix = {"command_prefix": shlex.join(cluster.command_prefix)} if cluster.command_prefix else {}
+    return {**common, "slurm_conf": str(cluster.conf), **prefix}
 
 
 class Broker(QueueAccess):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shlex
 import shutil
 import tempfile
 import time
@@ -91,7 +92,8 @@ def site_config(cluster: SlurmTestCluster, backend: str, workdir: Path, **extra)
             "user": "root",
             "jwt_key_file": str(cluster.conf.parent / "jwt_hs256.key"),
         }
-    return {**common, "slurm_conf": str(cluster.conf), "switch_user": "runuser"}
+    prefix = {"command_prefix": shlex.join(cluster.command_prefix)} if cluster.command_prefix else {}
+    return {**common, "slurm_conf": str(cluster.conf), "switch_user": "runuser", **prefix}
 
 
 @pytest.fixture(params=["cli", "rest"])

@@ -248,7 +248,9 @@ class CliBackend:
             return None
         start = (since or datetime(1970, 1, 2, tzinfo=UTC)).strftime("%Y-%m-%dT%H:%M:%S")
         try:
-            done = self._run("sacct", "--json", "-a", "-S", start, "-s", "CD,F,CA,TO,OOM,NF,PR,BF,DL")
+            # -E now: with -s and no end time, sacct 23.02 and later end the window at its
+            # start and list nothing.
+            done = self._run("sacct", "--json", "-a", "-S", start, "-E", "now", "-s", "CD,F,CA,TO,OOM,NF,PR,BF,DL")
         except Unreachable:
             return None
         if done.returncode != 0:

@@ -128,6 +128,8 @@ _ASSOCIATION_REFUSALS = (
     ("Invalid account", "account"),
     ("Invalid qos", "qos"),
     ("Job's account not permitted to use this partition", "partition"),
+    # Slurm 25.x and later, for a token naming a user the controller's machine lacks
+    ("Rejecting authentication of user", "user"),
 )
 
 
@@ -139,7 +141,12 @@ def explain_refusal(message: str, identity: SlurmIdentity, *, cluster: str, serv
     for words, what in _ASSOCIATION_REFUSALS:
         if words.lower() not in message.lower():
             continue
-        if what == "qos":
+        if what == "user":
+            hint = (
+                f"user {user} is not a Unix user Slurm knows on {cluster}: add {user} to the cluster's "
+                "machines (or map this gpush user to one with unix_users)"
+            )
+        elif what == "qos":
             hint = (
                 f"user {user} may not use QOS {identity.qos or '(the default)'} on {cluster}: an admin allows it "
                 f"(sacctmgr modify user {user} set qos+={identity.qos or 'QOS'}) or maps the tenant to another "

@@ -26,6 +26,9 @@ HERE = Path(__file__).resolve().parent
 START = HERE / "start.sh"
 STOP = HERE / "stop.sh"
 INSTALL = HERE / "install.sh"
+CHROOT = HERE / "chroot.sh"
+# Where start.sh and stop.sh are copied inside a chroot of a newer Slurm.
+IN_CHROOT = "/opt/gpush-slurm"
 
 # A job in one of these states will not change any more.
 FINAL_STATES = frozenset(
@@ -92,6 +95,9 @@ class SlurmTestCluster:
     log_dir: Path
     jobcomp: Path  # jobcomp/filetxt: one line per finished job
     accounting: bool = False  # started with --accounting: slurmdbd, associations enforced
+    # The Debian chroot of a newer Slurm the cluster runs in (chroot.sh), or None for the
+    # host's; Slurm's commands then run as ``chroot ROOT command`` (command_prefix).
+    chroot: Path | None = None
 
     @classmethod
     def load(cls, state: str | os.PathLike[str]) -> SlurmTestCluster:
@@ -109,6 +115,7 @@ class SlurmTestCluster:
             log_dir=Path(env["GPUSH_SLURM_LOG_DIR"]),
             jobcomp=Path(env["GPUSH_SLURM_JOBCOMP"]),
             accounting=env.get("GPUSH_SLURM_ACCOUNTING") == "1",
+            chroot=Path(env["GPUSH_SLURM_CHROOT"]) if env.get("GPUSH_SLURM_CHROOT") else None,
         )
 
     @property
@@ -131,8 +138,14 @@ class SlurmTestCluster:
         )
         return env
 
+    @property
+    def command_prefix(self) -> tuple[str, ...]:
+        """What runs a Slurm command of this cluster's version: ``("chroot", ROOT)`` or nothing."""
+        return ("chroot", str(self.chroot)) if self.chroot else ()
+
     def run(self, *args: str, timeout: float = 30.0, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a Slurm command (``sbatch``, ``squeue``...) against this cluster."""
+        args = (*self.command_prefix, *args)
         result = subprocess.run(args, env=self.env(), capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
             raise SlurmClusterError(
@@ -289,7 +302,7 @@ class SlurmTestCluster:
 
     def stop(self, purge: bool = False) -> None:
         """Cancel running jobs and stop the daemons; ``purge`` also deletes STATE."""
-        _run_script(STOP, str(self.state), *(["--purge"] if purge else []))
+        _run_script(STOP, str(self.state), *(["--purge"] if purge else []), chroot=self.chroot)
 
 
 def _log_tail(log_dir: Path, lines: int) -> str:
@@ -300,9 +313,18 @@ def _log_tail(log_dir: Path, lines: int) -> str:
     return "\n".join(parts) or f"(no logs in {log_dir})"
 
 
-def _run_script(script: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 180.0) -> str:
-    """Run one of the cluster's scripts; its output, or SlurmClusterError with all of it."""
+def _run_script(
+    script: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 180.0,
+    chroot: Path | None = None,
+) -> str:
+    """Run one of the cluster's scripts (inside ``chroot``, from its copy there); its output,
+    or SlurmClusterError with all of it."""
     command = [str(script), *args]
+    if chroot is not None:
+        command = ["chroot", str(chroot), "bash", f"{IN_CHROOT}/{script.name}", *args]
     try:
         result = subprocess.run(
             command,
@@ -325,8 +347,12 @@ def start(
     *,
     env: Mapping[str, str] | None = None,
     accounting: bool = False,
+    chroot: Path | None = None,
 ) -> SlurmTestCluster:
     """Start (or restart) the cluster in ``state`` and return it once it is usable.
+
+    With ``chroot`` (a root :func:`chroot_of` made and mounted) the cluster runs that
+    chroot's Slurm; ``state`` must then be under /tmp, which the chroot shares.
 
     ``fresh`` forgets the jobs and node state of an earlier run in the same directory.
     Ports and the start timeout come from the environment, or ``env`` on top of it:
@@ -335,8 +361,42 @@ def start(
     on the machine's MariaDB, associations enforced). Raises :class:`SlurmClusterError` with the daemons'
     log tails when the cluster does not come up; start.sh then leaves nothing running.
     """
-    _run_script(START, str(state), *(["--fresh"] if fresh else []), *(["--accounting"] if accounting else []), env=env)
+    if chroot is not None:
+        if not str(Path(state).resolve()).startswith("/tmp/"):
+            raise SlurmClusterError(
+                f"a cluster in a chroot keeps its STATE under /tmp (shared with the host), not {state}"
+            )
+        (chroot / IN_CHROOT.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        for script in (START, STOP):
+            copy = chroot / IN_CHROOT.lstrip("/") / script.name
+            copy.write_bytes(script.read_bytes())
+            copy.chmod(0o755)
+    _run_script(
+        START,
+        str(state),
+        *(["--fresh"] if fresh else []),
+        *(["--accounting"] if accounting else []),
+        env=env,
+        chroot=chroot,
+    )
+    if chroot is not None:
+        with (Path(state) / "env.sh").open("a") as env_file:
+            env_file.write(f"export GPUSH_SLURM_CHROOT={shlex.quote(str(chroot))}\n")
     return SlurmTestCluster.load(state)
+
+
+def chroot_of(suite: str, users: Collection[str] = ()) -> Path:
+    """The chroot of Debian ``suite``'s Slurm (trixie: 24.11; sid: the newest), built the
+    first time (about two minutes), mounted, with the host's ``users``."""
+    root = Path(_run_script(CHROOT, "build", suite, timeout=900).strip().splitlines()[-1])
+    _run_script(CHROOT, "mount", str(root))
+    if users:
+        _run_script(CHROOT, "users", str(root), *users)
+    return root
+
+
+def unmount_chroot(root: Path) -> None:
+    _run_script(CHROOT, "umount", str(root))
 
 
 def install() -> str:

@@ -225,3 +225,16 @@ def test_a_missing_association_is_explained_with_what_the_site_does():
     assert explain_refusal("Requested node configuration is not available", qos, cluster="c", service_user="u") == (
         "Requested node configuration is not available"
     )
+
+
+def test_a_user_the_controller_does_not_know_is_explained():
+    from adapters.slurm.identity import SlurmIdentity, explain_refusal
+
+    identity = SlurmIdentity(user="mallory", account="vision", qos=None, partition=None)
+    text = explain_refusal(
+        "Slurm refused the job: Rejecting authentication of user nobody or group nobody",  # Slurm 26.05
+        identity,
+        cluster="slurm-a",
+        service_user="gpush",
+    )
+    assert "user mallory is not a Unix user Slurm knows on slurm-a" in text and "unix_users" in text
