@@ -223,3 +223,17 @@ def test_a_user_cancels_their_own_running_job(broker: SiteBroker, site: SlurmTes
         queue.cancel_job(session, job_id, alice, now=broker.clock())
     broker.cycle_until(lambda: broker.job(job_id).state == "cancelled", timeout=20)
     assert "CANCELLED" in str(site.job(broker.slurm_id(job_id))["job_state"])
+
+
+def test_proxy_mode_runs_the_job_as_its_owner(engine, sessions, site: SlurmTestCluster, workdir: Path):
+    """REST without the site's JWT key: root's token with X-SLURM-USER-NAME naming the user
+    (slurmrestd's proxy mode for SlurmUser and root). The README says which versions allow
+    it; every version run here does."""
+    config = site_config(site, "rest", workdir)
+    del config["jwt_key_file"]
+    broker = make_broker(engine, sessions, site, config, workdir)
+    job_id = broker.submit_as(principal("alice", "vision"), command=["id", "-un"])
+    broker.cycle_until(lambda: broker.job(job_id).state in ("succeeded", "failed"))
+    assert broker.job(job_id).state == "succeeded", broker.job(job_id).state_reason
+    assert broker.output(job_id, "alice").read_text() == "alice\n"
+    assert site.job(broker.slurm_id(job_id))["user_name"] == "alice"

@@ -19,6 +19,7 @@ from integration.test_slurm_identity import (  # noqa: F401  (fixtures the colle
     test_an_account_gpu_limit_is_a_waiting_reason_in_the_users_words,
     test_an_unmapped_user_is_refused_and_nothing_runs,
     test_each_job_runs_as_its_owner_under_its_tenants_account,
+    test_proxy_mode_runs_the_job_as_its_owner,
     workdir,
 )
 
