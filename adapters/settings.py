@@ -30,7 +30,9 @@ def settings_problems(exc: ValidationError, model: type[BaseModel]) -> str:
             hint = f"did you mean {close[0]}? " if close else ""
             problems.append(f"unknown setting {key!r}: {hint}settings are {', '.join(known)}")
         else:
-            problems.append(f"{key}: {error['msg']}")
+            # "Value error, " is how pydantic wraps a validator's own words: they say it already.
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{key}: {message}" if error["loc"] else message)
     return "; ".join(problems)
 
 

@@ -6,12 +6,29 @@ GPUs as inventory (adapters.k8s.inventory) and configures time-slicing
 (adapters.k8s.timeslice). Only adapters.k8s.client talks to the API server. What a
 caller may assume beyond the protocol's own guarantees:
 
-- **Finding its jobs.** Every object is named ``<tag>-<gpush id>`` in the cluster's
-  namespace and labelled ``gpush.io/broker=<tag>``, ``gpush.io/job-id=<id>``;
-  ``find`` and ``cancel`` select by label, so they work after a crash. ``submit`` of a
-  job whose object exists already (a broker killed between the create and its database
-  write) returns that object's id once its labels prove it is this job's; an object of
-  that name that is not refuses the submission.
+- **Where jobs go.** With ``namespace_mode=shared`` (the default) every job goes to the
+  cluster's ``namespace``. With ``namespace_mode=per-tenant`` each tenant's go to its own
+  namespace (adapters.k8s.tenancy: ``tenant_namespaces``, ``namespace_pattern``), taken from
+  the job's owner (the submitting token's tenant), never from the job spec; a job without an
+  owner goes to ``namespace``. Namespaces are created on first use with
+  ``create_namespace=true`` (labelled as gpush's and, a tenant's, with its tenant), else must
+  exist: a job for one that does not is refused, naming ``kubectl create namespace``.
+- **Finding its jobs.** Every object is named ``<tag>-<gpush id>`` and labelled
+  ``gpush.io/broker=<tag>``, ``gpush.io/job-id=<id>``; ``find``, ``cancel``, ``scale`` and
+  the status watches select by label, in the cluster's namespace or, with a namespace per
+  tenant, in every namespace (so they work after a crash, whichever tenant a job is of).
+  ``submit`` of a job whose object exists already in its namespace (a broker killed between
+  the create and its database write) returns that object's id once its labels prove it is
+  this job's; an object of that name that is not refuses the submission.
+- **Backend ids** are ``job/<name>`` or ``deployment/<name>`` in the cluster's namespace
+  (``namespace_mode=shared``), and ``<namespace>/job/<name>`` with a namespace per tenant;
+  ids without a namespace (all those of earlier versions) mean the cluster's ``namespace``.
+- **Tenants' quotas** (:class:`broker.core.adapter.TenantQuotaKeeper`, with a namespace per
+  tenant): each tenant namespace holds a ResourceQuota ``gpush-gpu-quota`` rendered from the
+  tenant's GPU quota (adapters.k8s.tenancy says how); it is written when gpush creates or first
+  uses the namespace and whenever the quota or the cluster's GPU resources change, and deleted
+  when the tenant's quota is removed. The broker's ledger is what holds tenants to their
+  budgets; the ResourceQuota is the cluster-side backstop.
 - **Statuses by watch.** The cursor holds the resourceVersions of the Pod, Job and
   Deployment watches of this broker's label. Each call watches the three side by
   side for at most ``watch_seconds`` (0.02 s: events not read yet wait for the next
@@ -47,13 +64,15 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from dataclasses import replace
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapters.k8s.client import AlreadyExists, Gone, KubeClient, NotFound, WatchBatch
 from adapters.k8s.informer import Informer, trim_pod
@@ -61,6 +80,7 @@ from adapters.k8s.inventory import gpu_requests_by_node, node_units
 from adapters.k8s.render import (
     CONTAINER,
     LABEL_BROKER,
+    Manifest,
     RenderOptions,
     check_tag,
     default_gpu_types,
@@ -71,6 +91,20 @@ from adapters.k8s.render import (
     selector,
 )
 from adapters.k8s.states import Observed, backend_job
+from adapters.k8s.tenancy import (
+    PER_TENANT,
+    QUOTA_NAME,
+    SHARED,
+    TenantNamespaces,
+    TenantQuota,
+    TenantQuotaPlan,
+    check_namespace,
+    check_pattern,
+    claimed_by,
+    gpu_resources,
+    namespace_manifest,
+    plan_quotas,
+)
 from adapters.k8s.timeslice import (
     DEFAULT_CONFIG,
     TimeslicePlan,
@@ -97,12 +131,16 @@ from broker.core.adapter import (
     Rejected,
     Scaler,
     StatusPage,
+    SubmitItem,
+    TenantQuotaKeeper,
     TimesliceConfigurator,
     submit_each,
 )
 from broker.core.clock import Clock, utcnow
 from broker.core.gpus import gpu_model
 from broker.core.schemas import JobSpec
+
+log = logging.getLogger("gpush.k8s")
 
 WATCHED = ("pods", "jobs", "deployments")
 # The most of a log a ``tail`` read takes in to count where the log ends (``next_offset``); a
@@ -112,6 +150,10 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # Indexed Jobs' P
 BOTH_STREAMS = "Kubernetes keeps a container's stdout and stderr as one log: this is both, interleaved."
 _CURSOR_VERSION = 1
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# After the API refused a tenant's ResourceQuota, or a tenant's namespace was not there, how
+# long before trying again: the scheduler hands the quotas over every cycle.
+QUOTA_RETRY_SECONDS = 60.0
+RBAC_FILE = "deploy/k8s/gpush-broker-rbac.yaml"
 
 
 class KubernetesSettings(BaseModel):
@@ -123,8 +165,25 @@ class KubernetesSettings(BaseModel):
         None, description="kubeconfig path; 'in-cluster' for the broker Pod's service account; default $KUBECONFIG"
     )
     context: str | None = Field(None, description="kubeconfig context (default: its current-context)")
-    namespace: str = Field("gpush", pattern=_DNS_LABEL, description="where gpush's Jobs and Deployments go")
-    create_namespace: bool = Field(False, description="create the namespace on first use")
+    namespace: str = Field(
+        "gpush",
+        pattern=_DNS_LABEL,
+        description="where gpush's Jobs and Deployments go (with namespace_mode=per-tenant: those without an owner)",
+    )
+    create_namespace: bool = Field(False, description="create namespaces (the tenants' too) on first use")
+    namespace_mode: Literal["shared", "per-tenant"] = Field(
+        SHARED,
+        description="shared: every tenant's jobs in namespace; per-tenant: each tenant's in its own "
+        "(tenant_namespaces, namespace_pattern), with a ResourceQuota from its GPU quota",
+    )
+    tenant_namespaces: dict[str, str] = Field(
+        default_factory=dict, description="tenant -> its namespace (per-tenant): vision=cv-jobs,nlp=nlp-jobs"
+    )
+    namespace_pattern: str | None = Field(
+        None,
+        description="the namespace of a tenant that tenant_namespaces does not name (per-tenant), {tenant} "
+        "being its name made a DNS label: gpush-{tenant}",
+    )
     tag: str = Field("gpush", description="names this broker's objects (<tag>-<id>) and labels them")
     image: str | None = Field(None, description="image for jobs that name none")
     service_account: str | None = Field(None, description="service account of the Pods (default: none mounted)")
@@ -159,6 +218,52 @@ class KubernetesSettings(BaseModel):
     def _known_models(cls, value: dict[str, str]) -> dict[str, str]:
         return {product: gpu_model(model).name for product, model in value.items()}
 
+    @field_validator("tenant_namespaces", mode="before")
+    @classmethod
+    def _tenant_pairs(cls, value: Any) -> Any:
+        return key_value_pairs(value, "tenant_namespaces", "vision=cv-jobs,nlp=nlp-jobs", form="TENANT=NAMESPACE")
+
+    @field_validator("tenant_namespaces")
+    @classmethod
+    def _one_namespace_each(cls, value: dict[str, str]) -> dict[str, str]:
+        held: dict[str, str] = {}
+        for tenant, namespace in value.items():
+            check_namespace(namespace, f"tenant {tenant}'s namespace")
+            if namespace in held:
+                raise ValueError(
+                    f"tenants {held[namespace]} and {tenant} both map to namespace {namespace}: give each tenant "
+                    "a namespace of its own (its ResourceQuota is that tenant's GPU quota)"
+                )
+            held[namespace] = tenant
+        return value
+
+    @field_validator("namespace_pattern")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        return None if value is None else check_pattern(value)
+
+    @model_validator(mode="after")
+    def _tenancy(self) -> KubernetesSettings:
+        given = [key for key in ("tenant_namespaces", "namespace_pattern") if getattr(self, key)]
+        if self.namespace_mode == SHARED and given:
+            raise ValueError(
+                f"{' and '.join(given)} take effect with namespace_mode=per-tenant: add "
+                f"--config namespace_mode=per-tenant, or leave {'them' if len(given) > 1 else 'it'} out"
+            )
+        if self.namespace_mode == PER_TENANT:
+            if not given:
+                raise ValueError(
+                    "namespace_mode=per-tenant needs tenant_namespaces (TENANT=NAMESPACE,...), namespace_pattern "
+                    "(e.g. gpush-{tenant}), or both, to say where each tenant's jobs go"
+                )
+            for tenant, namespace in self.tenant_namespaces.items():
+                if namespace == self.namespace:
+                    raise ValueError(
+                        f"tenant_namespaces maps tenant {tenant} to {namespace}, the namespace of jobs without an "
+                        "owner (namespace): give the tenant a namespace of its own"
+                    )
+        return self
+
 
 def parse_cursor(cursor: str | None) -> dict[str, str] | None:
     """The resourceVersions a cursor holds, or None (no cursor, or not one of this adapter's)."""
@@ -178,11 +283,26 @@ def format_cursor(versions: dict[str, str]) -> str:
     return json.dumps({"k8s": _CURSOR_VERSION, **{k: versions[k] for k in WATCHED}}, separators=(",", ":"))
 
 
+def parse_backend_id(backend_id: str, default_namespace: str) -> tuple[str, str, str]:
+    """(namespace, ``jobs`` or ``deployments``, name) of a backend id: ``<namespace>/job/<name>``
+    (a namespace per tenant), ``job/<name>`` or ``deployment/<name>`` in ``default_namespace``
+    (shared, and every id of earlier versions), or a bare ``<name>`` (a Job there); the name is
+    empty when the id holds none."""
+    parts = backend_id.split("/")
+    if len(parts) >= 3:
+        namespace, kind, name = parts[0], parts[1], "/".join(parts[2:])
+    elif len(parts) == 2:
+        namespace, (kind, name) = default_namespace, parts
+    else:
+        namespace, kind, name = default_namespace, "job", parts[0]
+    return namespace or default_namespace, "deployments" if kind == "deployment" else "jobs", name
+
+
 class KubernetesAdapter:
     """gpush's adapter for one Kubernetes cluster (see the module docstring)."""
 
     capabilities: ClassVar[frozenset[type]] = frozenset(
-        {BatchSubmitter, Scaler, TimesliceConfigurator, Closable, LogReader, ChangeNotifier}
+        {BatchSubmitter, Scaler, TimesliceConfigurator, Closable, LogReader, ChangeNotifier, TenantQuotaKeeper}
     )
 
     def __init__(
@@ -202,6 +322,16 @@ class KubernetesAdapter:
         )
         self.namespace = s.namespace
         self.tag = s.tag
+        self.tenancy = TenantNamespaces(
+            cluster=f"Kubernetes cluster {name}",
+            default=s.namespace,
+            mode=s.namespace_mode,
+            mapping=dict(s.tenant_namespaces),
+            pattern=s.namespace_pattern,
+        )
+        # Where this broker's objects are listed and watched: its namespace, or every
+        # namespace (by label) when each tenant has its own.
+        self._scope: str | None = None if self.tenancy.per_tenant else s.namespace
         self.gpu_types = {**default_gpu_types(), **s.gpu_types}
         self.options = RenderOptions(
             tag=s.tag,
@@ -215,7 +345,15 @@ class KubernetesAdapter:
         )
         self._lock = threading.RLock()
         self._status_lock = threading.Lock()  # one status read at a time: it owns the watch state
-        self._namespace_ready = False
+        self._namespace_lock = threading.Lock()
+        self._ready: set[tuple[str, str | None]] = set()  # (namespace, tenant) there and checked
+        # Tenants' ResourceQuotas (apply_tenant_quotas); one writer at a time.
+        self._quota_lock = threading.RLock()
+        self._quota_plan: dict[str, TenantQuota] = {}  # namespace -> what the last plan wants there
+        self._quotas_applied: dict[str, dict[str, str]] | None = None  # namespace -> spec.hard; None: not read
+        self._quota_absent: dict[str, float] = {}  # tenant namespaces not there yet -> when looked (monotonic)
+        self._quota_retry_at = 0.0
+        self._resources: dict[str, tuple[float, ...]] | None = None  # GPU resources of the last inventory
         self._watchers = ThreadPoolExecutor(len(WATCHED), thread_name_prefix=f"k8s-watch-{name}")
         self._seen: dict[int, Observed] = {}
         self._ids: dict[int, str] = {}  # gpush id -> backend id
@@ -254,79 +392,124 @@ class KubernetesAdapter:
         try:
             namespace = self.client.get("namespaces", None, self.namespace)
         except AdapterError as exc:
-            return Health(False, f"Kubernetes {version} answers, but namespace {self.namespace} is not readable: {exc}")
-        if namespace is None and not self.settings.create_namespace:
             return Health(
                 False,
-                f"Kubernetes {version} answers, but namespace {self.namespace} does not exist: create it "
-                f"(kubectl create namespace {self.namespace}) or set create_namespace=true",
+                f"Kubernetes {version} answers, but namespace {self.namespace} is not readable: {exc}{_rbac_hint(exc)}",
+            )
+        if not self.tenancy.per_tenant:
+            if namespace is None and not self.settings.create_namespace:
+                return Health(
+                    False,
+                    f"Kubernetes {version} answers, but namespace {self.namespace} does not exist: create it "
+                    f"(kubectl create namespace {self.namespace}) or set create_namespace=true",
+                    version,
+                )
+            said = "created on first use" if namespace is None else "readable"
+            return Health(True, f"Kubernetes {version}: namespace {self.namespace} {said}", version)
+        # A namespace per tenant: the broker finds its jobs by label in every namespace.
+        try:
+            self.client.peek("jobs", None, label_selector=selector(self.tag))
+        except AdapterError as exc:
+            return Health(
+                False,
+                f"Kubernetes {version} answers, but with a namespace per tenant the broker must list and watch "
+                f"Jobs, Deployments and Pods in every namespace, and listing Jobs failed: {exc}{_rbac_hint(exc)}",
                 version,
             )
-        said = "created on first use" if namespace is None else "readable"
-        return Health(True, f"Kubernetes {version}: namespace {self.namespace} {said}", version)
+        created = "created on first use" if self.settings.create_namespace else "created by an admin"
+        return Health(True, f"Kubernetes {version}: a namespace per tenant ({created})", version)
 
     def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
+        namespace, tenant = self.tenancy.namespace_for(owner)
+        if owner is not None:
+            # Whose job it is, in its labels and environment too, is its owner's word, not the spec's.
+            spec = spec.model_copy(update={"tenant": owner.tenant, "user": owner.user})
+        options = self.options if namespace == self.options.namespace else replace(self.options, namespace=namespace)
         manifest = render(
             job_id,
             spec,
             placement,
-            self.options,
+            options,
             gpu_memory_gb=self._model_memory(placement.gpu_model),
             products=self._products_for(placement),
         )
-        self._ensure_namespace()
+        self._ensure_namespace(namespace, tenant)
         try:
-            self.client.create(manifest.kind, self.namespace, manifest.body)
+            self._create(job_id, manifest, namespace)
+        except NotFound:
+            # The namespace went after this process saw it: made again where that is allowed.
+            self._forget_namespace(namespace)
+            if not self.settings.create_namespace:
+                raise Rejected(self._no_namespace(namespace, tenant)) from None
+            self._ensure_namespace(namespace, tenant)
+            try:
+                self._create(job_id, manifest, namespace)
+            except NotFound as exc:
+                raise Rejected(f"{self._no_namespace(namespace, tenant)} ({exc})") from None
+        backend_id = self._id_in(namespace, manifest.backend_id)
+        with self._lock:
+            self._ids[job_id] = backend_id
+            self._cancelled.discard(job_id)
+        return backend_id
+
+    def _create(self, job_id: int, manifest: Manifest, namespace: str) -> None:
+        """Create the job's object; an object of its name that is this job's already (a broker
+        killed between this create and its database write) counts as created."""
+        try:
+            self.client.create(manifest.kind, namespace, manifest.body)
         except AlreadyExists:
-            existing = self.client.get(manifest.kind, self.namespace, manifest.name)
+            existing = self.client.get(manifest.kind, namespace, manifest.name)
             if existing is None:  # deleted in between: this create is the one
-                self.client.create(manifest.kind, self.namespace, manifest.body)
+                self.client.create(manifest.kind, namespace, manifest.body)
             elif job_id_of(existing, self.tag) != job_id:
                 raise Rejected(
-                    f"{manifest.backend_id} exists in namespace {self.namespace} of {self.name} but is not "
+                    f"{manifest.backend_id} exists in namespace {namespace} of {self.name} but is not "
                     f"gpush job {job_id} of this broker (labels {(existing['metadata'].get('labels') or {})}): "
                     "delete it, or give this cluster another tag"
                 ) from None
-        except NotFound as exc:
-            raise Rejected(
-                f"namespace {self.namespace} does not exist in {self.name}: create it "
-                f"(kubectl create namespace {self.namespace}) or set create_namespace=true ({exc})"
-            ) from None
-        with self._lock:
-            self._ids[job_id] = manifest.backend_id
-            self._cancelled.discard(job_id)
-        return manifest.backend_id
 
-    def submit_many(self, items: Sequence[tuple[int, JobSpec, Placement]]) -> list[str | AdapterError]:
+    def submit_many(self, items: Sequence[SubmitItem]) -> list[str | AdapterError]:
         """Create a batch on several threads; per item the backend id or the AdapterError."""
+        refused: dict[int, AdapterError] = {}
         if len(items) > 1:
-            self._ensure_namespace()  # once, not raced by the threads
-        return submit_each(self, items, threads=self.settings.submit_threads)
+            # Each namespace once, before the threads, which would race to create it; a
+            # namespace that is refused refuses its items without asking again for each.
+            checked: dict[tuple[str, str | None], AdapterError | None] = {}
+            for index, item in enumerate(items):
+                try:
+                    key = self.tenancy.namespace_for(item[3] if len(item) > 3 else None)  # type: ignore[misc]
+                except Rejected:
+                    continue  # submit says so for this item
+                if key not in checked:
+                    try:
+                        self._ensure_namespace(*key)
+                        checked[key] = None
+                    except AdapterError as exc:
+                        checked[key] = exc
+                failure = checked[key]
+                if failure is not None:
+                    refused[index] = failure
+        left = [item for index, item in enumerate(items) if index not in refused]
+        results = iter(submit_each(self, left, threads=self.settings.submit_threads))
+        return [refused[i] if i in refused else next(results) for i in range(len(items))]
 
     def cancel(self, job_id: int) -> None:
         with self._lock:
             self._cancelled.add(job_id)
-        wanted = selector(self.tag, job_id)
         for kind in ("jobs", "deployments", "pods"):
             # Pods too: a Job's are removed by the garbage collector in its own time, and
             # they hold their GPUs until then.
-            items, _ = self.client.list(kind, self.namespace, label_selector=wanted)
-            for obj in items:
-                if job_id_of(obj, self.tag) == job_id:
-                    self.client.delete(kind, self.namespace, obj["metadata"]["name"])
+            for obj in self._owned(kind, job_id):
+                self.client.delete(kind, self._namespace_of(obj), obj["metadata"]["name"])
 
     def find(self, job_id: int) -> BackendJob | None:
-        wanted = selector(self.tag, job_id)
         seen = Observed()
         for kind in ("jobs", "deployments"):
-            items, _ = self.client.list(kind, self.namespace, label_selector=wanted)
-            for obj in items:
-                if job_id_of(obj, self.tag) == job_id:
-                    setattr(seen, "job" if kind == "jobs" else "deployment", obj)
+            for obj in self._owned(kind, job_id):
+                setattr(seen, "job" if kind == "jobs" else "deployment", obj)
         if seen.owner is None:
             return None
-        pods, _ = self.client.list("pods", self.namespace, label_selector=wanted)
-        seen.pods = {p["metadata"]["name"]: p for p in pods if job_id_of(p, self.tag) == job_id}
+        seen.pods = {p["metadata"]["name"]: p for p in self._owned("pods", job_id, self._namespace_of(seen.owner))}
         seen.note_started()
         return backend_job(job_id, self._backend_id(job_id, seen), seen, self.name)
 
@@ -377,6 +560,7 @@ class KubernetesAdapter:
             units.extend(found)
         with self._lock:
             self._products = products
+            self._resources = gpu_resources(units)
         return units
 
     # -- beyond the protocol -------------------------------------------------------------
@@ -385,15 +569,16 @@ class KubernetesAdapter:
         """Set an elastic job's replicas (its Deployment's scale subresource); returns them."""
         if replicas < 0:
             raise Rejected(f"replicas must be 0 or more, not {replicas}")
-        name = object_name(self.tag, job_id)
-        existing = self.client.get("deployments", self.namespace, name)
-        if existing is None or job_id_of(existing, self.tag) != job_id:
-            if self.client.get("jobs", self.namespace, name) is not None:
+        deployments = self._owned("deployments", job_id)
+        if not deployments:
+            if self._owned("jobs", job_id):
                 raise Rejected(
                     f"job {job_id} runs as a Kubernetes Job, which does not scale: only elastic inference does"
                 )
-            raise Rejected(f"{self.name} has no Deployment for job {job_id} (namespace {self.namespace})")
-        answer = self.client.scale(self.namespace, name, replicas)
+            where = f"namespace {self.namespace}" if self._scope else "any namespace"
+            raise Rejected(f"{self.name} has no Deployment for job {job_id} ({where})")
+        deployment = deployments[0]
+        answer = self.client.scale(self._namespace_of(deployment), deployment["metadata"]["name"], replicas)
         return int((answer.get("spec") or {}).get("replicas", replicas))
 
     def timeslice(self, replicas: int, node_label: str | None = None) -> TimeslicePlan:
@@ -406,6 +591,115 @@ class KubernetesAdapter:
 
     def timeslice_state(self) -> TimesliceState | None:
         return read_timeslice(self.client, self.settings.timeslice_config)
+
+    def tenant_quotas(self, quotas: Mapping[str, float | None]) -> TenantQuotaPlan:
+        """The tenants' namespaces and ResourceQuotas (TenantQuotaKeeper; adapters.k8s.tenancy),
+        not applied. The GPU resources are those of the last inventory read (read now if none was)."""
+        with self._lock:
+            resources = self._resources
+        if resources is None and self.tenancy.per_tenant:
+            self.inventory()
+            with self._lock:
+                resources = self._resources
+        return plan_quotas(quotas, self.tenancy, resources or {}, tag=self.tag)
+
+    def apply_tenant_quotas(self, plan: TenantQuotaPlan) -> list[str]:
+        """Bring the tenants' ResourceQuotas in line with ``plan`` (from :meth:`tenant_quotas`):
+        create or replace those that differ, in the tenant namespaces that exist (a namespace
+        gpush creates later gets its quota then), and delete gpush's own in namespaces whose
+        tenant has no quota now. Returns what changed; nothing when the plan is off or knows no
+        GPU resources. After a failure it tries again only after QUOTA_RETRY_SECONDS, so an API
+        that refuses it is reported once a minute, not every cycle."""
+        if plan.off or not plan.resources:
+            return []
+        with self._quota_lock:
+            now = time.monotonic()
+            if now < self._quota_retry_at:
+                return []
+            try:
+                return self._apply_quotas(plan, now)
+            except AdapterError:
+                self._quota_retry_at = now + QUOTA_RETRY_SECONDS
+                raise
+
+    def _apply_quotas(self, plan: TenantQuotaPlan, now: float) -> list[str]:
+        wanted = plan.by_namespace()
+        self._quota_plan = wanted
+        if self._quotas_applied is None:
+            # What an earlier process left: written again only where it differs, deleted where
+            # the tenant's quota went while no broker was looking.
+            found, _ = self._list_in("resourcequotas", None, selector(self.tag))
+            self._quotas_applied = {
+                self._namespace_of(q): dict((q.get("spec") or {}).get("hard") or {})
+                for q in found
+                if q["metadata"]["name"] == QUOTA_NAME
+            }
+        applied = self._quotas_applied
+        done: list[str] = []
+        for namespace, entry in wanted.items():
+            if applied.get(namespace) == dict(entry.hard):
+                continue
+            if namespace not in applied and not self._namespace_known(namespace):
+                looked = self._quota_absent.get(namespace)
+                if looked is not None and now - looked < QUOTA_RETRY_SECONDS:
+                    continue
+                if self.client.get("namespaces", None, namespace) is None:
+                    self._quota_absent[namespace] = now  # its tenant has not run here yet
+                    continue
+            self._quota_absent.pop(namespace, None)
+            said = self._write_quota(entry)
+            if said:
+                done.append(said)
+        for namespace in sorted(set(applied) - set(wanted)):
+            self.client.delete("resourcequotas", namespace, QUOTA_NAME)
+            del applied[namespace]
+            done.append(f"deleted ResourceQuota {namespace}/{QUOTA_NAME}: its tenant has no GPU quota here now")
+        return done
+
+    def _write_quota(self, entry: TenantQuota) -> str | None:
+        """Create or replace one tenant's ResourceQuota (``_quota_lock`` held); what changed,
+        or None when its namespace has gone meanwhile."""
+        namespace = entry.namespace
+        applied = self._quotas_applied if self._quotas_applied is not None else {}
+        try:
+            if namespace in applied:
+                try:
+                    self.client.replace("resourcequotas", namespace, QUOTA_NAME, entry.quota_body)
+                    verb = "updated"
+                except NotFound:
+                    self.client.create("resourcequotas", namespace, entry.quota_body)
+                    verb = "created"
+            else:
+                try:
+                    self.client.create("resourcequotas", namespace, entry.quota_body)
+                    verb = "created"
+                except AlreadyExists:
+                    self.client.replace("resourcequotas", namespace, QUOTA_NAME, entry.quota_body)
+                    verb = "updated"
+        except NotFound:  # the namespace itself is gone
+            applied.pop(namespace, None)
+            self._forget_namespace(namespace)
+            return None
+        applied[namespace] = dict(entry.hard)
+        limits = ", ".join(f"{key.removeprefix('requests.')} {value}" for key, value in entry.hard.items())
+        return (
+            f"{verb} ResourceQuota {namespace}/{QUOTA_NAME} of tenant {entry.tenant} "
+            f"({entry.gpu_quota:g} GPU-equivalents): {limits}"
+        )
+
+    def _quota_for_new_namespace(self, namespace: str) -> None:
+        """A tenant namespace this process just created or checked gets the quota the last plan
+        wants there at once, not at the next apply. A failure is the next apply's to report."""
+        with self._quota_lock:
+            entry = self._quota_plan.get(namespace)
+            applied = self._quotas_applied
+            if entry is None or applied is None or applied.get(namespace) == dict(entry.hard):
+                return
+            self._quota_absent.pop(namespace, None)
+            try:
+                self._write_quota(entry)
+            except AdapterError as exc:
+                log.warning("%s: the ResourceQuota of namespace %s is not written yet: %s", self.name, namespace, exc)
 
     def logs(
         self,
@@ -425,21 +719,23 @@ class KubernetesAdapter:
         if offset < 0 or (tail is not None and tail < 0) or (replica is not None and replica < 0):
             raise Rejected(f"offset, tail and replica count from 0: got {offset}, {tail}, {replica}")
         index = replica or 0
-        pods = self._replica_pods(job_id)
+        namespace, kind, owner_name = parse_backend_id(backend_id, self.namespace)
+        pods = self._replica_pods(job_id, namespace)
         if index >= len(pods):
-            return self._no_pod(job_id, backend_id, index, pods, offset)
+            return self._no_pod(job_id, (namespace, kind, owner_name), index, pods, offset)
         pod = pods[index]
         name = pod["metadata"]["name"]
-        location = f"pod {name} (namespace {self.namespace})"
+        location = f"pod {name} (namespace {namespace})"
         container = _log_container(pod)
         waiting = _not_started(pod, container)
         if waiting:
             raise Rejected(f"job {job_id} has no output yet: {location} {waiting}")
+        log_of = (name, namespace, container)
         try:
             if tail is not None:
-                text, next_offset, note = self._tail(name, container, tail)
+                text, next_offset, note = self._tail(log_of, tail)
             else:
-                text, next_offset, note = self._from(name, container, offset)
+                text, next_offset, note = self._from(log_of, offset)
         except NotFound:
             return JobOutput(location, next_offset=offset, readable=False, note=_gone_note(name))
         except Rejected as exc:
@@ -452,15 +748,78 @@ class KubernetesAdapter:
 
     # -- submissions ---------------------------------------------------------------------
 
-    def _ensure_namespace(self) -> None:
-        if self._namespace_ready or not self.settings.create_namespace:
+    def _ensure_namespace(self, namespace: str, tenant: str | None) -> None:
+        """``namespace`` is there (created with ``create_namespace=true``) and, for a tenant's,
+        not another tenant's (two whose names make the same namespace): checked once per
+        namespace and process. A tenant's namespace gets its ResourceQuota here when the
+        scheduler has handed the quotas over already."""
+        key = (namespace, tenant)
+        if key in self._ready:
             return
-        with self._lock:
-            if self._namespace_ready:
+        with self._namespace_lock:
+            if key in self._ready:
                 return
-            if self.client.get("namespaces", None, self.namespace) is None:
-                self.client.create_namespace(self.namespace)
-            self._namespace_ready = True
+            existing = self.client.get("namespaces", None, namespace)
+            if existing is None:
+                if not self.settings.create_namespace:
+                    raise Rejected(self._no_namespace(namespace, tenant))
+                body = namespace_manifest(namespace, tag=self.tag, tenant=tenant)
+                if not self.client.create_namespace(namespace, body):  # made meanwhile by another
+                    existing = self.client.get("namespaces", None, namespace)
+            holder = claimed_by(existing, self.tag) if existing is not None and tenant is not None else None
+            if holder is not None and holder != tenant:
+                raise Rejected(
+                    f"namespace {namespace} holds tenant {holder}'s jobs on {self.name}, and tenant {tenant} "
+                    "maps to it too: give one of them a namespace of its own "
+                    f"(--config tenant_namespaces={tenant}=NAMESPACE)"
+                )
+            self._ready.add(key)
+        if tenant is not None:
+            self._quota_for_new_namespace(namespace)
+
+    def _forget_namespace(self, namespace: str) -> None:
+        with self._namespace_lock:
+            self._ready = {key for key in self._ready if key[0] != namespace}
+
+    def _namespace_known(self, namespace: str) -> bool:
+        return any(key[0] == namespace for key in self._ready)
+
+    def _no_namespace(self, namespace: str, tenant: str | None) -> str:
+        whose = f" (tenant {tenant}'s)" if tenant is not None else ""
+        return (
+            f"namespace {namespace}{whose} does not exist in {self.name}: create it "
+            f"(kubectl create namespace {namespace}) or set create_namespace=true"
+        )
+
+    def _namespace_of(self, obj: Mapping[str, Any] | None) -> str:
+        return ((obj or {}).get("metadata") or {}).get("namespace") or self.namespace
+
+    def _id_in(self, namespace: str, backend_id: str) -> str:
+        """A backend id (``job/<name>``) as this cluster hands it out: with its namespace in
+        front when each tenant has its own (see :func:`parse_backend_id`)."""
+        return f"{namespace}/{backend_id}" if self.tenancy.per_tenant else backend_id
+
+    def _list_in(self, kind: str, namespace: str | None, label_selector: str) -> tuple[list[dict[str, Any]], str]:
+        """Objects of ``kind`` with ``label_selector`` in ``namespace`` (None: every namespace,
+        where a refusal says what grants it)."""
+        try:
+            return self.client.list(kind, namespace, label_selector=label_selector)
+        except Rejected as exc:
+            raise self._refused_everywhere(exc, kind, namespace) from None
+
+    def _refused_everywhere(self, exc: Rejected, kind: str, where: str | None) -> Rejected:
+        if where is not None or not _forbidden(exc):
+            return exc
+        return Rejected(
+            f"{self.name} keeps each tenant's jobs in its own namespace, so the broker lists and watches its "
+            f"{kind} in every namespace, and Kubernetes refused it: {exc}{_rbac_hint(exc)}"
+        )
+
+    def _owned(self, kind: str, job_id: int, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Job ``job_id``'s objects of ``kind`` (in ``namespace``, else where this broker keeps them)."""
+        where = namespace if namespace is not None else self._scope
+        items, _ = self._list_in(kind, where, selector(self.tag, job_id))
+        return [obj for obj in items if job_id_of(obj, self.tag) == job_id]
 
     def _model_memory(self, name: str | None) -> float | None:
         if not name:
@@ -481,7 +840,7 @@ class KubernetesAdapter:
         owner = seen.owner
         if owner is not None:
             kind = "job" if seen.job is not None else "deployment"
-            return f"{kind}/{owner['metadata']['name']}"
+            return self._id_in(self._namespace_of(owner), f"{kind}/{owner['metadata']['name']}")
         return self._ids.get(job_id) or f"job/{object_name(self.tag, job_id)}"
 
     # -- statuses ------------------------------------------------------------------------
@@ -500,7 +859,7 @@ class KubernetesAdapter:
         listed: dict[str, list[dict[str, Any]]] = {}
         versions: dict[str, str] = {}
         for kind in WATCHED:
-            listed[kind], versions[kind] = self.client.list(kind, self.namespace, label_selector=wanted)
+            listed[kind], versions[kind] = self._list_in(kind, self._scope, wanted)
         with self._lock:
             cancelled = set(self._cancelled)
         old = self._seen
@@ -546,7 +905,7 @@ class KubernetesAdapter:
             try:
                 batch = self.client.watch(
                     kind,
-                    self.namespace,
+                    self._scope,
                     resource_version=since[kind],
                     label_selector=selector(self.tag),
                     seconds=self.settings.watch_seconds,
@@ -573,17 +932,7 @@ class KubernetesAdapter:
     def _watch(self) -> set[int]:
         """Events since the last page, from the three watches side by side."""
         versions = dict(self._versions or {})
-        futures = {
-            kind: self._watchers.submit(
-                self.client.watch,
-                kind,
-                self.namespace,
-                resource_version=versions[kind],
-                label_selector=selector(self.tag),
-                seconds=self.settings.watch_seconds,
-            )
-            for kind in WATCHED
-        }
+        futures = {kind: self._watchers.submit(self._watch_scoped, kind, versions[kind]) for kind in WATCHED}
         batches: dict[str, WatchBatch] = {}
         failure: BaseException | None = None
         for kind, future in futures.items():
@@ -630,6 +979,18 @@ class KubernetesAdapter:
         self._versions = versions
         return changed
 
+    def _watch_scoped(self, kind: str, version: str) -> WatchBatch:
+        try:
+            return self.client.watch(
+                kind,
+                self._scope,
+                resource_version=version,
+                label_selector=selector(self.tag),
+                seconds=self.settings.watch_seconds,
+            )
+        except Rejected as exc:
+            raise self._refused_everywhere(exc, kind, self._scope) from None
+
     def _page(self, changed: set[int], report_all: bool) -> list[BackendJob]:
         out: list[BackendJob] = []
         for job_id in sorted(changed):
@@ -651,45 +1012,47 @@ class KubernetesAdapter:
 
     # -- output ----------------------------------------------------------------------------
 
-    def _replica_pods(self, job_id: int) -> list[dict[str, Any]]:
-        """The job's Pods in replica order: completion index (Indexed Jobs), then age, then
-        name, so that replica K names the same Pod from one call to the next."""
+    def _replica_pods(self, job_id: int, namespace: str) -> list[dict[str, Any]]:
+        """The job's Pods (in ``namespace``, its own) in replica order: completion index
+        (Indexed Jobs), then age, then name, so that replica K names the same Pod from one
+        call to the next."""
         try:
-            pods, _ = self.client.list("pods", self.namespace, label_selector=selector(self.tag, job_id))
+            pods = self._owned("pods", job_id, namespace)
         except NotFound:  # the namespace is gone, and everything in it
             return []
-        return sorted((p for p in pods if job_id_of(p, self.tag) == job_id), key=_replica_order)
+        return sorted(pods, key=_replica_order)
 
-    def _no_pod(self, job_id: int, backend_id: str, index: int, pods: list[dict[str, Any]], offset: int) -> JobOutput:
-        """No Pod for replica ``index``: not started yet, not a replica, or deleted with its log."""
+    def _no_pod(
+        self, job_id: int, owner_at: tuple[str, str, str], index: int, pods: list[dict[str, Any]], offset: int
+    ) -> JobOutput:
+        """No Pod for replica ``index``: not started yet, not a replica, or deleted with its log.
+        ``owner_at``: the namespace, kind and name of the job's Job or Deployment."""
+        namespace, kind, name = owner_at
         if pods:
             names = ", ".join(p["metadata"]["name"] for p in pods)
             raise Rejected(
-                f"job {job_id} has {len(pods)} replica pod(s) in namespace {self.namespace} ({names}): "
+                f"job {job_id} has {len(pods)} replica pod(s) in namespace {namespace} ({names}): "
                 f"replica {index} is not one of them; use 0 to {len(pods) - 1}"
             )
-        kind, _, name = backend_id.partition("/")
-        kind, name = ("deployments", name) if kind == "deployment" else ("jobs", name or object_name(self.tag, job_id))
-        owner = self.client.get(kind, self.namespace, name)
+        name = name or object_name(self.tag, job_id)
+        owner = self.client.get(kind, namespace, name)
         if owner is not None and job_id_of(owner, self.tag) == job_id and not _finished(owner):
             what = "Job" if kind == "jobs" else "Deployment"
-            raise Rejected(
-                f"job {job_id} has no output yet: its {what} {name} (namespace {self.namespace}) has no pod yet"
-            )
-        pod = self._created_pods(kind, name)[index : index + 1]
+            raise Rejected(f"job {job_id} has no output yet: its {what} {name} (namespace {namespace}) has no pod yet")
+        pod = self._created_pods(namespace, kind, name)[index : index + 1]
         if pod:
-            location = f"pod {pod[0]} (namespace {self.namespace})"
+            location = f"pod {pod[0]} (namespace {namespace})"
         else:
-            location = f"the pods of {kind.removesuffix('s')}/{name} (namespace {self.namespace})"
+            location = f"the pods of {kind.removesuffix('s')}/{name} (namespace {namespace})"
         return JobOutput(location, next_offset=offset, readable=False, note=_gone_note(pod[0] if pod else None))
 
-    def _created_pods(self, kind: str, name: str) -> list[str]:
+    def _created_pods(self, namespace: str, kind: str, name: str) -> list[str]:
         """The Pods a Job's controller said it created (its SuccessfulCreate events, which
         outlive the Pods for a while), oldest first; none known for a Deployment."""
         if kind != "jobs":
             return []
         try:
-            events = self.client.events_for(self.namespace, "Job", name)
+            events = self.client.events_for(namespace, "Job", name)
         except AdapterError:
             return []
         prefix = "Created pod: "
@@ -699,16 +1062,19 @@ class KubernetesAdapter:
             if e.get("reason") == "SuccessfulCreate" and str(e.get("message") or "").startswith(prefix)
         ]
 
-    def _read_log(self, pod: str, container: str, **options: Any) -> bytes:
-        return self.client.read_namespaced_pod_log(pod, self.namespace, container=container, **options)
+    def _read_log(self, log_of: tuple[str, str, str], **options: Any) -> bytes:
+        pod, namespace, container = log_of
+        return self.client.read_namespaced_pod_log(pod, namespace, container=container, **options)
 
-    def _from(self, pod: str, container: str, offset: int) -> tuple[str, int, str | None]:
-        """The log from character ``offset`` on, at most MAX_LOG_CHUNK of it; the next offset;
-        a note when the log is shorter than ``offset`` (a new container run starts a new log)."""
+    def _from(self, log_of: tuple[str, str, str], offset: int) -> tuple[str, int, str | None]:
+        """The log (of ``log_of``: pod, namespace, container) from character ``offset`` on, at
+        most MAX_LOG_CHUNK of it; the next offset; a note when the log is shorter than
+        ``offset`` (a new container run starts a new log)."""
+        pod = log_of[0]
         wanted = offset + MAX_LOG_CHUNK
         limit = wanted  # bytes: enough for ASCII, the common case
         while True:
-            data = self._read_log(pod, container, limit_bytes=limit)
+            data = self._read_log(log_of, limit_bytes=limit)
             cut = len(data) >= limit
             text = _decode(data, final=not cut)
             if not cut or len(text) >= wanted or limit >= 4 * wanted:
@@ -723,17 +1089,18 @@ class KubernetesAdapter:
             )
         return chunk, offset + len(chunk), note
 
-    def _tail(self, pod: str, container: str, lines: int) -> tuple[str, int, str | None]:
+    def _tail(self, log_of: tuple[str, str, str], lines: int) -> tuple[str, int, str | None]:
         """The last ``lines`` lines (at most MAX_LOG_CHUNK characters of them) and the offset of the
         log's end. The API cannot say where a log ends without sending it, so the log is read up
         to LOG_SCAN_BYTES and tailed here (one request: its end is where the tail ends); a longer
         log is tailed by the kubelet (``tailLines``), and following it resumes at the scan's end."""
-        data = self._read_log(pod, container, limit_bytes=LOG_SCAN_BYTES)
+        pod = log_of[0]
+        data = self._read_log(log_of, limit_bytes=LOG_SCAN_BYTES)
         if len(data) < LOG_SCAN_BYTES:
             whole = _decode(data, final=True)
             return _last_lines(whole, lines)[-MAX_LOG_CHUNK:], len(whole), None
         scanned = len(_decode(data, final=False))
-        tailed = self._read_log(pod, container, tail_lines=lines, limit_bytes=4 * MAX_LOG_CHUNK)
+        tailed = self._read_log(log_of, tail_lines=lines, limit_bytes=4 * MAX_LOG_CHUNK)
         text = _decode(tailed, final=len(tailed) < 4 * MAX_LOG_CHUNK)[-MAX_LOG_CHUNK:]
         note = (
             f"the log of pod {pod} is longer than {LOG_SCAN_BYTES >> 20} MiB: gpush counted that much of it, "
@@ -786,6 +1153,16 @@ class KubernetesAdapter:
                 return pods, None
         pods, _ = self.client.list("pods", self.namespace)
         return pods, f"counted from namespace {self.namespace} only (no permission to list Pods cluster-wide)"
+
+
+def _forbidden(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, Rejected) and ("HTTP 403" in text or "Forbidden" in text)
+
+
+def _rbac_hint(exc: BaseException) -> str:
+    """What grants the broker what Kubernetes refused it (a 403), else nothing."""
+    return f" (grant the broker what it needs with {RBAC_FILE})" if _forbidden(exc) else ""
 
 
 def _with_label(unit: CapacityUnit, key: str, value: str) -> CapacityUnit:

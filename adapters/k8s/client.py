@@ -52,6 +52,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "events": ("/api/v1", "events", True),
     "nodes": ("/api/v1", "nodes", False),
     "namespaces": ("/api/v1", "namespaces", False),
+    "resourcequotas": ("/api/v1", "resourcequotas", True),
     "jobs": ("/apis/batch/v1", "jobs", True),
     "deployments": ("/apis/apps/v1", "deployments", True),
 }
@@ -338,9 +339,20 @@ class KubeClient:
             path, label_selector=label_selector, field_selector=field_selector, limit=limit, what=kind
         )
 
+    def peek(self, kind: str, namespace: str | None = None, *, label_selector: str | None = None) -> list[dict]:
+        """At most one object of a collection (one page of one): whether the caller may list
+        it at all, without reading all of it (:class:`Rejected` with the server's 403)."""
+        prefix, plural, namespaced = RESOURCES[kind]
+        path = f"{prefix}/{plural}" if namespaced and namespace is None else collection_path(kind, namespace)
+        return self._page(path, [("labelSelector", label_selector), ("limit", 1)], kind).get("items") or []
+
     def create(self, kind: str, namespace: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
         name = (body.get("metadata") or {}).get("name", "")
         return self._json("POST", collection_path(kind, namespace), body=dict(body), what=f"create {kind}/{name}")
+
+    def replace(self, kind: str, namespace: str | None, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace an object whole (PUT); without a resourceVersion in ``body`` it is unconditional."""
+        return self._json("PUT", object_path(kind, namespace, name), body=dict(body), what=f"replace {kind}/{name}")
 
     def patch(
         self,
@@ -399,11 +411,14 @@ class KubeClient:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Unreachable(f"the Kubernetes API dropped the log of pod {name}: {exc}") from None
 
-    def create_namespace(self, name: str) -> None:
+    def create_namespace(self, name: str, body: Mapping[str, Any] | None = None) -> bool:
+        """Create a Namespace (``body``: its manifest, default a bare one); False when it was there."""
         try:
-            self.create("namespaces", None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+            bare = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            self.create("namespaces", None, body or bare)
         except AlreadyExists:
-            pass
+            return False
+        return True
 
     @_read_retry
     def list_custom(self, group: str, version: str, plural: str, namespace: str | None = None) -> list[dict]:

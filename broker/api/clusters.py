@@ -1,19 +1,20 @@
 """The routes of clusters: register (the cluster must answer), list with health and
-capacity, remove, and apply a Kubernetes cluster's GPU time-slicing. Admins change
-clusters; every user may list them.
+capacity, remove, apply a Kubernetes cluster's GPU time-slicing, and show the limits a
+cluster keeps for the tenants' GPU quotas. Admins change clusters; every user may list them.
 """
 
 from typing import Any
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
+from sqlalchemy import select
 
 from broker.api.deps import Adapters, Admin, AppClock, Db, Who
 from broker.api.responses import AUTH, BODY, errors
 from broker.core import clusters
-from broker.core.adapter import TimesliceConfigurator, capability
-from broker.core.errors import InvalidRequest, NotFound
-from broker.core.models import Cluster
+from broker.core.adapter import AdapterError, Rejected, TenantQuotaKeeper, TimesliceConfigurator, capability
+from broker.core.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from broker.core.models import Cluster, Tenant
 from broker.core.schemas import ClusterCreate
 from broker.intake import queue
 
@@ -71,6 +72,32 @@ def apply_timeslice(name: str, body: TimesliceRequest, session: Db, _who: Admin,
         raise InvalidRequest(f"cluster {name} is a {info.kind} cluster: time-slicing is configured on Kubernetes")
     plan = timeslicer.timeslice(body.replicas, node_label=body.node_label)
     return {"cluster": name, "changes": timeslicer.apply_timeslice(plan), "rendered": plan.to_yaml()}
+
+
+@router.get("/v1/clusters/{name}/tenant-quotas", responses=errors(403, 404, 409, 422, 503))
+def tenant_quotas(name: str, session: Db, _who: Admin, adapters: Adapters) -> dict[str, Any]:
+    """The cluster's own limits for the tenants' GPU quotas, as YAML for ``kubectl apply -f -``
+    (Kubernetes with a namespace per tenant: each tenant's Namespace and ResourceQuota). The
+    scheduler applies them itself; this shows what it applies."""
+    with session.begin():
+        row = session.get(Cluster, name)
+        if row is None:
+            raise NotFound(f"no cluster {name}: `gpush cluster list` shows them")
+        info = clusters.ClusterInfo.of(row)
+        quotas = {t.name: t.gpu_quota for t in session.execute(select(Tenant)).scalars() if t.gpu_quota is not None}
+    keeper = capability(adapters.get(info), TenantQuotaKeeper)
+    if keeper is None:
+        raise InvalidRequest(
+            f"cluster {name} is a {info.kind} cluster: per-tenant quotas on the cluster's side are Kubernetes "
+            "ResourceQuotas (namespace_mode=per-tenant); the broker's ledger holds tenants to their quotas everywhere"
+        )
+    try:
+        plan = keeper.tenant_quotas(quotas)
+    except Rejected as exc:
+        raise Conflict(f"cluster {name}: {exc}") from None
+    except AdapterError as exc:
+        raise Unavailable(f"cluster {name} does not answer now: {exc}") from None
+    return {"cluster": name, "rendered": plan.to_yaml()}
 
 
 @router.delete("/v1/clusters/{name}", status_code=204, responses=errors(403, 404, 409, 422))

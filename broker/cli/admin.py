@@ -89,5 +89,22 @@ def tenant_list(settings: Settings, json_mode: bool) -> int:
     return commands.tenant_list(settings.client(), output(json_mode))
 
 
+@tenant.command("quota-yaml", context_settings=CONTEXT)
+@click.argument("cluster")
+@json_option
+@click.pass_obj
+def tenant_quota_yaml(settings: Settings, cluster: str, json_mode: bool) -> int:
+    """The ResourceQuotas of Kubernetes cluster CLUSTER's tenants, as YAML (admins).
+
+    \b
+    With namespace_mode=per-tenant each tenant's jobs run in a namespace of its own, and its
+    quota becomes a ResourceQuota there: per GPU resource the cluster offers, the largest
+    count that alone stays within the quota. The broker's ledger holds each tenant to its
+    combined budget; the ResourceQuota is the cluster-side backstop. The scheduler applies
+    them itself; `kubectl apply -f -` takes what this prints, for a broker that may not.
+    """
+    return commands.tenant_quota_yaml(settings.client(), output(json_mode), cluster)
+
+
 # Registered on the root group by broker.cli.main.
 COMMANDS = (admin, tenant)

@@ -544,6 +544,16 @@ def tenant_list(client: GpushClient, out: Output) -> int:
     return EXIT_OK
 
 
+def tenant_quota_yaml(client: GpushClient, out: Output, cluster: str) -> int:
+    """The cluster's ResourceQuotas for the tenants' GPU quotas, as YAML kubectl applies."""
+    result = client.tenant_quotas(cluster)
+    if out.json_mode:
+        out.json(result)
+    else:
+        out.raw(result["rendered"])
+    return EXIT_OK
+
+
 def policy_validate(client: GpushClient, out: Output, *, text: str, source: str) -> int:
     report = client.validate_policy(text, source=source)
     if out.json_mode:

@@ -203,6 +203,10 @@ class GpushClient:
         body = {"replicas": replicas, "node_label": node_label}
         return self._request("POST", f"/v1/clusters/{cluster}/timeslice", json=body, safe_to_retry=False)
 
+    def tenant_quotas(self, cluster: str) -> dict[str, Any]:
+        """The cluster's limits for the tenants' GPU quotas (admins): ``rendered`` is YAML."""
+        return self._request("GET", f"/v1/clusters/{cluster}/tenant-quotas")
+
     def remove_cluster(self, name: str) -> None:
         self._request("DELETE", f"/v1/clusters/{name}", expect_body=False)
 

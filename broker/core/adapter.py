@@ -47,6 +47,12 @@ none declared means none offered):
 - :class:`ChangeNotifier`: ``notify_changes(callback)``: the cluster pushes events (the
   Kubernetes watch), and the adapter calls ``callback()`` when one of the broker's jobs
   changes, so the scheduler reads statuses at once rather than at its next cycle.
+- :class:`TenantQuotaKeeper`: ``tenant_quotas(quotas)`` renders the cluster's own limits for
+  the tenants' GPU quotas (Kubernetes: a ResourceQuota in each tenant's namespace) and
+  ``apply_tenant_quotas(plan)`` applies what changed. The broker's ledger enforces the
+  quotas; these are the cluster's backstop for work that does not pass the broker. The
+  scheduler hands the quotas over every cycle (broker.scheduling.cycle, step 4);
+  ``gpush tenant quota-yaml CLUSTER`` shows them.
 
 Callers ask with :func:`capability` (the adapter typed as that Protocol, or None) or
 :func:`supports`, never with ``hasattr``. A declared set rather than
@@ -378,6 +384,18 @@ class ChangeNotifier(Protocol):
         reports that one of this broker's jobs changed; None stops it."""
 
 
+class TenantQuotaKeeper(Protocol):
+    """Holds tenants to their GPU quotas on the cluster's side too, behind the broker's ledger."""
+
+    def tenant_quotas(self, quotas: Mapping[str, float]) -> RenderedConfig:
+        """The cluster's limits for ``quotas`` (tenant -> physical GPU-equivalents; a tenant
+        not named has no quota), rendered, not applied."""
+
+    def apply_tenant_quotas(self, plan: Any) -> list[str]:
+        """Bring the cluster in line with a plan from :meth:`tenant_quotas`, writing only what
+        differs from what it has; returns what changed (empty when nothing did)."""
+
+
 # Every optional capability, and the methods each adds to the protocol.
 CAPABILITIES: dict[type, tuple[str, ...]] = {
     BatchSubmitter: ("submit_many",),
@@ -386,6 +404,7 @@ CAPABILITIES: dict[type, tuple[str, ...]] = {
     Closable: ("close",),
     LogReader: ("logs",),
     ChangeNotifier: ("notify_changes",),
+    TenantQuotaKeeper: ("tenant_quotas", "apply_tenant_quotas"),
 }
 
 _C = TypeVar("_C")

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
@@ -57,6 +57,7 @@ from broker.core.adapter import (
     Scaler,
     StatusPage,
     SubmitItem,
+    TenantQuotaKeeper,
     TimesliceConfigurator,
     declared,
 )
@@ -282,6 +283,16 @@ class _Notifies:
         self.adapter.notify_changes(callback)
 
 
+class _KeepsTenantQuotas:
+    __slots__ = ()
+
+    def tenant_quotas(self: Any, quotas: Mapping[str, float]) -> RenderedConfig:
+        return self.adapter.tenant_quotas(quotas)
+
+    def apply_tenant_quotas(self: Any, plan: Any) -> list[str]:
+        return self.adapter.apply_tenant_quotas(plan)
+
+
 _FORWARDERS: dict[type, type] = {
     BatchSubmitter: _SubmitsMany,
     Scaler: _Scales,
@@ -289,6 +300,7 @@ _FORWARDERS: dict[type, type] = {
     Closable: _Closes,
     LogReader: _ReadsLogs,
     ChangeNotifier: _Notifies,
+    TenantQuotaKeeper: _KeepsTenantQuotas,
 }
 assert _FORWARDERS.keys() == CAPABILITIES.keys(), "a capability the metrics wrapper cannot forward"
 

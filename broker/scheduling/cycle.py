@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import DateTime, Engine, func, select, type_coerce
@@ -32,6 +32,8 @@ from broker.core.adapter import (
     ClusterAdapter,
     Placement,
     Sharing,
+    TenantQuotaKeeper,
+    capability,
 )
 from broker.core.clock import Clock
 from broker.core.clusters import AdapterPool, ClusterInfo, list_clusters
@@ -82,7 +84,10 @@ class Scheduler:
        cursor moves once its changes are in.
     3. Cancel: jobs a user cancelled while a cluster had them are cancelled there.
     4. Capacity: each healthy cluster's inventory, minus the placements it has not
-       started yet.
+       started yet. A cluster that keeps tenants' quotas on its side too
+       (:class:`broker.core.adapter.TenantQuotaKeeper`: Kubernetes with a namespace per
+       tenant) is handed the quotas the ledger read, and writes what changed; the
+       ledger remains what holds tenants to them (step 6).
     5. Claim queued jobs in order: priority, then the tenant furthest below its
        weighted fair share (GPU-equivalents across both tiers), then age; at most
        ``claim_limit`` per tenant. Each tenant's jobs are read per priority level as the
@@ -151,6 +156,7 @@ class Scheduler:
                 self.act_on_cancels(clusters, wanted, report)
             with report.timing("inventory"):
                 view = self.read_inventory(clusters, report, booked)
+                self.keep_tenant_quotas(clusters, ledger[2], report, skip=view.unavailable)
         except BaseException:
             claim.wait(report, raise_error=False)
             if sync is not None:
@@ -323,6 +329,31 @@ class Scheduler:
                 inventory = self.drift.apply(session, inventory, clusters, now=self.clock())
         pending = _beyond_backlog(booked.pending, clusters)
         return CapacityView.build(inventory, pending, booked.memory, unavailable=unavailable)
+
+    def keep_tenant_quotas(
+        self,
+        clusters: dict[str, ClusterInfo],
+        quotas: dict[str, float],
+        report: CycleReport,
+        *,
+        skip: Mapping[str, str] = {},  # noqa: B006 - read only
+    ) -> None:
+        """Hand the tenants' quotas to each cluster that keeps them too (not those whose
+        inventory failed this cycle: their GPU resources are not known). The adapter
+        writes only what changed, so this costs nothing while the quotas stay as they are."""
+        for name, info in clusters.items():
+            if name in skip:
+                continue
+            keeper = capability(self._adapter(info), TenantQuotaKeeper)
+            if keeper is None:
+                continue
+            try:
+                changes = keeper.apply_tenant_quotas(keeper.tenant_quotas(quotas))
+            except AdapterError as exc:
+                report.errors.append(f"tenant quotas on {name}: {exc}")
+                continue
+            for change in changes:
+                log.info("%s: %s", name, change)
 
     # 5, 6, 7 -------------------------------------------------------------------------
 

@@ -20,6 +20,12 @@ their schema does not declare, warning or refusing by ``fieldValidation`` (apise
 
 Use :func:`start` in tests (the server runs in a background thread), or run
 ``python -m integration.k8s.apiserver --port 6443 --kubeconfig kubeconfig.yaml`` by hand.
+
+Who may do what: the server's own token is a cluster admin's. ``users`` adds tokens of named
+users (``system:serviceaccount:gpush:gpush-broker``); their requests are recorded in ``audit``
+(a list, when given) as the attributes kube-apiserver authorizes by, and, with an
+``authorizer`` (such as apiserver_rbac.RbacPolicy's ``allows``), a request for a resource it
+does not allow is refused with the real server's 403.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +62,7 @@ from integration.k8s.apiserver_errors import (
 from integration.k8s.apiserver_kinds import ALL_VERBS, ResourceType
 from integration.k8s.apiserver_logs import PodLogs
 from integration.k8s.apiserver_patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
+from integration.k8s.apiserver_rbac import RequestAttributes, forbidden, request_attributes
 from integration.k8s.apiserver_selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
 from integration.k8s.apiserver_store import (
     ADDED,
@@ -165,9 +172,15 @@ class ApiServerApp:
         watch_timeout: float = 1800.0,
         compaction_interval: float | None = COMPACTION_INTERVAL,
         address: str = "",
+        users: Mapping[str, str] | None = None,
+        authorizer: Callable[[RequestAttributes], bool] | None = None,
+        audit: list[RequestAttributes] | None = None,
     ) -> None:
         self.store = store
         self.token = token
+        self.users = dict(users or {})  # token -> user name, besides the admin's token
+        self.authorizer = authorizer
+        self.audit = audit
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
         self.compaction_interval = compaction_interval
@@ -222,8 +235,12 @@ class ApiServerApp:
         if path == "/version":
             return _json(KUBERNETES_VERSION)
         if self.token is not None and path not in _UNAUTHENTICATED_PATHS:
-            if request.headers.get("authorization") != f"Bearer {self.token}":
-                raise unauthorized()
+            presented = request.headers.get("authorization") or ""
+            if presented != f"Bearer {self.token}":
+                user = self.users.get(presented.removeprefix("Bearer ")) if presented.startswith("Bearer ") else None
+                if user is None:
+                    raise unauthorized()
+                self._authorize(request_attributes(user, request.method, path, request.query_params))
         segments = [s for s in path.split("/") if s]
         if not segments:
             return _json({"paths": ["/api", "/api/v1", "/apis", *self._group_paths(), "/healthz", "/version"]})
@@ -255,6 +272,12 @@ class ApiServerApp:
                 return _json({"kind": "APIGroup", "apiVersion": "v1", **self._group(segments[1], versions)})
             return await self._resource_request(request, segments[1], segments[2], segments[3:])
         raise no_such_resource()
+
+    def _authorize(self, attributes: RequestAttributes) -> None:
+        if self.audit is not None:
+            self.audit.append(attributes)
+        if self.authorizer is not None and attributes.resource_request and not self.authorizer(attributes):
+            raise forbidden(attributes)
 
     def _group_paths(self) -> list[str]:
         paths = []
@@ -657,10 +680,16 @@ class TestApiServer:
         bookmark_interval: float = 5.0,
         watch_timeout: float = 1800.0,
         compaction_interval: float | None = COMPACTION_INTERVAL,
+        users: Mapping[str, str] | None = None,
+        authorizer: Callable[[RequestAttributes], bool] | None = None,
+        audit: list[RequestAttributes] | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.token = token if token is not None else secrets.token_urlsafe(24)
+        self.users = dict(users or {})  # token -> user name (see the module docstring)
+        self.authorizer = authorizer
+        self.audit = audit
         self.state_file = Path(state_file) if state_file else None
         self.event_window = event_window
         self.bookmark_interval = bookmark_interval
@@ -697,6 +726,9 @@ class TestApiServer:
             watch_timeout=self.watch_timeout,
             compaction_interval=self.compaction_interval,
             address=f"{self.host}:{self.port}",
+            users=self.users,
+            authorizer=self.authorizer,
+            audit=self.audit,
         )
         config = uvicorn.Config(
             app,
@@ -746,22 +778,25 @@ class TestApiServer:
             self.store = Store.from_snapshot(self.store.snapshot(), event_window=self.event_window)
         self.start()
 
-    def kubeconfig(self, context: str = "gpush-test", namespace: str = "default") -> dict[str, Any]:
+    def kubeconfig(
+        self, context: str = "gpush-test", namespace: str = "default", token: str | None = None
+    ) -> dict[str, Any]:
+        """A kubeconfig for this server: as its admin, or with ``token`` one of ``users``'."""
         return {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": context, "cluster": {"server": self.url}}],
-            "users": [{"name": context, "user": {"token": self.token}}],
+            "users": [{"name": context, "user": {"token": token or self.token}}],
             "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}],
             "current-context": context,
             "preferences": {},
         }
 
-    def write_kubeconfig(self, path: str | Path, context: str = "gpush-test") -> Path:
-        """A kubeconfig whose current context reaches this server with its token."""
+    def write_kubeconfig(self, path: str | Path, context: str = "gpush-test", token: str | None = None) -> Path:
+        """A kubeconfig whose current context reaches this server with its token (or ``token``)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(self.kubeconfig(context), sort_keys=False))
+        path.write_text(yaml.safe_dump(self.kubeconfig(context, token=token), sort_keys=False))
         path.chmod(0o600)
         return path
 
@@ -781,7 +816,8 @@ def start(
 ) -> TestApiServer:
     """Start a test API server in a background thread; ``token=None`` makes up a random one.
 
-    ``options``: ``event_window`` (changes kept per resource for watches and continue tokens),
+    ``options``: ``users``, ``authorizer`` and ``audit`` (see the module docstring),
+    ``event_window`` (changes kept per resource for watches and continue tokens),
     ``bookmark_interval`` (seconds between BOOKMARK events), ``watch_timeout`` (seconds a watch
     without ``timeoutSeconds`` stays open), ``compaction_interval`` (seconds between compactions of
     the change history, 300 as kube-apiserver's ``--etcd-compaction-interval``; each compacts to the

@@ -8,7 +8,8 @@ covered is what adapters/k8s/client.py and adapter.py do: create, get, list, del
 Deployments, Pods and ConfigMaps carrying gpush's labels; label- and field-selected lists in
 pages; watches resumed from a resourceVersion, and 410 when it is too old; the Status bodies of
 404, 409 and 422 answers; optimistic concurrency; the scale and status subresources; Node
-listings; deletion with propagation; a Pod's log (``pods/log``: whole, tailed, limited,
+listings; deletion with propagation; label-selected lists and watches of every namespace at
+once and ResourceQuotas of GPU resources (a namespace per tenant); a Pod's log (``pods/log``: whole, tailed, limited,
 timestamped, followed; 404 for a missing Pod, 204 for one on no node); the manifests
 adapters/k8s/render.py produces; and what the server writes back other than what was sent:
 quantities in their canonical form (``0.01`` CPU comes back ``10m``), the defaults of Pods and Pod
@@ -1074,3 +1075,46 @@ def test_gpush_client_reports_gone_for_a_compacted_watch(kube, job, gpush_client
     kube.server.store.compact()
     with pytest.raises(Gone):
         gpush_client.watch("configmaps", kube.namespace, resource_version=version, label_selector=job.selector)
+
+
+def test_gpush_objects_are_listed_and_watched_by_label_in_every_namespace(kube, job, gpush_client):
+    """With a namespace per tenant the adapter finds its objects by label in every namespace at
+    once: the list says each one's namespace, and a watch of every namespace from that list's
+    resourceVersion sees what is created after it."""
+    c = gpush_client
+    first, second = unique("allns"), unique("allns")
+    c.create("configmaps", kube.namespace, config_map(first, job.labels, {}))
+    items, version = c.list("configmaps", None, label_selector=job.selector)
+    assert [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items] == [(kube.namespace, first)]
+    c.create("configmaps", kube.namespace, config_map(second, job.labels, {}))
+    seen: list[tuple[str, str, str]] = []
+
+    def watched() -> bool:
+        nonlocal version
+        batch = c.watch("configmaps", None, resource_version=version, label_selector=job.selector)
+        seen.extend((e.type, e.object["metadata"]["namespace"], e.object["metadata"]["name"]) for e in batch.events)
+        version = batch.resource_version
+        return bool(seen)
+
+    eventually(kube, watched, "the new ConfigMap through a watch of every namespace")
+    assert seen == [("ADDED", kube.namespace, second)]
+    for name in (first, second):
+        c.delete("configmaps", kube.namespace, name)
+
+
+def test_a_resource_quota_of_gpu_resources_is_created_and_replaced_whole(kube, job, gpush_client):
+    """A tenant namespace's ResourceQuota as gpush writes it: extended resources quota'd as
+    ``requests.<name>``, replaced whole without a resourceVersion (a resource left out of the new
+    ``spec.hard`` is no longer limited), and found by label in every namespace."""
+    c = gpush_client
+    name = unique("quota")
+    hard = {"requests.nvidia.com/gpu": "8", "requests.nvidia.com/mig-3g.20gb": "4"}
+    body = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name, "labels": job.labels}}
+    assert c.create("resourcequotas", kube.namespace, {**body, "spec": {"hard": hard}})["spec"]["hard"] == hard
+    with pytest.raises(AlreadyExists):
+        c.create("resourcequotas", kube.namespace, {**body, "spec": {"hard": hard}})
+    fewer = {"requests.nvidia.com/gpu": "4"}
+    assert c.replace("resourcequotas", kube.namespace, name, {**body, "spec": {"hard": fewer}})["spec"]["hard"] == fewer
+    items, _ = c.list("resourcequotas", None, label_selector=job.selector)
+    assert [(i["metadata"]["namespace"], i["spec"]["hard"]) for i in items] == [(kube.namespace, fewer)]
+    assert c.delete("resourcequotas", kube.namespace, name) is True

@@ -62,3 +62,11 @@ def test_apply_needs_a_kubernetes_cluster(gpush):
 def test_cluster_add_takes_kubernetes_options_only_for_kubernetes(gpush, tmp_path):
     result = gpush("cluster", "add", "x", "--kind", "sim", "--fleet", FLEET, "--kubeconfig", tmp_path / "k")
     assert result.code == 2 and "--kubeconfig is a Kubernetes setting" in result.err
+
+
+def test_quota_yaml_needs_a_kubernetes_cluster_and_an_admin(gpush):
+    assert gpush("cluster", "add", "slurm-a", "--kind", "sim", "--fleet", FLEET).code == 0
+    result = gpush("tenant", "quota-yaml", "slurm-a")
+    assert result.code == 2 and "per-tenant quotas on the cluster's side are Kubernetes ResourceQuotas" in result.err
+    missing = gpush("tenant", "quota-yaml", "nowhere")
+    assert missing.code == 3 and "no cluster nowhere" in missing.err

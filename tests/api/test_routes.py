@@ -24,6 +24,7 @@ ROUTES = {
     ("POST", "/v1/clusters"): ("clusters", "201"),
     ("DELETE", "/v1/clusters/{name}"): ("clusters", "204"),
     ("POST", "/v1/clusters/{name}/timeslice"): ("clusters", "200"),
+    ("GET", "/v1/clusters/{name}/tenant-quotas"): ("clusters", "200"),
     ("GET", "/v1/inventory"): ("inventory", "200"),
     ("GET", "/v1/inventory/drift"): ("inventory", "200"),
     ("GET", "/v1/jobs"): ("jobs", "200"),

@@ -12,6 +12,7 @@ from broker.core.adapter import (
     Closable,
     LogReader,
     Scaler,
+    TenantQuotaKeeper,
     TimesliceConfigurator,
     adapter_class,
     capability,
@@ -37,6 +38,7 @@ def test_the_real_adapters_declare_what_the_broker_uses():
         Closable,
         LogReader,
         ChangeNotifier,
+        TenantQuotaKeeper,
     }
     assert declared(adapter_class("sim")) == frozenset({LogReader, Scaler})
 
