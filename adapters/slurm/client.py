@@ -13,9 +13,10 @@ have left squeue. What callers may assume:
   Calls are retried only where they are safe to repeat (reads, cancel), never a
   submission.
 - **Slurm's versions.** The REST backend asks the server which OpenAPI versions it
-  serves and takes the newest it knows (:data:`REST_VERSIONS`: v0.0.38 in Slurm 22.05
-  to v0.0.42 in 24.11); the CLI backend reads ``squeue --json`` / ``sinfo --json``,
-  which both versions have. Neither needs pyslurm, which PyPI does not carry for
+  serves and takes the newest it knows (:data:`REST_VERSIONS`: v0.0.38 in Slurm 22.05,
+  v0.0.40-42 in 24.11, v0.0.42-45 in 26.05, each run against the real server by
+  integration/test_slurm_versions.py); the CLI backend reads ``squeue --json`` /
+  ``sinfo --json``, which every version has. Neither needs pyslurm, which PyPI does not carry for
   Debian's Slurm.
 - **Jobs that left squeue** (older than ``MinJobAge``) come from ``sacct`` when the
   cluster has accounting, or from the job completion log (``jobcomp/filetxt``) when
@@ -48,7 +49,7 @@ from adapters.slurm.render import DEFAULT_PATH
 from broker.core.adapter import Rejected, Unreachable
 
 # Newest first: the REST backend takes the first the server offers.
-REST_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
+REST_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
 
 # Slurm's errors that say the controller could not be asked, or could not answer now:
 # a later try may succeed. Any other error Slurm gives a submission is about the job (a

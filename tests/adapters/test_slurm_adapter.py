@@ -1315,8 +1315,8 @@ def test_rest_on_24_11_discovers_the_newest_api_it_speaks_and_sends_the_new_body
 def test_rest_takes_v0_0_41_when_the_server_offers_nothing_newer_and_refuses_unknown_ones():
     assert rest(RecordedRestd(V2411, versions={"v0.0.40", "v0.0.41"})).api_version() == "v0.0.41"
     future = RecordedRestd(V2411, versions=set())
-    future.spec["paths"]["/slurm/v0.0.43/ping"] = {"get": {}}
-    with pytest.raises(Unreachable, match=r"serves v0\.0\.43; gpush speaks v0\.0\.42, v0\.0\.41"):
+    future.spec["paths"]["/slurm/v0.0.46/ping"] = {"get": {}}
+    with pytest.raises(Unreachable, match=r"serves v0\.0\.46; gpush speaks v0\.0\.45, v0\.0\.44"):
         rest(future).api_version()
 
 
