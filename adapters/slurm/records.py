@@ -88,9 +88,14 @@ def number(value: Any) -> int | None:
         return None
 
 
+# Slurm's 32-bit "no value" and "infinite" (NO_VAL, INFINITE), which some plain-integer
+# times carry: sacct of 24.11 and 26.05 gives a job that never started "start": 4294967294.
+_NO_TIME = frozenset({0xFFFFFFFE, 0xFFFFFFFF})
+
+
 def timestamp(value: Any) -> datetime | None:
     seconds = number(value)
-    return datetime.fromtimestamp(seconds, UTC) if seconds else None
+    return datetime.fromtimestamp(seconds, UTC) if seconds and seconds not in _NO_TIME else None
 
 
 def states(value: Any) -> list[str]:

@@ -1,5 +1,5 @@
-"""The Slurm adapter on Slurm's own answers: recorded on Slurm 22.05, built from the
-24.11 schema (tests/data/slurm/README.md says which is which).
+"""The Slurm adapter on Slurm's own answers, recorded on Slurm 22.05, 24.11 and 26.05
+(tests/data/slurm/README.md says how and what each file is).
 
 No Slurm runs here. ``RecordedSlurm`` is a client (the ``SlurmClient`` protocol) that
 answers from those files and behaves as Slurm did when they were recorded; the REST
@@ -41,7 +41,12 @@ from broker.core.schemas import JobSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 V2205 = DATA / "2205"
-V2411 = DATA / "2411"
+V2411 = DATA / "2411"  # Slurm 24.11.5 (Debian 13), data parser v0.0.42
+V2605 = DATA / "2605"  # Slurm 26.05.5 (Debian sid), data parser v0.0.45
+# The newer versions, recorded with the same jobs: ``squeue --json --states=all`` in
+# squeue.json, ``scontrol --json show nodes`` in nodes*.json.
+NEWER = [V2411, V2605]
+RELEASE = {V2205: "22.05.8", V2411: "24.11.5", V2605: "26.05.5"}
 
 
 def answer(path: Path) -> dict[str, Any]:
@@ -161,9 +166,10 @@ def recorded_2205(**kwargs: Any) -> RecordedSlurm:
     return RecordedSlurm(jobs_of(V2205 / "squeue.json"), nodes_of(V2205 / "sinfo.json"), **kwargs)
 
 
-def recorded_2411(**kwargs: Any) -> RecordedSlurm:
-    jobs = jobs_of(V2411 / "squeue.json", V2411 / "squeue_finished.json")
-    return RecordedSlurm(jobs, nodes_of(V2411 / "nodes.json"), version="24.11.5", **kwargs)
+def recorded_newer(folder: Path, **kwargs: Any) -> RecordedSlurm:
+    """The 24.11 or 26.05 cluster as recorded, all jobs live (gpu01 not drained yet)."""
+    jobs = jobs_of(folder / "squeue.json")
+    return RecordedSlurm(jobs, nodes_of(folder / "nodes.json"), version=RELEASE[folder], **kwargs)
 
 
 WORKDIR = Path("/nonexistent")  # the running test's own directory (_workdir)
@@ -278,38 +284,67 @@ def test_jobs_recorded_on_2205_read_as_slurm_meant_them():
     assert jobs["gpush-14"].state == "CANCELLED"
 
 
-def test_jobs_built_from_the_2411_schema_read_the_same():
-    jobs = by_name(jobs_of(V2411 / "squeue.json", V2411 / "squeue_finished.json"))
-    raw = {j["name"]: j for j in answer(V2411 / "squeue.json")["jobs"]}
+# When the newer clusters started gpush-7 (it ran on, a year's time limit) and when
+# gpush-8, pending, was submitted.
+STARTED = {V2411: utc("2026-12-06T03:30:45"), V2605: utc("2026-12-06T03:33:22")}
+QUEUED = {V2411: utc("2026-12-06T03:30:46"), V2605: utc("2026-12-06T03:33:22")}
+
+
+@pytest.mark.parametrize("folder", NEWER)
+def test_jobs_recorded_on_24_11_and_26_05_read_as_slurm_meant_them(folder):
+    jobs = by_name(jobs_of(folder / "squeue.json"))
+    raw = {j["name"]: j for j in answer(folder / "squeue.json")["jobs"]}
+    # the shapes the parser reads: lists of states, {"set", "number"} times, an exit code object
     assert raw["gpush-7"]["job_state"] == ["RUNNING"]
-    assert raw["gpush-7"]["start_time"] == {"set": True, "infinite": False, "number": 1733212901}
+    assert raw["gpush-7"]["start_time"] == {"set": True, "infinite": False, "number": STARTED[folder].timestamp()}
+    signal = raw["gpush-3"]["exit_code"]["signal"]
+    assert signal == {"id": {"set": True, "infinite": False, "number": 9}, "name": "KILL"}
 
     running = jobs["gpush-7"]
-    assert (running.job_id, running.states, running.nodes) == ("204", ("RUNNING",), "mig01")
+    assert (running.job_id, running.states, running.nodes, running.reason) == ("4", ("RUNNING",), "mig01", "None")
+    # asked as gres/gpu:1g.5gb:1 (22.05: gres:gpu:1g.5gb:1), given with its index
     assert running.tres_per_node == (Gres("gpu", "1g.5gb", 1),)
-    assert running.start_time == utc("2024-12-03T08:01:41")
+    assert running.gres_detail == ("gpu:1g.5gb:1(IDX:0)",)
+    assert running.start_time == STARTED[folder] and running.last_change == running.start_time
+    assert running.end_time > running.start_time  # its time limit, not a change
     assert running.comment == "gpush:job-7 tenant=ml user=alice"
     assert jobs["gpush-10"].tres_per_node == (Gres("mps", None, 25),)
+    assert jobs["gpush-10"].gres_detail == ("mps:25(25/100)",)
 
     pending = jobs["gpush-8"]
-    # {"set": true, "number": 0} is "not yet", not the epoch
-    assert pending.state == "PENDING" and pending.start_time is None and pending.end_time is None
+    # Slurm's estimate of its start (when the running jobs' time limits run out, a year
+    # on), not a change
+    assert (pending.state, pending.reason) == ("PENDING", "Resources")
+    assert pending.start_time == STARTED[folder] + timedelta(days=365)
+    assert pending.last_change == pending.submit_time == QUEUED[folder]
+    # a job waiting on a drained node has no estimate: {"set": true, "number": 0} is "not
+    # yet", not the epoch
+    behind = by_name(jobs_of(folder / "squeue_drain.json"))["gpush-13"]
+    assert (behind.state, behind.reason, behind.start_time, behind.end_time) == ("PENDING", "Resources", None, None)
+    assert behind.description.startswith("Nodes required for job are DOWN, DRAINED")
 
-    assert (jobs["gpush-1"].state, jobs["gpush-1"].exit_code) == ("COMPLETED", 0)
-    assert (jobs["gpush-2"].state, jobs["gpush-2"].exit_code) == ("FAILED", 3)
+    assert (jobs["gpush-1"].state, jobs["gpush-1"].exit_code, jobs["gpush-1"].nodes) == ("COMPLETED", 0, "gpu01")
+    failed = jobs["gpush-2"]
+    assert (failed.state, failed.reason, failed.exit_code) == ("FAILED", "NonZeroExitCode", 3)
     # {"status": ["SIGNALED"], "signal": {"id": 9, "name": "KILL"}} reads as a shell would
-    assert jobs["gpush-3"].exit_code == 128 + 9
-    assert (jobs["gpush-11"].state, jobs["gpush-11"].reason) == ("FAILED", "BadConstraints")
-    assert jobs["gpush-14"].state == "CANCELLED"
+    assert (jobs["gpush-3"].state, jobs["gpush-3"].reason, jobs["gpush-3"].exit_code) == ("FAILED", "RaisedSignal", 137)
+    refused = jobs["gpush-11"]
+    assert (refused.state, refused.reason, refused.nodes) == ("FAILED", "BadConstraints", "")
+    assert (jobs["gpush-14"].state, jobs["gpush-14"].nodes) == ("CANCELLED", "")
 
 
 def test_comment_reads_from_a_string_and_from_24_11_accounting_objects():
-    raw = answer(V2411 / "squeue.json")["jobs"][0]
+    raw = raw_job(V2411 / "squeue.json", "gpush-7")
     as_object = dict(raw, comment={"administrator": "", "job": raw["comment"], "system": "requeued"})
     assert SlurmJob.of(as_object).comment == SlurmJob.of(raw).comment == "gpush:job-7 tenant=ml user=alice"
+    # sacct's comment is that object; slurmdbd kept no job comment here (it stores one
+    # only with AccountingStoreFlags=job_comment)
+    recorded = answer(V2411 / "sacct.json")["jobs"][0]["comment"]
+    assert recorded == {"administrator": "", "job": "", "system": ""}
+    assert SlurmJob.of(dict(raw, comment=recorded)).comment == ""
 
 
-@pytest.mark.parametrize("version", [V2205, V2411])
+@pytest.mark.parametrize("version", [V2205, *NEWER])
 def test_nodes_read_state_gres_and_partitions(version):
     path = version / ("sinfo.json" if version == V2205 else "nodes.json")
     nodes = {node.name: node for node in nodes_of(path)}
@@ -321,6 +356,9 @@ def test_nodes_read_state_gres_and_partitions(version):
     assert (nodes["mig01"].cpus, nodes["mig01"].memory_mb) == (16, 64000)
     assert nodes["mig01"].partitions == ("gpu", "mig")
     assert nodes["mig01"].unavailable is None
+    if version != V2205:
+        # MPS in use shows in gres_used from 24.11 on (22.05: mps:a100:1(IDX:0) whatever the share)
+        assert nodes["mps01"].gres_used == (Gres("gpu", "a100", 0), Gres("mps", "a100", 25))
 
 
 def test_a_drained_or_down_node_says_why_it_takes_nothing():
@@ -332,9 +370,17 @@ def test_a_drained_or_down_node_says_why_it_takes_nothing():
     assert down["mps01"].unavailable == "node mps01 is down: nvidia-smi: no devices found"
     assert down["gpu01"].states == ("IDLE", "DRAIN") and down["gpu01"].unavailable
 
-    built = {n.name: n for n in nodes_of(V2411 / "nodes.json")}["gpu01"]
-    assert built.states == ("IDLE", "DRAIN")  # 24.11: "state": ["IDLE", "DRAIN"]
-    assert built.unavailable == "node gpu01 is drain: gpu 1 fell off the bus"
+
+@pytest.mark.parametrize("folder", NEWER)
+def test_a_drained_or_down_node_says_why_it_takes_nothing_on_24_11_and_26_05(folder):
+    drained = {n.name: n for n in nodes_of(folder / "nodes_drain.json")}["gpu01"]
+    assert drained.states == ("MIXED", "DRAIN")  # "state": ["MIXED", "DRAIN"], no state_flags
+    assert drained.unavailable == "node gpu01 is drain: gpu 1 fell off the bus"
+
+    down = {n.name: n for n in nodes_of(folder / "nodes_down.json")}
+    assert down["mps01"].states == ("DOWN",)
+    assert down["mps01"].unavailable == "node mps01 is down: nvidia-smi: no devices found"
+    assert down["gpu01"].states == ("IDLE", "DRAIN") and down["gpu01"].unavailable
 
 
 def test_the_recorded_jobcomp_log_reads_into_finished_records():
@@ -521,14 +567,33 @@ def test_inventory_of_the_recorded_cluster():
     assert len(units) == 4
 
 
-def test_inventory_of_the_2411_cluster_matches_and_its_drained_node_offers_nothing():
-    units = {(u.node, u.sharing, u.mig_profile): u for u in adapter(recorded_2411()).inventory()}
-    assert units[("mig01", Sharing.SLURM_MIG, "1g.5gb")].free == 0
+@pytest.mark.parametrize("folder", NEWER)
+def test_inventory_of_the_24_11_and_26_05_clusters_matches_and_a_drained_or_down_node_offers_nothing(folder):
+    units = {(u.node, u.sharing, u.mig_profile): u for u in adapter(recorded_newer(folder)).inventory()}
+    small = units[("mig01", Sharing.SLURM_MIG, "1g.5gb")]
+    assert (small.capacity, small.allocated, small.free) == (7, 7, 0)  # gpush-7 and filler hold all 7
     assert units[("mig01", Sharing.SLURM_MIG, "3g.20gb")].free == 1
-    assert units[("mps01", Sharing.SLURM_MPS, None)].free == 75
-    drained = units[("gpu01", Sharing.SLURM_EXCLUSIVE, None)]
+    # counted from the running jobs' mps:25, as on 22.05 (24.11's gres_used says the same)
+    share = units[("mps01", Sharing.SLURM_MPS, None)]
+    assert (share.capacity, share.allocated) == (100, 25)
+    assert ("mps01", Sharing.SLURM_EXCLUSIVE, None) not in units
+    gpus = units[("gpu01", Sharing.SLURM_EXCLUSIVE, None)]
+    assert (gpus.capacity, gpus.free, gpus.gpu_model) == (2, 0, "A100-SXM4-40GB")  # gpush-12 holds both
+    assert "unavailable" not in gpus.labels and len(units) == 4
+
+    drain = RecordedSlurm(jobs_of(folder / "squeue.json"), nodes_of(folder / "nodes_drain.json"))
+    drained = {(u.node, u.sharing): u for u in adapter(drain).inventory()}[("gpu01", Sharing.SLURM_EXCLUSIVE)]
     assert (drained.capacity, drained.free) == (2, 0)
     assert drained.labels["unavailable"] == "node gpu01 is drain: gpu 1 fell off the bus"
+
+    # gpush-7 and gpush-10 done, gpush-8 on the freed slice, gpush-12 cancelled: gpu01 is
+    # idle but drained, mps01 down
+    down = RecordedSlurm(jobs_of(folder / "squeue_later.json"), nodes_of(folder / "nodes_down.json"))
+    units = {(u.node, u.mig_profile or u.sharing.value): u for u in adapter(down).inventory()}
+    assert units[("mps01", "slurm/mps")].free == 0
+    assert units[("mps01", "slurm/mps")].labels["unavailable"] == "node mps01 is down: nvidia-smi: no devices found"
+    assert units[("gpu01", "slurm/exclusive")].free == 0
+    assert (units[("mig01", "1g.5gb")].free, units[("mig01", "3g.20gb")].free) == (0, 1)
 
 
 def test_a_drained_or_down_node_offers_nothing_free():
@@ -1047,9 +1112,12 @@ def test_logs_of_a_job_on_a_node_whose_disk_the_broker_cannot_see_say_where_to_l
     assert err.location == out.location
 
 
-def test_logs_of_24_11_read_the_path_slurm_expanded():
-    out = adapter(recorded_2411()).logs(7, "204")
-    assert (out.readable, out.location) == (False, "node mig01: /scratch/gpush/gpush-7-204.out")
+@pytest.mark.parametrize("folder", NEWER)
+def test_logs_of_24_11_and_26_05_read_the_path_slurm_expanded(folder):
+    # 24.11 (v0.0.42) gives standard_output expanded; 26.05 (v0.0.45) the pattern it was
+    # submitted with, %x-%j.out, which the adapter expands as Slurm did
+    out = adapter(recorded_newer(folder)).logs(7, "4")
+    assert (out.readable, out.location) == (False, f"node mig01: /tmp/gpush-slurm-{folder.name}/log/gpush-7-4.out")
 
 
 def running(tmp_path: Path, slurm: RecordedSlurm, name: str = "gpush-7") -> SlurmJob:
@@ -1147,13 +1215,14 @@ def test_logs_of_a_job_that_left_squeue_are_found_by_its_gpush_id(tmp_path):
     assert "Slurm no longer says which node ran job 99: read it on that node" in nowhere.note
 
 
-def test_logs_from_24_11_accounting_read_the_expanded_paths(tmp_path):
-    stand_in(tmp_path, "sacct", f"cat '{V2411 / 'sacct.json'}'")
+@pytest.mark.parametrize("folder", NEWER)
+def test_logs_from_24_11_and_26_05_accounting_read_the_expanded_paths(tmp_path, folder):
+    stand_in(tmp_path, "sacct", f"cat '{folder / 'sacct.json'}'")
     stand_in(tmp_path, "squeue", "echo '{\"jobs\": []}'")
     gpush = adapter(CliBackend(bin_dir=str(tmp_path)))
-    assert gpush.logs(1, "201").location == "node gpu01: /scratch/gpush/gpush-1-201.out"
+    assert gpush.logs(1, "1").location == f"node gpu01: /tmp/gpush-slurm-{folder.name}/log/gpush-1-1.out"
     with pytest.raises(Rejected, match="job 14 never started"):
-        gpush.logs(14, "210")  # nodes: "None assigned"
+        gpush.logs(14, "12")  # nodes: "None assigned"
 
 
 def test_slurm_filename_patterns_expand_as_slurm_does():
@@ -1166,6 +1235,14 @@ def test_slurm_filename_patterns_expand_as_slurm_does():
 
 
 # -- the REST backend against recorded slurmrestd answers ---------------------------------
+
+
+def recorded_answer(folder: Path, what: str) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and body slurmrestd answered, from ``<what>_<status>.json``: a
+    refused submission is HTTP 500 on 22.05 and 24.11, 422 on 26.05; cancelling an
+    unknown job 500 on 22.05, 200 with the error in ``status`` from 24.11 on."""
+    (path,) = folder.glob(f"{what}_[0-9][0-9][0-9].json")
+    return int(path.stem.rsplit("_", 1)[1]), answer(path)
 
 
 class RecordedRestd:
@@ -1201,7 +1278,9 @@ class RecordedRestd:
         if path == "/openapi/v3":
             return httpx.Response(200, json=self.spec)
         match = re.fullmatch(r"/slurm/(v[\d.]+)/(.+)", path)
-        if match is None or f"/slurm/{match[1]}/ping" not in self.spec["paths"]:
+        # 24.11 and 26.05 list their paths with a trailing slash (/slurm/v0.0.42/ping/)
+        # and answer them without one
+        if match is None or not {f"/slurm/{match[1]}/ping", f"/slurm/{match[1]}/ping/"} & set(self.spec["paths"]):
             return httpx.Response(404, text="Unable to find requested URL")
         what = match[2]
         if what == "ping":
@@ -1216,14 +1295,16 @@ class RecordedRestd:
                 return httpx.Response(200, json=answer(self.folder / "rest_submit_held_200.json"))
             asked = parse_gres(job.get("gres") or job.get("tres_per_node"))[0]
             if (asked.name, asked.type) not in self.gres:
-                return httpx.Response(500, json=answer(self.folder / "rest_submit_refused_500.json"))
+                status, body = recorded_answer(self.folder, "rest_submit_refused")
+                return httpx.Response(status, json=body)
             if self.registering:
                 return httpx.Response(200, json=answer(self.folder / "rest_submit_node_not_avail_200.json"))
             return httpx.Response(200, json=answer(self.folder / "rest_submit_200.json"))
         if request.method == "DELETE" and what.startswith("job/") and (self.folder / "rest_cancel_200.json").exists():
             if what.removeprefix("job/") in {str(j["job_id"]) for j in self.jobs()["jobs"]}:
                 return httpx.Response(200, json=answer(self.folder / "rest_cancel_200.json"))
-            return httpx.Response(500, json=answer(self.folder / "rest_cancel_unknown_500.json"))
+            status, body = recorded_answer(self.folder, "rest_cancel_unknown")
+            return httpx.Response(status, json=body)
         return httpx.Response(404, text="Unable to find requested URL")
 
 
@@ -1245,12 +1326,16 @@ def submission(gres: str = "gpu:1g.5gb:1") -> Submission:
     return job
 
 
-def test_rest_takes_slurms_held_answer_to_a_held_job_for_its_id():
+@pytest.mark.parametrize(("folder", "job_id"), [(V2205, "2"), (V2411, "15"), (V2605, "15")])
+def test_rest_takes_slurms_held_answer_to_a_held_job_for_its_id(folder, job_id):
     # Recorded from slurmrestd 22.05: a job submitted held comes back with its id and
     # error 2042 "Job is in held state, pending scheduler release", which sbatch keeps to
-    # itself. For a held job that is the answer asked for, not a refusal.
+    # itself. For a held job that is the answer asked for, not a refusal. 24.11 and 26.05
+    # say the same as two warnings, with no error.
+    held_answer = answer(folder / "rest_submit_held_200.json")
+    assert bool(held_answer["errors"]) is (folder == V2205)
     held = replace(submission(), name="gpush-skip", gres="", hold=True)
-    assert rest(RecordedRestd(V2205)).submit(held) == "2"
+    assert rest(RecordedRestd(folder)).submit(held) == job_id
 
 
 def test_rest_takes_a_job_slurm_created_but_cannot_start_yet_for_submitted():
@@ -1288,16 +1373,18 @@ def test_rest_on_22_05_sends_the_legacy_job_body():
     assert (sent["standard_output"], sent["standard_error"]) == (job.output, job.error)
 
 
-def test_rest_on_24_11_discovers_the_newest_api_it_speaks_and_sends_the_new_body():
-    restd = RecordedRestd(V2411)
+@pytest.mark.parametrize(("folder", "api"), [(V2411, "v0.0.42"), (V2605, "v0.0.45")])
+def test_rest_on_24_11_and_26_05_discovers_the_newest_api_it_speaks_and_sends_the_new_body(folder, api):
+    restd = RecordedRestd(folder)
     backend = rest(restd)
-    assert backend.api_version() == "v0.0.42"
-    assert backend.version() == "24.11.5"
+    assert backend.api_version() == api
+    assert answer(folder / "rest_jobs.json")["meta"]["plugin"]["data_parser"] == f"data_parser/{api}"
+    assert backend.version() == RELEASE[folder]
     assert backend.ping() == "UP"
-    assert backend.submit(submission()) == "211"
+    assert backend.submit(submission()) == "14"
 
     sent = json.loads(restd.requests[-1].content)["job"]
-    assert restd.requests[-1].url.path == "/slurm/v0.0.42/job/submit"
+    assert restd.requests[-1].url.path == f"/slurm/{api}/job/submit"
     assert sent["tres_per_node"] == "gres/gpu:1g.5gb=1" and "gres" not in sent
     assert "GPUSH_JOB_ID=7" in sent["environment"]  # a list of NAME=value
     assert sent["memory_per_node"] == {"set": True, "number": 2048}
@@ -1309,11 +1396,14 @@ def test_rest_on_24_11_discovers_the_newest_api_it_speaks_and_sends_the_new_body
 
     jobs = by_name(backend.jobs())
     assert (jobs["gpush-7"].states, jobs["gpush-8"].reason) == (("RUNNING",), "Resources")
-    assert {n.name: n.states for n in backend.nodes()}["gpu01"] == ("IDLE", "DRAIN")
+    # submitted over REST as gres/gpu:a100=1, listed as sent
+    assert jobs["gpush-16"].tres_per_node == (Gres("gpu", "a100", 1),)
+    assert {n.name: n.states[0] for n in backend.nodes()} == {"gpu01": "MIXED", "mig01": "MIXED", "mps01": "MIXED"}
 
 
 def test_rest_takes_v0_0_41_when_the_server_offers_nothing_newer_and_refuses_unknown_ones():
     assert rest(RecordedRestd(V2411, versions={"v0.0.40", "v0.0.41"})).api_version() == "v0.0.41"
+    assert rest(RecordedRestd(V2605, versions={"v0.0.42", "v0.0.43"})).api_version() == "v0.0.43"
     future = RecordedRestd(V2411, versions=set())
     future.spec["paths"]["/slurm/v0.0.46/ping"] = {"get": {}}
     with pytest.raises(Unreachable, match=r"serves v0\.0\.46; gpush speaks v0\.0\.45, v0\.0\.44"):
@@ -1324,19 +1414,20 @@ def test_rest_refusals_are_rejected_with_slurms_message():
     restd = RecordedRestd(V2205)
     with pytest.raises(Rejected, match="Slurm refused the job: Requested node configuration is not available"):
         rest(restd).submit(submission("gpu:2g.10gb:1"))
-    with pytest.raises(Rejected, match="Requested node configuration is not available"):
-        rest(RecordedRestd(V2411)).submit(submission("gpu:2g.10gb:1"))
+    for newer in NEWER:  # HTTP 500 on 24.11, 422 on 26.05
+        with pytest.raises(Rejected, match="Slurm refused the job: Requested node configuration is not available"):
+            rest(RecordedRestd(newer)).submit(submission("gpu:2g.10gb:1"))
 
 
 def refused_with(folder: Path, error: str, number: int) -> dict[str, Any]:
     """The recorded refusal of ``folder``, with another of Slurm's errors in its place."""
-    body = answer(folder / "rest_submit_refused_500.json")
+    body = recorded_answer(folder, "rest_submit_refused")[1]
     body["errors"][0]["error"] = error
     body["errors"][0]["error_number" if "error_number" in body["errors"][0] else "error_code"] = number
     return body
 
 
-@pytest.mark.parametrize("folder", [V2205, V2411])
+@pytest.mark.parametrize("folder", [V2205, *NEWER])
 @pytest.mark.parametrize(
     ("status", "body", "error", "words"),
     [
@@ -1369,14 +1460,18 @@ def test_rest_a_refusal_of_the_job_is_rejected_and_only_an_outage_is_unreachable
     assert type(info.value) is error
 
 
-def test_rest_cancel_of_a_job_slurm_no_longer_knows_is_not_an_error():
-    restd = RecordedRestd(V2205)
+@pytest.mark.parametrize(("folder", "known"), [(V2205, "9"), (V2411, "14"), (V2605, "14")])
+def test_rest_cancel_of_a_job_slurm_no_longer_knows_is_not_an_error(folder, known):
+    restd = RecordedRestd(folder)
     backend = rest(restd)
-    backend.cancel("9")
-    backend.cancel("99999")  # recorded: HTTP 500 "Invalid job id specified"
+    backend.cancel(known)
+    # recorded: "Invalid job id specified", HTTP 500 on 22.05; from 24.11 on HTTP 200 with
+    # the error in "status" and none in "errors"
+    backend.cancel("99999")
+    api = backend.api_version()
     assert [r.url.path for r in restd.requests if r.method == "DELETE"] == [
-        "/slurm/v0.0.38/job/9",
-        "/slurm/v0.0.38/job/99999",
+        f"/slurm/{api}/job/{known}",
+        f"/slurm/{api}/job/99999",
     ]
 
 
@@ -1428,15 +1523,44 @@ def stand_in(bin_dir: Path, name: str, body: str) -> None:
     path.chmod(0o755)
 
 
-def test_cli_on_24_11_reads_nodes_from_scontrol_when_sinfo_groups_them(tmp_path):
-    stand_in(tmp_path, "sinfo", f"cat '{V2411 / 'sinfo.json'}'")
-    stand_in(tmp_path, "scontrol", f'[ "$*" = "--json show nodes" ] || exit 1\ncat \'{V2411 / "nodes.json"}\'')
-    assert "sinfo" in answer(V2411 / "sinfo.json") and "nodes" not in answer(V2411 / "sinfo.json")
+@pytest.mark.parametrize("folder", NEWER)
+def test_cli_on_24_11_and_26_05_reads_nodes_from_scontrol_when_sinfo_groups_them(tmp_path, folder):
+    stand_in(tmp_path, "sinfo", f"cat '{folder / 'sinfo.json'}'")
+    stand_in(tmp_path, "scontrol", f'[ "$*" = "--json show nodes" ] || exit 1\ncat \'{folder / "nodes_drain.json"}\'')
+    grouped = answer(folder / "sinfo.json")
+    assert "sinfo" in grouped and "nodes" not in grouped
+    # one entry per partition and node group: gpu01, mig01 and mps01 each twice
+    listed = sorted(n for group in grouped["sinfo"] for n in group["nodes"]["nodes"])
+    assert listed == ["gpu01", "gpu01", "mig01", "mig01", "mps01", "mps01"]
 
     nodes = {n.name: n for n in CliBackend(bin_dir=str(tmp_path)).nodes()}
 
     assert set(nodes) == {"mig01", "mps01", "gpu01"}
     assert nodes["gpu01"].unavailable == "node gpu01 is drain: gpu 1 fell off the bus"
+
+
+@pytest.mark.parametrize("folder", NEWER)
+def test_cli_on_24_11_and_26_05_asks_squeue_for_finished_jobs_too(tmp_path, folder):
+    # 22.05's squeue --json ignored filters and listed every job slurmctld still knew;
+    # 24.11 and 26.05 apply squeue's default filter: recorded at the same moment, plain
+    # squeue --json listed only the 9 unfinished jobs (squeue_default.json keeps one).
+    live_only = answer(folder / "squeue_default.json")["jobs"]
+    assert all(job["job_state"] in (["RUNNING"], ["PENDING"]) for job in live_only)
+    stand_in(
+        tmp_path,
+        "squeue",
+        f'if [ "$*" = "--json --states=all" ]; then cat \'{folder / "squeue.json"}\'; '
+        f"else cat '{folder / 'squeue_default.json'}'; fi",
+    )
+
+    jobs = by_name(CliBackend(bin_dir=str(tmp_path)).jobs())
+
+    # A job that ended is still seen ending (without it, one that ended before MinJobAge
+    # was taken for a job slurmctld lost, where neither accounting nor a job completion
+    # log said how it ended)
+    assert (jobs["gpush-1"].state, jobs["gpush-2"].exit_code, jobs["gpush-14"].state) == ("COMPLETED", 3, "CANCELLED")
+    assert (jobs["gpush-11"].state, jobs["gpush-11"].reason) == ("FAILED", "BadConstraints")
+    assert jobs["gpush-7"].state == "RUNNING"
 
 
 def test_cli_on_22_05_reads_sinfo_and_squeue_as_recorded(tmp_path):
@@ -1511,15 +1635,24 @@ def test_cli_sbatch_killed_or_silent_is_unreachable(tmp_path):
         CliBackend(bin_dir=str(tmp_path)).submit(submission())
 
 
-def test_cli_finished_reads_24_11_accounting(tmp_path):
-    stand_in(tmp_path, "sacct", f"cat '{V2411 / 'sacct.json'}'")
+@pytest.mark.parametrize(("folder", "ended"), [(V2411, "2026-12-06T03:30:43"), (V2605, "2026-12-06T03:33:19")])
+def test_cli_finished_reads_24_11_and_26_05_accounting(tmp_path, folder, ended):
+    stand_in(tmp_path, "sacct", f"cat '{folder / 'sacct.json'}'")
     records = {r.name: r for r in CliBackend(bin_dir=str(tmp_path)).finished(None)}
     assert (records["gpush-1"].state, records["gpush-1"].exit_code) == ("COMPLETED", 0)
     assert (records["gpush-2"].state, records["gpush-2"].exit_code, records["gpush-2"].nodes) == ("FAILED", 3, "gpu01")
     assert records["gpush-3"].exit_code == 137
-    assert records["gpush-14"].state == "CANCELLED"
-    assert records["gpush-1"].end_time == datetime.fromtimestamp(1733212861, UTC)
-    assert (records["gpush-1"].standard_output, records["gpush-1"].user) == ("/scratch/gpush/gpush-1-201.out", "alice")
+    assert records["gpush-1"].end_time == records["gpush-1"].start_time == utc(ended)
+    assert (records["gpush-1"].standard_output, records["gpush-1"].user) == (
+        f"/tmp/gpush-slurm-{folder.name}/log/gpush-1-1.out",
+        "root",
+    )
+    # sacct's start of a job that never started is Slurm's NO_VAL, 4294967294: no time
+    # (read as one, it was 2106-02-07)
+    cancelled = records["gpush-14"]
+    assert answer(folder / "sacct.json")["jobs"][-1]["time"]["start"] == 0xFFFFFFFE
+    assert (cancelled.state, cancelled.nodes, cancelled.start_time) == ("CANCELLED", "None assigned", None)
+    assert cancelled.end_time is not None
 
 
 def test_cli_without_accounting_falls_back_to_the_jobcomp_log_and_stops_asking(tmp_path):
