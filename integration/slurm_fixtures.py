@@ -128,14 +128,19 @@ SUITE_PORTS = {
 
 @pytest.fixture(scope="session")
 def slurm_chroots() -> Iterator[dict[str, Path]]:
-    """Debian suite -> its Slurm chroot, built and mounted on first use (a few minutes the
-    first time on a machine), unmounted when the session ends."""
+    """Debian suite -> its Slurm chroot, built and mounted on first use (a minute or two
+    the first time on a machine), unmounted when the session ends if this session mounted
+    it (another test run's clusters may be using one it found mounted)."""
     roots: dict[str, Path] = {}
     try:
         yield roots
     finally:
-        for root in roots.values():
-            unmount_chroot(root)
+        for suite, root in roots.items():
+            if suite in _MOUNTED_HERE:
+                unmount_chroot(root)
+
+
+_MOUNTED_HERE: set[str] = set()  # suites whose chroot this session mounted
 
 
 def chroot_cluster(chroots: dict[str, Path], suite: str, *, accounting: bool) -> Iterator[SlurmTestCluster]:
@@ -146,7 +151,9 @@ def chroot_cluster(chroots: dict[str, Path], suite: str, *, accounting: bool) ->
         ensure_unix_user(user)
     try:
         if suite not in chroots:
-            chroots[suite] = chroot_of(suite, users=SITE_USERS)
+            chroots[suite], mounted = chroot_of(suite, users=SITE_USERS)
+            if mounted:
+                _MOUNTED_HERE.add(suite)
         state = Path(tempfile.mkdtemp(prefix=f"gpush-slurm-{suite}-", dir="/tmp"))
         state.chmod(0o755)
         cluster = start(state, fresh=True, env=SUITE_PORTS[suite], accounting=accounting, chroot=chroots[suite])

@@ -561,7 +561,16 @@ class RestBackend:
     @_read_retry
     def cancel(self, job_id: str) -> None:
         try:
-            self._request("DELETE", f"job/{job_id}")
+            answer = self._request("DELETE", f"job/{job_id}")
+            # From v0.0.40 on a cancel Slurm refused still answers HTTP 200, with the
+            # error in status[] (one entry per job or step it signalled).
+            problems = [
+                str((entry.get("error") or {}).get("message") or (entry.get("error") or {}).get("string") or "")
+                for entry in (answer.get("status") or [])
+                if isinstance(entry, dict) and (entry.get("error") or {}).get("code")
+            ]
+            if problems:
+                raise RestError(200, "; ".join(p for p in problems if p) or "refused", from_slurm=True, answer=answer)
         except RestError as exc:
             if "Invalid job id" in exc.message or "already completing" in exc.message.lower():
                 return

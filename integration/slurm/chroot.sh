@@ -6,7 +6,8 @@
 #
 # Usage: chroot.sh build SUITE      make (or reuse) the chroot; prints its ROOT
 #        chroot.sh mount ROOT       mount /proc, /dev, /sys and the host's /tmp in it
-#        chroot.sh umount ROOT      undo that
+#        chroot.sh umount ROOT      undo that (only the one who mounted should: clusters of
+#                                   another test run may be using the chroot)
 #        chroot.sh users ROOT NAME...  give the chroot the host's users NAME (same uid/gid)
 #
 # ROOT is GPUSH_SLURM_CHROOTS (/var/cache/gpush/slurm-chroots)/SUITE. A chroot is built
@@ -65,14 +66,15 @@ build() {
     echo "$root"
 }
 
-mount_all() {
-    local root=$1 dir
+mount_all() { # prints "mounted" if it mounted anything, "already mounted" if not
+    local root=$1 dir did=""
     [ -x "$root/usr/sbin/slurmctld" ] || die "$root is not a Slurm chroot (chroot.sh build SUITE)"
-    mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
+    mountpoint -q "$root/proc" || { mount -t proc proc "$root/proc"; did=1; }
     for dir in /dev /sys /tmp; do
         mkdir -p "$root$dir"
-        mountpoint -q "$root$dir" || mount --bind "$dir" "$root$dir"
+        mountpoint -q "$root$dir" || { mount --bind "$dir" "$root$dir"; did=1; }
     done
+    if [ -n "$did" ]; then echo mounted; else echo "already mounted"; fi
     # The chroot resolves this host's name as the host does (slurm.conf's SlurmctldHost).
     cp /etc/hosts "$root/etc/hosts"
 }

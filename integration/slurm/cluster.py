@@ -385,14 +385,15 @@ def start(
     return SlurmTestCluster.load(state)
 
 
-def chroot_of(suite: str, users: Collection[str] = ()) -> Path:
+def chroot_of(suite: str, users: Collection[str] = ()) -> tuple[Path, bool]:
     """The chroot of Debian ``suite``'s Slurm (trixie: 24.11; sid: the newest), built the
-    first time (about two minutes), mounted, with the host's ``users``."""
+    first time (about a minute), mounted, with the host's ``users``; and whether this call
+    mounted it (else another test run did, and its clusters may be using it)."""
     root = Path(_run_script(CHROOT, "build", suite, timeout=900).strip().splitlines()[-1])
-    _run_script(CHROOT, "mount", str(root))
+    mounted = _run_script(CHROOT, "mount", str(root)).strip() == "mounted"
     if users:
         _run_script(CHROOT, "users", str(root), *users)
-    return root
+    return root, mounted
 
 
 def unmount_chroot(root: Path) -> None:

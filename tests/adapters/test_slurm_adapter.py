@@ -903,7 +903,9 @@ def test_pending_reasons_say_what_the_job_waits_for():
     assert gpush.pending_reason(share) == "waiting in slurm-a for an MPS share of 25 (25 of 100 busy)"
 
     limited = SlurmJob.of(dict(raw_job(V2205 / "squeue.json", "gpush-8"), state_reason="QOSMaxGRESPerUser"))
-    assert "the QOS's limit on GPUs per user (MaxTRESPU=gres/gpu=N; Slurm: QOSMaxGRESPerUser)" in gpush.pending_reason(limited)
+    assert "the QOS's limit on GPUs per user (MaxTRESPU=gres/gpu=N; Slurm: QOSMaxGRESPerUser)" in gpush.pending_reason(
+        limited
+    )
 
 
 def test_a_job_slurm_requeued_itself_says_so_and_when_it_may_start(monkeypatch):
@@ -1675,3 +1677,22 @@ def test_cli_without_slurm_commands_is_unreachable(tmp_path):
 def test_make_client_picks_rest_for_a_url_and_the_command_line_otherwise():
     assert isinstance(slurm_client.make_client({"rest_url": "http://slurm-head:6820", "token": "x"}), RestBackend)
     assert isinstance(slurm_client.make_client({}), CliBackend)
+
+
+@pytest.mark.parametrize("folder", [V2411, V2605])
+def test_rest_cancel_slurm_refuses_in_status_is_not_taken_for_done(folder):
+    # From v0.0.40 on a refused cancel is HTTP 200 with the error only in status[]: the
+    # recorded unknown-job answer, with another of Slurm's errors in its place.
+    body = answer(folder / "rest_cancel_unknown_200.json")
+    body["status"][0]["error"].update(string="Access/permission denied", message="Access/permission denied", code=2002)
+    restd = RecordedRestd(folder)
+    backend = rest(restd)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        if request.method == "DELETE":
+            return httpx.Response(200, json=body)
+        return restd(request)
+
+    backend.http = httpx.Client(base_url=backend.http.base_url, transport=httpx.MockTransport(refuse))
+    with pytest.raises(Unreachable, match="Access/permission denied"):
+        backend.cancel("14")
