@@ -51,9 +51,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MILLI = 1000  # milli-GPU in one GPU
-PLACEMENTS = ("fgd", "best-fit")
+PLACEMENTS = ("fgd", "best-fit", "first-fit")
 # Fragmentation increases this close (milli-GPU) count as equal; see the module docstring.
 TOLERANCE_MILLI = 40.0
+# How strongly work that may run anywhere avoids the GPUs of a model that pinned work
+# needs (milli-GPU of fragmentation per milli-GPU taken, at a pressure of 1: pinned work
+# alone would fill that model); see SharedGpuNodes.
+PINNED_AVOIDANCE = 3.0
 # Fragmentation differences are sums of products of probabilities and integers;
 # rounding them keeps two placements that are equal in exact arithmetic equal here.
 _DECIMALS = 6
@@ -63,12 +67,14 @@ _UNTRACKED = 1 << 60  # CPU or memory a node does not account: room for any task
 @dataclass(frozen=True, order=True)
 class TaskShape:
     """What one task asks of one node: ``gpus`` GPUs with ``gpu_milli`` of each
-    (below 1000 only for a fractional task on one GPU), CPU and host memory."""
+    (below 1000 only for a fractional task on one GPU), CPU and host memory, and the
+    GPU ``models`` it may run on (sorted; empty: any)."""
 
     gpu_milli: int
     gpus: int = 1
     cpu_milli: int = 0
     memory_mib: int = 0
+    models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_milli <= MILLI:
@@ -89,7 +95,10 @@ class TaskShape:
 
     def whole(self) -> TaskShape:
         """The same task taking whole GPUs: what Slurm and Kubernetes give without sharing."""
-        return TaskShape(MILLI, self.gpus, self.cpu_milli, self.memory_mib)
+        return TaskShape(MILLI, self.gpus, self.cpu_milli, self.memory_mib, self.models)
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,7 @@ class WorkloadDistribution:
         multi-GPU shape, so nothing keeps whole nodes free for them)."""
         if not 0 < coverage <= 1:
             raise ValueError(f"coverage {coverage} must be in (0, 1]")
-        counts = Counter(TaskShape(t.gpu_milli, t.gpus, t.cpu_milli) for t in tasks)
+        counts = Counter(TaskShape(t.gpu_milli, t.gpus, t.cpu_milli, models=t.models) for t in tasks)
         if not counts:
             raise ValueError("no GPU tasks to learn a workload distribution from")
         total = sum(counts.values())
@@ -310,23 +319,26 @@ class Slot:
 @dataclass
 class _Classes:
     """The distribution folded for vectorised scoring: per (per-GPU share, GPU count)
-    class, the probability of its shapes as a step function of the node's free CPU."""
+    class, the probability of its shapes as a step function of the node's free CPU, for
+    each GPU model of the nodes (a shape pinned to other models never lands there)."""
 
     mu: np.ndarray  # (K,) per-GPU share of each class
     num: np.ndarray  # (K,) GPUs each class needs
     thresholds: np.ndarray  # (L,) sorted CPU requests of the distribution's shapes
-    probability: np.ndarray = field(repr=False)  # (L+1, K): P[level(cpu), k]
+    probability: np.ndarray = field(repr=False)  # (M, L+1, K): P[model, level(cpu), k]
 
     @classmethod
-    def of(cls, distribution: WorkloadDistribution) -> _Classes:
+    def of(cls, distribution: WorkloadDistribution, models: Sequence[str] = ("",)) -> _Classes:
         keys = sorted({(s.gpu_milli, s.gpus) for s in distribution.shapes})
         column = {key: k for k, key in enumerate(keys)}
         thresholds = sorted({s.cpu_milli for s in distribution.shapes})
         level = {cpu: i for i, cpu in enumerate(thresholds)}
-        probability = np.zeros((len(thresholds) + 1, len(keys)))
+        probability = np.zeros((len(models), len(thresholds) + 1, len(keys)))
         for shape, weight in distribution:
-            # A node with at least this shape's CPU free may host it: every level above.
-            probability[level[shape.cpu_milli] + 1 :, column[(shape.gpu_milli, shape.gpus)]] += weight
+            for m, model in enumerate(models):
+                if shape.allows(model):
+                    # A node with at least this shape's CPU free may host it: every level above.
+                    probability[m, level[shape.cpu_milli] + 1 :, column[(shape.gpu_milli, shape.gpus)]] += weight
         return cls(
             np.array([mu for mu, _ in keys], dtype=np.float64),
             np.array([num for _, num in keys], dtype=np.int64),
@@ -334,8 +346,8 @@ class _Classes:
             probability,
         )
 
-    def weights_at(self, cpu: np.ndarray | int) -> np.ndarray:
-        return self.probability[np.searchsorted(self.thresholds, cpu, side="right")]
+    def weights_at(self, cpu: np.ndarray | int, model: np.ndarray | int = 0) -> np.ndarray:
+        return self.probability[model, np.searchsorted(self.thresholds, cpu, side="right")]
 
 
 class SharedGpuNodes:
@@ -344,6 +356,24 @@ class SharedGpuNodes:
     - ``fgd``: :func:`choose`'s rule (against ``distribution``, with ``tolerance_milli``).
     - ``best-fit``: the node left with the least free GPU, then the lower node index
       (:mod:`broker.placement.capacity`'s rule for whole GPUs).
+    - ``first-fit``: the first node where the task fits, the first GPUs with room there.
+
+    **GPU models.** A task pinned to models (``TaskShape.models``) goes only to nodes of
+    those models, under every rule. For ``fgd`` the measure knows them too: a shape
+    pinned to other models cannot use a node at all, so, as for a shape the node has too
+    little CPU for, all the node's free GPU is a fragment to it. And a task that may run
+    anywhere pays, on a node of model m, ``pinned_avoidance`` x its demand x m's
+    *pressure*: the pinned work still to come for m (m's share of the distribution's GPU
+    demand, times the cluster's free GPUs, the demand still to come if the cluster
+    fills) over m's free GPUs. Pressure rises as m fills faster than the cluster; above 1,
+    m's free GPUs are all spoken for. So work that can go elsewhere leaves a scarce,
+    pinned-for model to the work that cannot, and packs there only when it fits nowhere
+    better by more than that. (A pressure fixed at the start, from the capacities
+    alone, did not help: pinned T4 work still failed while G2 had 300 GPUs free.)
+
+    **CPU-only tasks** (:meth:`place_cpu`) take CPU and memory of a GPU node: ``fgd``
+    puts one where it raises fragmentation least (a node whose CPU is then too short
+    for a GPU shape loses those GPUs for it), best fit by free CPU among near-equals.
 
     On the chosen node a fractional task takes the GPU that FGD prefers (best fit on
     ties), a multi-GPU task the fullest GPUs with room. Each node's score for every
@@ -361,6 +391,7 @@ class SharedGpuNodes:
         distribution: WorkloadDistribution | None = None,
         shapes: Iterable[TaskShape] = (),
         tolerance_milli: float = TOLERANCE_MILLI,
+        pinned_avoidance: float = PINNED_AVOIDANCE,
     ) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
@@ -372,7 +403,10 @@ class SharedGpuNodes:
         self.placement = placement
         self.distribution = distribution
         self.tolerance_milli = tolerance_milli
-        self._classes = _Classes.of(distribution) if distribution is not None else None
+        self.models = sorted({node.model for node in nodes})
+        model_index = {model: m for m, model in enumerate(self.models)}
+        self._model = np.array([model_index[node.model] for node in nodes], dtype=np.int64)
+        self._classes = _Classes.of(distribution, self.models) if distribution is not None else None
         count, width = len(nodes), max(node.gpus for node in nodes)
         self.free = np.zeros((count, width), dtype=np.int64)  # absent GPUs stay 0: nothing fits there
         for i, node in enumerate(nodes):
@@ -380,8 +414,14 @@ class SharedGpuNodes:
         self.cpu = np.array([_UNTRACKED if n.cpu_milli is None else n.cpu_milli for n in nodes], dtype=np.int64)
         self.memory = np.array([_UNTRACKED if n.memory_mib is None else n.memory_mib for n in nodes], dtype=np.int64)
         self.capacity_milli = int(self.free.sum())
+        self._gpu_capacity = self.free.sum(axis=1)
+        self._cpu_capacity = self.cpu.copy()
         self._total_free = self.free.sum(axis=1)
         self._frag = np.zeros(count)
+        self._usable_now = np.zeros((count, len(self._classes.mu) if self._classes else 0))
+        # Per node: what a task that may run anywhere pays per milli-GPU it takes there.
+        self.pinned_avoidance = pinned_avoidance if placement == "fgd" else 0.0
+        self._pinned_share = self._pinned_shares() if self.pinned_avoidance else np.zeros(len(self.models))
         self._keys: list[tuple[int, int, int]] = []  # scoring shapes: (gpu_milli, gpus, cpu_milli)
         self._key_index: dict[tuple[int, int, int], int] = {}
         self._memo: dict[tuple[bytes, int], tuple[np.ndarray, np.ndarray, float]] = {}
@@ -436,7 +476,7 @@ class SharedGpuNodes:
         mask = None
         if task.memory_mib:
             mask = self.memory >= task.memory_mib
-        wanted = frozenset(models)
+        wanted = frozenset(models) | frozenset(task.models)
         if wanted:
             allowed = self._allowed.get(wanted)
             if allowed is None:
@@ -445,6 +485,8 @@ class SharedGpuNodes:
             mask = allowed if mask is None else mask & allowed
         if mask is not None:
             row = np.where(mask, row, np.inf)
+        if not wanted and self._pinned_share.any():
+            row = row + self._avoidance() * task.demand_milli
         i = int(row.argmin())
         best = row[i]
         if best == np.inf:
@@ -455,6 +497,8 @@ class SharedGpuNodes:
                 i = int(near[self._total_free[near].argmin()])
         if task.gpus == 1:
             gpus = (int(self._pick[s, i]),)
+        elif self.placement == "first-fit":
+            gpus = _first_with_room(self.free[i], task)
         else:
             gpus = _fullest_with_room(self.free[i], task)
         slot = Slot(i, gpus, task)
@@ -464,6 +508,69 @@ class SharedGpuNodes:
     def release(self, slot: Slot) -> None:
         """Give back what ``slot`` took (the task ended)."""
         self._apply(slot, +1)
+
+    def place_cpu(self, cpu_milli: int, memory_mib: int = 0) -> int | None:
+        """Place a task that takes no GPU (CPU and host memory only) by this placement's
+        rule; the node's index, or None if no node has the room."""
+        fits = (self.cpu >= cpu_milli) & (self.memory >= memory_mib)
+        if not fits.any():
+            return None
+        if self.placement == "first-fit":
+            i = int(np.flatnonzero(fits)[0])
+        else:
+            cpu_left = np.where(fits, self.cpu - cpu_milli, np.iinfo(np.int64).max)
+            if self.placement == "fgd" and self._classes is not None:
+                classes = self._classes
+                now = classes.weights_at(self.cpu, self._model)
+                after = classes.weights_at(np.maximum(self.cpu - cpu_milli, -1), self._model)
+                increase = np.round((self._usable_now * (now - after)).sum(axis=1), _DECIMALS)
+                increase = np.where(fits, increase, np.inf)
+                near = np.flatnonzero(increase <= increase.min() + self.tolerance_milli)
+                # Among near-equals, the node with the least free GPU (CPU beside GPUs
+                # that are taken serves only CPU work), then the most CPU left.
+                i = int(near[np.lexsort((-cpu_left[near], self._total_free[near]))[0]])
+            else:
+                # Best fit as FGD's baseline measures it: the node left with the least free
+                # CPU and GPU, each as a share of the node's.
+                gpu_share = self._total_free / np.maximum(self._gpu_capacity, 1)
+                cpu_share = cpu_left / np.maximum(self._cpu_capacity, 1)
+                i = int(np.where(fits, gpu_share + cpu_share, np.inf).argmin())
+        self.cpu[i] -= cpu_milli
+        self.memory[i] -= memory_mib
+        self._refresh(i)
+        return i
+
+    def release_cpu(self, node: int, cpu_milli: int, memory_mib: int = 0) -> None:
+        """Give back what :meth:`place_cpu` took on ``node``."""
+        self.cpu[node] += cpu_milli
+        self.memory[node] += memory_mib
+        self._refresh(node)
+
+    def _pinned_shares(self) -> np.ndarray:
+        """Per GPU model (index of ``self.models``): the share of all GPU demand that is
+        pinned to it, each pinned shape's demand spread over its models by their GPUs."""
+        capacity = np.zeros(len(self.models))
+        for node, m in zip(self.nodes, self._model, strict=True):
+            capacity[m] += node.gpus * MILLI
+        pinned = np.zeros(len(self.models))
+        total = 0.0
+        for shape, weight in self.distribution:
+            total += weight * shape.demand_milli
+            if shape.models:
+                allowed = np.array([shape.allows(model) for model in self.models])
+                if capacity[allowed].sum():
+                    pinned[allowed] += weight * shape.demand_milli * capacity[allowed] / capacity[allowed].sum()
+        return pinned / total if total else pinned
+
+    def _avoidance(self) -> np.ndarray:
+        """Per node, what a task that may run anywhere pays per milli-GPU it takes there:
+        ``pinned_avoidance`` x the *pressure* on the node's model, the pinned work still
+        to come for it (its share of the demand that would fill the cluster's free GPUs)
+        over its free GPUs. It rises as a model fills faster than the cluster."""
+        free = np.bincount(self._model, weights=self._total_free, minlength=len(self.models))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pressure = np.where(free > 0, self._pinned_share * free.sum() / free, 0.0)
+        return self.pinned_avoidance * pressure[self._model]
 
     def _apply(self, slot: Slot, sign: int) -> None:
         i, task = slot.node, slot.task
@@ -499,15 +606,17 @@ class SharedGpuNodes:
             self._refresh(i)
 
     def _refresh(self, i: int) -> None:
-        cpu = int(self.cpu[i])
-        key = (self.free[i].tobytes(), cpu)
+        cpu, model = int(self.cpu[i]), int(self._model[i])
+        key = (self.free[i].tobytes(), cpu, model)
         column = self._memo.get(key)
         if column is None:
             if len(self._memo) > 200_000:  # states seen once rarely come back: keep memory bounded
                 self._memo.clear()
-            column = self._column(self.free[i].astype(np.float64), cpu)
+            column = self._column(self.free[i].astype(np.float64), cpu, model)
             self._memo[key] = column
-        self._score[:, i], self._pick[:, i], self._frag[i] = column
+        self._score[:, i], self._pick[:, i], self._frag[i], usable = column
+        if self._classes is not None:
+            self._usable_now[i] = usable
 
     def _usable(self, v: np.ndarray) -> np.ndarray:
         """Per class: the free milli on GPUs big enough for it, if enough such GPUs."""
@@ -516,10 +625,11 @@ class SharedGpuNodes:
         usable = (v[:, None] * ge).sum(axis=0)
         return usable * (ge.sum(axis=0) >= classes.num)
 
-    def _column(self, v: np.ndarray, cpu: int) -> tuple[np.ndarray, np.ndarray, float]:
-        """One node's score for every task shape, the GPU each would take, and the
-        node's fragmentation. Scores: fragmentation increase (fgd) or free milli left
-        (best fit); inf where the shape does not fit."""
+    def _column(self, v: np.ndarray, cpu: int, model: int) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+        """One node's score for every task shape, the GPU each would take, the node's
+        fragmentation and its usable free milli per class. Scores: fragmentation
+        increase (fgd), free milli left (best fit) or 0 (first fit); inf where the shape
+        does not fit."""
         d, k, c = self._d, self._k, self._c
         size = len(d)
         score = np.full(size, np.inf)
@@ -529,12 +639,15 @@ class SharedGpuNodes:
         cpu_ok = cpu_after >= 0
         classes = self._classes
         frag = 0.0
+        usable_now = np.zeros(0)
         if classes is not None:
             ge = v[:, None] >= classes.mu[None, :]  # (G, K)
             v_ge = v[:, None] * ge
             usable, count = v_ge.sum(axis=0), ge.sum(axis=0)
-            frag = total - float((usable * (count >= classes.num)) @ classes.weights_at(cpu))
+            usable_now = usable * (count >= classes.num)
+            frag = total - float(usable_now @ classes.weights_at(cpu, model))
         fgd = self.placement == "fgd"
+        first = self.placement == "first-fit"
 
         single = self._single
         if len(single):
@@ -546,7 +659,7 @@ class SharedGpuNodes:
                 usable_after = usable - v_ge[None] + after[:, :, None] * ge_after
                 count_after = count - ge[None] + ge_after
                 kept = usable_after * (count_after >= classes.num)
-                expected = np.einsum("sgk,sk->sg", kept, classes.weights_at(cpu_after[single]))
+                expected = np.einsum("sgk,sk->sg", kept, classes.weights_at(cpu_after[single], model))
                 increase = np.round((total - ds[:, None] - expected) - frag, _DECIMALS)
                 increase = np.where(ok, increase, np.inf)
                 best = increase.min(axis=1)
@@ -554,6 +667,9 @@ class SharedGpuNodes:
                 tied = (increase == best[:, None]) & ok
                 score[single] = best
                 pick[single] = np.where(tied, after, np.inf).argmin(axis=1)
+            elif first:
+                pick[single] = ok.argmax(axis=1)  # the first GPU with room
+                score[single] = np.where(ok.any(axis=1), 0.0, np.inf)
             else:
                 left = np.where(ok, after, np.inf)
                 pick[single] = left.argmin(axis=1)
@@ -568,11 +684,18 @@ class SharedGpuNodes:
             if fgd:
                 after = v.copy()
                 after[list(gpus)] -= d[s]
-                expected = float(self._usable(after) @ classes.weights_at(int(cpu_after[s])))
+                expected = float(self._usable(after) @ classes.weights_at(int(cpu_after[s]), model))
                 score[s] = round((total - d[s] * k[s] - expected) - frag, _DECIMALS)
+            elif first:
+                score[s] = 0.0
             else:
                 score[s] = total - d[s] * k[s]
-        return score, pick, frag
+        return score, pick, frag, usable_now
+
+
+def _first_with_room(free: np.ndarray, task: TaskShape) -> tuple[int, ...]:
+    """The first ``task.gpus`` GPUs with room for its share (fewer when not enough have)."""
+    return tuple(int(g) for g in np.flatnonzero(free >= task.gpu_milli)[: task.gpus])
 
 
 def _fullest_with_room(free: np.ndarray, task: TaskShape) -> tuple[int, ...]:

@@ -1,6 +1,24 @@
 """The inflation experiment of the FGD paper (Weng et al., ATC '23): the trace's tasks
 sampled again and again onto the nodes until one fails to fit, per placement
-(:func:`inflation_arrivals`, :func:`inflate`, :func:`inflation_experiment`)."""
+(:func:`inflation_arrivals`, :func:`inflate`, :func:`inflation_experiment`).
+
+Every column of the pod list counts, as in the paper's method: a task's GPU models
+(``gpu_spec``: it lands only on nodes of those models), its CPU and host memory, and the
+pods that ask for no GPU (:class:`CpuTask`), which take CPU and memory of the GPU nodes
+and so can leave GPUs with too little CPU beside them.
+
+**Joint placement** (``joint``, a window of arrivals): the scheduler claims up to a
+thousand jobs a cycle, so it need not place them one by one in arrival order. With a
+window of W, the arrivals are taken W at a time and each window is placed pinned work
+first (it has the fewest places to go), then multi-GPU work (it needs whole free nodes),
+then the rest, CPU-only pods last (they go where GPUs are already taken), in arrival
+order within each. Largest-first orders, the classic for bin packing, did worse with
+the fragmentation measure: on the default list, sorting a window of 256 by GPUs and
+share placed 92.0% against 95.2% one by one (the measure pairs a task with the holes
+the earlier ones left, and all the large shares first leave holes nothing fills). A
+window never reaches past the arrival at which the arrived demand reaches the capacity,
+so the allocation at 100% counts the same arrivals as one-by-one placement.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +43,23 @@ from broker.simulation.results import run_label
 # -- the inflation experiment ------------------------------------------------------------
 
 
+@dataclass(frozen=True, order=True)
+class CpuTask:
+    """A pod that asks for no GPU: CPU and host memory on a GPU node."""
+
+    cpu_milli: int
+    memory_mib: int = 0
+    models: tuple[str, ...] = ()  # unused: a CPU task runs on any node
+
+    demand_milli = 0
+
+    def whole(self) -> CpuTask:
+        return self
+
+
+Task = TaskShape | CpuTask
+
+
 @dataclass(frozen=True)
 class InflationRun:
     """One inflation run: tasks arrive and never leave, each placed or dropped.
@@ -33,6 +68,7 @@ class InflationRun:
     placement: str
     whole_gpus: bool
     seed: int
+    joint: int  # the window of joint placement (0: one by one)
     capacity_gpus: float
     at_full: float  # allocation once the arrived demand reached capacity
     at_end: float  # allocation after every arrival (ratio x capacity)
@@ -47,9 +83,7 @@ class InflationRun:
         return {**self.__dict__, "curve": [list(point) for point in self.curve]}
 
 
-def inflation_arrivals(
-    tasks: Sequence[TaskShape], *, seed: int, capacity_milli: int, ratio: float = 1.3
-) -> list[TaskShape]:
+def inflation_arrivals(tasks: Sequence[Task], *, seed: int, capacity_milli: int, ratio: float = 1.3) -> list[Task]:
     """The FGD paper's arrival sequence: the tasks in a random order (``seed``), then
     tasks drawn from them with replacement until the arrived GPU demand reaches
     ``ratio`` times the capacity."""
@@ -66,34 +100,69 @@ def inflation_arrivals(
     return order
 
 
+def joint_order(task: Task) -> tuple:
+    """The order a window of joint placement is placed in (see the module docstring); a
+    stable sort keeps arrival order within each class."""
+    if isinstance(task, CpuTask):
+        return (2, 0)
+    return (0 if task.models else 1, 0 if task.gpus > 1 else 1)
+
+
+def windows(arrivals: Sequence[Task], size: int, capacity_milli: int) -> list[list[Task]]:
+    """``arrivals`` cut into windows of ``size`` (1: one by one), one ending at the arrival
+    that brings the arrived demand to the capacity."""
+    out: list[list[Task]] = []
+    current: list[Task] = []
+    arrived = 0
+    crossed = False
+    for task in arrivals:
+        current.append(task)
+        arrived += task.demand_milli
+        if len(current) >= size or (not crossed and arrived >= capacity_milli):
+            crossed = crossed or arrived >= capacity_milli
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return out
+
+
 def inflate(
     nodes: Sequence[SharedNode],
-    arrivals: Sequence[TaskShape],
+    arrivals: Sequence[Task],
     *,
     placement: str,
     distribution: WorkloadDistribution | None,
     whole_gpus: bool = False,
     seed: int = 0,
+    joint: int = 0,
 ) -> InflationRun:
-    """Place ``arrivals`` in order on empty ``nodes``; a task that fits nowhere is dropped."""
+    """Place ``arrivals`` on empty ``nodes``, in order or (``joint``) a window at a time;
+    a task that fits nowhere is dropped."""
     began = time.perf_counter()
-    shapes = sorted({t.whole() if whole_gpus else t for t in arrivals})
+    shapes = sorted({t.whole() if whole_gpus else t for t in arrivals if not isinstance(t, CpuTask)})
     cluster = SharedGpuNodes(nodes, placement=placement, distribution=distribution, shapes=shapes)
     capacity = cluster.capacity_milli
     arrived = placed_demand = placed = failed = 0
     at_full = first_failure = arrived_at_failure = None
     curve: list[tuple[float, float]] = []
     next_point = 0.0
-    for task in arrivals:
-        arrived += task.demand_milli
-        if cluster.place(task.whole() if whole_gpus else task) is not None:
-            placed_demand += task.demand_milli
-            placed += 1
-        else:
-            if first_failure is None:
-                first_failure = placed_demand / capacity
-                arrived_at_failure = (arrived - task.demand_milli) / capacity
-            failed += 1
+    for window in windows(arrivals, max(joint, 1), capacity):
+        arrived_before = arrived
+        arrived += sum(task.demand_milli for task in window)
+        for task in sorted(window, key=joint_order) if joint > 1 else window:
+            if isinstance(task, CpuTask):
+                ok = cluster.place_cpu(task.cpu_milli, task.memory_mib) is not None
+            else:
+                ok = cluster.place(task.whole() if whole_gpus else task) is not None
+            if ok:
+                placed_demand += task.demand_milli
+                placed += 1
+            elif not isinstance(task, CpuTask):
+                if first_failure is None:
+                    first_failure = placed_demand / capacity
+                    arrived_at_failure = arrived_before / capacity
+                failed += 1
         if at_full is None and arrived >= capacity:
             at_full = placed_demand / capacity
         while arrived / capacity >= next_point:
@@ -104,6 +173,7 @@ def inflate(
         placement,
         whole_gpus,
         seed,
+        joint,
         capacity / MILLI,
         end if at_full is None else at_full,
         end,
@@ -116,12 +186,22 @@ def inflate(
     )
 
 
-INFLATION_VARIANTS = (("fgd", False), ("best-fit", False), ("best-fit", True))
+# The window of gpush's joint placement in the experiment: about a cycle's worth of
+# arrivals at a busy broker.
+JOINT_WINDOW = 256
+# (placement, whole GPUs, joint window)
+INFLATION_VARIANTS = (
+    ("fgd", False, 0),
+    ("fgd", False, JOINT_WINDOW),
+    ("best-fit", False, 0),
+    ("first-fit", False, 0),
+    ("best-fit", True, 0),
+)
 
 
-def variant_name(placement: str, whole: bool) -> str:
+def variant_name(placement: str, whole: bool, joint: int = 0) -> str:
     """A variant's name, as a replay with that placement is called (results.run_label)."""
-    return run_label("whole GPUs" if whole else "gpush", placement)
+    return run_label("whole GPUs" if whole else "gpush", placement + (", joint" if joint > 1 else ""))
 
 
 def inflation_experiment(
@@ -131,7 +211,7 @@ def inflation_experiment(
     seeds: Iterable[int] = range(10),
     ratio: float = 1.3,
     coverage: float = 1.0,
-    variants: Sequence[tuple[str, bool]] = INFLATION_VARIANTS,
+    variants: Sequence[tuple[str, bool, int]] = INFLATION_VARIANTS,
     progress: Callable[[InflationRun], None] | None = None,
 ) -> dict[str, Any]:
     """The FGD paper's experiment: for each seed one arrival sequence, placed by each
@@ -139,14 +219,22 @@ def inflation_experiment(
     arrived demand and at the first failure. FGD measures fragmentation against the
     distribution of ``tasks`` (all of it, or the most frequent shapes covering
     ``coverage``, as FGD's typical pods)."""
-    distribution = WorkloadDistribution.of(tasks, coverage)
+    distribution = WorkloadDistribution.of([t for t in tasks if not isinstance(t, CpuTask)], coverage)
     capacity = sum(n.gpus for n in nodes) * MILLI
     runs: dict[str, list[InflationRun]] = defaultdict(list)
     for seed in seeds:
         arrivals = inflation_arrivals(tasks, seed=seed, capacity_milli=capacity, ratio=ratio)
-        for placement, whole in variants:
-            run = inflate(nodes, arrivals, placement=placement, distribution=distribution, whole_gpus=whole, seed=seed)
-            runs[variant_name(placement, whole)].append(run)
+        for placement, whole, joint in variants:
+            run = inflate(
+                nodes,
+                arrivals,
+                placement=placement,
+                distribution=distribution,
+                whole_gpus=whole,
+                seed=seed,
+                joint=joint,
+            )
+            runs[variant_name(placement, whole, joint)].append(run)
             if progress:
                 progress(run)
     medians = {
@@ -165,6 +253,8 @@ def inflation_experiment(
         "coverage": coverage,
         "capacity_gpus": capacity / MILLI,
         "tasks": len(tasks),
+        "cpu_only_tasks": sum(isinstance(t, CpuTask) for t in tasks),
+        "pinned_tasks": sum(bool(t.models) for t in tasks),
         "distribution_shapes": len(distribution.shapes),
         "medians": medians,
         "runs": {name: [r.to_dict() for r in group] for name, group in runs.items()},

@@ -199,7 +199,7 @@ def run_simulation(
             progress.step("inflation experiment (FGD paper)", len(INFLATION_VARIANTS), "runs")
             done = iter(range(1, len(INFLATION_VARIANTS) + 1))
             inflation_results = inflation_experiment(
-                nodes, trace.tasks(), seeds=[seed], progress=lambda _run: progress.update(next(done))
+                nodes, trace.inflation_tasks(), seeds=[seed], progress=lambda _run: progress.update(next(done))
             )
     else:
         if not fleet_path:

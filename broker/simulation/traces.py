@@ -43,6 +43,7 @@ from broker.core.schemas import Isolation, JobSpec, Kind
 from broker.placement.fragmentation import MILLI, SharedNode, TaskShape
 from broker.routing.policy import Policy
 from broker.simulation.fleet import Fleet, FleetCluster, FleetGpu, FleetNode
+from broker.simulation.inflation import CpuTask
 from broker.simulation.workload import Arrival
 
 DEFAULT_CLUSTER = "openb"
@@ -113,7 +114,7 @@ class TracePod:
     def task(self) -> TaskShape:
         """What the pod asks of a node (multi-GPU pods take whole GPUs)."""
         share = self.gpu_milli if self.num_gpu == 1 else MILLI
-        return TaskShape(share, self.num_gpu, self.cpu_milli, self.memory_mib)
+        return TaskShape(share, self.num_gpu, self.cpu_milli, self.memory_mib, tuple(sorted(self.gpu_spec)))
 
     @property
     def duration(self) -> float:
@@ -367,8 +368,13 @@ class OpenbTrace:
         return openb_workload(self.pods, self.reference_memory_gb)[0]
 
     def tasks(self) -> list[TaskShape]:
-        """The GPU pods' shapes, in file order (for the inflation experiment)."""
+        """The GPU pods' shapes (with the GPU models they accept), in file order."""
         return [p.task for p in self.pods if not p.cpu_only]
+
+    def inflation_tasks(self) -> list[TaskShape | CpuTask]:
+        """Every pod as the inflation experiment places it, in file order: the GPU pods'
+        shapes and the CPU-only pods' CPU and memory (FGD places both)."""
+        return [CpuTask(p.cpu_milli, p.memory_mib) if p.cpu_only else p.task for p in self.pods]
 
     def policy(self) -> Policy:
         return openb_policy(self.cluster)

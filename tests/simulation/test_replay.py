@@ -636,7 +636,13 @@ def test_the_demo_report_writes_markdown_json_and_plots(tmp_path: Path) -> None:
 def test_a_trace_report_includes_the_inflation_experiment(trace_dir: Path, tmp_path: Path) -> None:
     result = run_simulation(None, None, str(trace_dir), None, None, str(tmp_path / "r"), seed=1)
     assert (tmp_path / "r" / "inflation.png").exists()
-    assert set(result["inflation"]["medians"]) == {"gpush (fgd)", "gpush (best-fit)", "whole GPUs (best-fit)"}
+    assert set(result["inflation"]["medians"]) == {
+        "gpush (fgd)",
+        "gpush (fgd, joint)",
+        "gpush (best-fit)",
+        "gpush (first-fit)",
+        "whole GPUs (best-fit)",
+    }
     assert any("CPU-only pods" in note for note in result["notes"])
     assert result["primary"]["placement"] == "fgd"
 

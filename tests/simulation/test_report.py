@@ -162,7 +162,13 @@ def test_runs_are_named_in_the_words_of_placement_everywhere(trace_dir: Path, tm
     assert (result["primary"]["placement"], result["comparison"]["placement"]) == (placement, "best-fit")
     # The inflation experiment calls its variants as the replays are called.
     assert {primary, comparison} <= set(result["inflation"]["medians"])
-    assert set(result["inflation"]["medians"]) == {"gpush (fgd)", "gpush (best-fit)", "whole GPUs (best-fit)"}
+    assert set(result["inflation"]["medians"]) == {
+        "gpush (fgd)",
+        "gpush (fgd, joint)",
+        "gpush (best-fit)",
+        "gpush (first-fit)",
+        "whole GPUs (best-fit)",
+    }
     assert any("--placement" in note and "whole GPUs (best-fit)" in note for note in result["notes"])
     report = (tmp_path / "r" / "report.md").read_text()
     assert f"| | {primary} | {comparison} | good when |" in report
