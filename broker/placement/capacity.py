@@ -13,7 +13,11 @@ are taken whole or not at all. What callers may assume:
   another unit that happens to have room.
 - **Whole GPUs and MIG instances: best fit.** Of the nodes where the job fits now,
   the one it leaves with the least free room, so large free blocks stay whole for
-  large jobs.
+  large jobs. A job whose route names no model keeps off a model whose free units
+  jobs pinned to it (a route's ``gpu_model``) waited for at the end of the last cycle
+  (:attr:`CapacityView.pinned`, from :class:`broker.placement.decision.CycleDecisions`):
+  it goes there only when no other model has room, so work that can run anywhere does
+  not fill the GPUs that pinned work can only get there.
 - **MPS shares and time-slice replicas: per physical GPU, fragmentation-aware.** A
   share or a replica lives on one GPU, so an inventory that reports these modes per
   GPU (``CapacityUnit.gpus`` of one index) is fitted per GPU, and the placement names
@@ -161,6 +165,10 @@ class CapacityView:
     broken: dict[str, list[CapacityUnit]] = field(default_factory=dict)
     _inventory: dict[str, list[CapacityUnit]] = field(default_factory=dict, repr=False, compare=False)
     _mended: CapacityView | None = field(default=None, repr=False, compare=False)
+    # GPUs (units) that jobs pinned to a model (a route's gpu_model) waited for at the end of
+    # the last cycle, by (cluster, model): a job that may run on any model keeps off a
+    # model whose free units those jobs already need (see _take_best).
+    pinned: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -718,10 +726,15 @@ class CapacityView:
     ) -> Fit | NoFit:
         replicas = replicas_of(spec)
         need = units * replicas
+        spoken_for = self._spoken_for(cluster, able) if model is None and self.pinned else frozenset()
         best = None
         for shape in able:
             entry = shape.first_with(need, group.slots)
-            if entry is not None and (best is None or entry < best):
+            if entry is None:
+                continue
+            # Best fit, but a model whose free units waiting pinned jobs need comes last.
+            entry = (shape.model_name in spoken_for, *entry)
+            if best is None or entry < best:
                 best = entry
         if best is None:
             free = sum(s.free for s in able)
@@ -732,6 +745,16 @@ class CapacityView:
                 waiting_for=(cluster, sharing.value, profile, model),
             )
         return self._commit(spec, cluster, sharing, group, best[-1], units, profile, replicas, partition)
+
+    def _spoken_for(self, cluster: str, shapes) -> frozenset[str]:
+        """The models (inventory names) of ``shapes`` whose free units jobs pinned to them
+        waited for at least all of, last cycle."""
+        free: dict[str, int] = defaultdict(int)
+        for shape in shapes:
+            free[shape.model_name] += shape.free
+        return frozenset(
+            name for name, units in free.items() if self.pinned.get((cluster, canonical_model(name)), 0) >= units
+        )
 
     def _commit(self, spec, cluster, sharing, group: SlotGroup, position, units, profile, replicas, partition) -> Fit:
         slot = group.slots[position]

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from broker.core.adapter import Placement
 from broker.core.schemas import JobSpec
-from broker.placement.capacity import Fit, NoFit
+from broker.placement.capacity import Fit, NoFit, replicas_of
 from broker.placement.fairshare import FairShare
 from broker.routing.policy import Decision as RoutingDecision
 from broker.routing.policy import Policy, Route, evaluate
@@ -121,6 +121,9 @@ class CycleDecisions:
         self.fair = fair
         self._routings: dict[tuple, RoutingDecision] = {}
         self._ahead: dict[tuple | None, int] = defaultdict(int)
+        # GPUs that jobs pinned to a model (a route's gpu_model) wait for, by (cluster,
+        # model): the caller hands them to the next cycle's capacity (CapacityView.pinned).
+        self.pinned_waiting: dict[tuple[str, str], int] = defaultdict(int)
 
     def routing(self, spec: JobSpec, tenant: str) -> RoutingDecision:
         """The policy's decision for the job: the fields a rule can match on
@@ -162,7 +165,10 @@ class CycleDecisions:
                 first_wait = fit
         if first_wait is None:
             return Held("held: can never fit: " + "; ".join(reasons))
-        return self.behind(Waiting(first_wait.reason, WaitCause.CAPACITY, first_wait.waiting_for))
+        waiting_for = first_wait.waiting_for
+        if waiting_for is not None and waiting_for[-1] is not None:  # (cluster, sharing, profile, model)
+            self.pinned_waiting[(waiting_for[0], waiting_for[-1])] += job.spec.gpus * replicas_of(job.spec)
+        return self.behind(Waiting(first_wait.reason, WaitCause.CAPACITY, waiting_for))
 
     def behind(self, waiting: Waiting) -> Waiting:
         """``waiting`` as the next job waiting for the same thing says it: with the jobs of

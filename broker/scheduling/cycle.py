@@ -127,6 +127,8 @@ class Scheduler:
         # idempotency key). Queues are full of copies of one spec (arrays, sweeps,
         # retries), and validating a stored spec again costs more than deciding it.
         self._specs: dict[str, JobSpec] = {}
+        # GPUs that jobs pinned to a GPU model waited for last cycle (CapacityView.pinned).
+        self._pinned_waiting: dict[tuple[str, str], int] = {}
 
     # -- the cycle -----------------------------------------------------------------
 
@@ -400,6 +402,7 @@ class Scheduler:
         submission = Submission(self, clusters, batch=batch)
         held: list[tuple[int, str]] = []
         waiting: list[tuple[Candidate, str]] = []
+        view.pinned = dict(self._pinned_waiting)
         decisions = CycleDecisions(policy, view, fair)
         try:
             while (tenant := next_tenant()) is not None:
@@ -415,6 +418,7 @@ class Scheduler:
         except BaseException:
             submission.close(report, abandon=True)
             raise
+        self._pinned_waiting = dict(decisions.pinned_waiting)
         claim_in_loop = report.seconds["claim"] - claim_before
         report.seconds["decide"] = time.perf_counter() - decide_begin - claim_in_loop
         submission.close(report)

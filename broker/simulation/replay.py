@@ -92,6 +92,7 @@ class _FleetReplay(ReplayLoop):
         self.progress = progress
         self.demand_of = demand_of
         self.claim_limit = claim_limit
+        self._pinned_waiting: dict[tuple[str, str], int] = {}  # as Scheduler's: CapacityView.pinned
         self.fleet = whole_gpu_fleet(fleet) if whole else fleet
         self.policy = whole_gpu_policy(policy) if whole else policy
         self.clock = VirtualClock(start)
@@ -155,11 +156,14 @@ class _FleetReplay(ReplayLoop):
         # The ledger and the shares as the cycle reads them: what placed jobs hold, the
         # tenants holding GPUs and those with jobs waiting.
         self.fair = FairShare(self.weights, self.quotas, self._usage(), waiting=self.queue.tenants)
-        decisions = CycleDecisions(self.policy, self._capacity(), self.fair)
+        capacity = self._capacity()
+        capacity.pinned = dict(self._pinned_waiting)  # as the live cycle: last cycle's waits
+        decisions = CycleDecisions(self.policy, capacity, self.fair)
         by_tenant = self._heads(self.queue, self.claim_limit)
         while by_tenant:
             entry = self._next(by_tenant)
             self._apply(t, entry, decisions.decide(entry))
+        self._pinned_waiting = dict(decisions.pinned_waiting)
 
     def _capacity(self) -> CapacityView:
         """Step 4 of the cycle: each cluster's inventory, less the placements it has not

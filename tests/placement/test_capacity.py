@@ -110,6 +110,52 @@ def test_an_h100_route_never_lands_on_an_a100_unit() -> None:
     assert isinstance(anything, Fit) and anything.placement.node == "a100-01"
 
 
+def test_a_job_for_any_model_keeps_off_a_model_that_waiting_pinned_jobs_need() -> None:
+    # The H100 node is the best fit for two GPUs (2 free), the A100 node has 8. Last
+    # cycle, jobs routed to H100s waited for 2 of them: a job that may run anywhere now
+    # leaves those two to them, and takes them only when nothing else fits.
+    inventory = {"slurm-a": [whole("a100-01", 8, "A100-SXM4-80GB"), whole("h100-01", 4, "H100-SXM5-80GB", allocated=2)]}
+    two = job(kind="training", gpus=2)
+    assert CapacityView.build(inventory).fit(two, "slurm-a", Sharing.SLURM_EXCLUSIVE).placement.node == "h100-01"
+
+    view = CapacityView.build(inventory)
+    view.pinned = {("slurm-a", "H100-SXM5-80GB"): 2}
+    assert view.fit(two, "slurm-a", Sharing.SLURM_EXCLUSIVE).placement.node == "a100-01"
+    pinned = view.fit(two, "slurm-a", Sharing.SLURM_EXCLUSIVE, gpu_model="H100")
+    assert isinstance(pinned, Fit) and pinned.placement.node == "h100-01"
+    # Fewer waiting than free: the model is not spoken for, best fit as before.
+    view = CapacityView.build(inventory)
+    view.pinned = {("slurm-a", "H100-SXM5-80GB"): 1}
+    assert view.fit(two, "slurm-a", Sharing.SLURM_EXCLUSIVE).placement.node == "h100-01"
+
+
+def test_the_decision_counts_what_pinned_jobs_wait_for() -> None:
+    from broker.placement.decision import CycleDecisions, Waiting
+    from broker.placement.fairshare import FairShare
+    from broker.routing.policy import load_policy
+
+    policy = load_policy(
+        "rules:\n"
+        "  - name: h100\n    match: {labels: {want: h100}}\n"
+        "    route: {cluster: slurm-a, sharing: slurm/exclusive, gpu_model: H100}\n"
+        "  - name: rest\n    match: {}\n    route: {cluster: slurm-a, sharing: slurm/exclusive}\n"
+    )
+    view = CapacityView.build({"slurm-a": [whole("h100-01", 4, "H100-SXM5-80GB", allocated=4)]})
+    decisions = CycleDecisions(policy, view, FairShare({}, {}, {}))
+
+    class Ask:
+        tenant = "ml"
+
+        def __init__(self, spec):
+            self.spec = self.asked = spec
+
+    outcome = decisions.decide(Ask(job(kind="training", gpus=2, labels={"want": "h100"})))
+    assert isinstance(outcome, Waiting)
+    decisions.decide(Ask(job(kind="training", gpus=1, labels={"want": "h100"})))
+    decisions.decide(Ask(job(kind="training", gpus=1)))  # not pinned: not counted
+    assert dict(decisions.pinned_waiting) == {("slurm-a", "H100-SXM5-80GB"): 3}
+
+
 def test_a_mig_route_with_a_model_names_it_in_its_reasons() -> None:
     view = CapacityView.build(
         {
