@@ -98,14 +98,20 @@ def api(kubeconfig) -> Iterator[Any]:
     api_client.close()
 
 
-@pytest.fixture
-def cluster(api) -> Iterator[Any]:
+def simulated_nodes(api) -> Iterator[Any]:
+    """The node simulator with the T4, A100 and H100 pools, once it manages every node
+    (a fixture's body; the test modules of the Kubernetes side share it)."""
     sim = simulator.Simulator(api, [T4, A100, H100]).start()
     sim.create_nodes()
     names = [n for p in (T4, A100, H100) for n in p.node_names()]
     wait_for(lambda: set(names) <= sim.c.managed, what="simulated nodes")
     yield sim
     sim.stop()
+
+
+@pytest.fixture
+def cluster(api) -> Iterator[Any]:
+    yield from simulated_nodes(api)
 
 
 def make_adapter(kubeconfig: str, **config: Any) -> KubernetesAdapter:

@@ -21,7 +21,7 @@ from kubernetes import client, config  # noqa: E402
 
 from adapters.k8s import KubernetesAdapter  # noqa: E402
 from broker.core.adapter import BackendState, Owner, Rejected, Sharing  # noqa: E402
-from integration.k8s import apiserver, simulator  # noqa: E402
+from integration.k8s import apiserver  # noqa: E402
 from integration.k8s.apiserver_rbac import (  # noqa: E402
     RbacPolicy,
     RequestAttributes,
@@ -30,15 +30,13 @@ from integration.k8s.apiserver_rbac import (  # noqa: E402
     wildcards,
 )
 from integration.test_k8s_adapter import (  # noqa: E402
-    A100,
-    H100,
-    T4,
     TAG,
     Follower,
     _install_gpu_operator_api,
     job_spec,
     placed,
     simulated_durations,  # noqa: F401  (autouse: job labels sim-duration, sim-exit reach the simulator)
+    simulated_nodes,
     wait_for,
 )
 from tests.inventory.test_agent_deploy import unknown_fields  # noqa: E402
@@ -73,12 +71,7 @@ def admin_api(audited, tmp_path) -> Iterator[Any]:
 
 @pytest.fixture
 def nodes(admin_api) -> Iterator[Any]:
-    sim = simulator.Simulator(admin_api, [T4, A100, H100]).start()
-    sim.create_nodes()
-    names = [n for p in (T4, A100, H100) for n in p.node_names()]
-    wait_for(lambda: set(names) <= sim.c.managed, what="simulated nodes")
-    yield sim
-    sim.stop()
+    yield from simulated_nodes(admin_api)
 
 
 def broker_adapter(server: Any, tmp_path: Path) -> KubernetesAdapter:

@@ -22,17 +22,15 @@ from kubernetes import client, config  # noqa: E402
 
 from adapters.k8s import KubernetesAdapter  # noqa: E402
 from broker.core.adapter import BackendState, Owner, Rejected, Sharing  # noqa: E402
-from integration.k8s import apiserver, simulator  # noqa: E402
+from integration.k8s import apiserver  # noqa: E402
 from integration.test_k8s_adapter import (  # noqa: E402
-    A100,
-    H100,
     NAMESPACE,
-    T4,
     TAG,
     Follower,
     job_spec,
     placed,
     simulated_durations,  # noqa: F401  (autouse: job labels sim-duration, sim-exit reach the simulator)
+    simulated_nodes,
     wait_for,
 )
 
@@ -76,12 +74,7 @@ def api(kubeconfig) -> Iterator[Any]:
 
 @pytest.fixture
 def cluster(api) -> Iterator[Any]:
-    sim = simulator.Simulator(api, [T4, A100, H100]).start()
-    sim.create_nodes()
-    names = [n for p in (T4, A100, H100) for n in p.node_names()]
-    wait_for(lambda: set(names) <= sim.c.managed, what="simulated nodes")
-    yield sim
-    sim.stop()
+    yield from simulated_nodes(api)
 
 
 @pytest.fixture
