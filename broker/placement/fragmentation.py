@@ -58,6 +58,12 @@ TOLERANCE_MILLI = 40.0
 # needs (milli-GPU of fragmentation per milli-GPU taken, at a pressure of 1: pinned work
 # alone would fill that model); see SharedGpuNodes.
 PINNED_AVOIDANCE = 3.0
+# The same for work that fits only some node kinds by its size (GPUs per node, CPU):
+# weaker, since such work can still go to several kinds. Both tuned on the generated
+# families (broker.simulation.variants), 3 seeds a list: 3.0 for pinned work took gpuspec33
+# from 93.7% to 95.4%; 0.3 for size moved the default list +0.15 and gpushare40 +0.2,
+# multigpu20 +0.15, cpu250 -0.1 (larger values did worse).
+SIZE_AVOIDANCE = 0.3
 # Fragmentation differences are sums of products of probabilities and integers;
 # rounding them keeps two placements that are equal in exact arithmetic equal here.
 _DECIMALS = 6
@@ -369,7 +375,10 @@ class SharedGpuNodes:
     m's free GPUs are all spoken for. So work that can go elsewhere leaves a scarce,
     pinned-for model to the work that cannot, and packs there only when it fits nowhere
     better by more than that. (A pressure fixed at the start, from the capacities
-    alone, did not help: pinned T4 work still failed while G2 had 300 GPUs free.)
+    alone, did not help: pinned T4 work still failed while G2 had 300 GPUs free.) Work
+    that only some *kinds* of node (model, GPUs, CPU) can hold by its size, such as
+    eight-GPU pods that need 120 cores, weighs on those kinds the same way, with
+    ``size_avoidance``, for every task that more kinds could hold.
 
     **CPU-only tasks** (:meth:`place_cpu`) take CPU and memory of a GPU node: ``fgd``
     puts one where it raises fragmentation least (a node whose CPU is then too short
@@ -392,6 +401,7 @@ class SharedGpuNodes:
         shapes: Iterable[TaskShape] = (),
         tolerance_milli: float = TOLERANCE_MILLI,
         pinned_avoidance: float = PINNED_AVOIDANCE,
+        size_avoidance: float = SIZE_AVOIDANCE,
     ) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
@@ -422,6 +432,16 @@ class SharedGpuNodes:
         # Per node: what a task that may run anywhere pays per milli-GPU it takes there.
         self.pinned_avoidance = pinned_avoidance if placement == "fgd" else 0.0
         self._pinned_share = self._pinned_shares() if self.pinned_avoidance else np.zeros(len(self.models))
+        # Node kinds (model, GPUs, CPU): which shapes an empty node can hold.
+        kinds = sorted({(n.model, n.gpus, -1 if n.cpu_milli is None else n.cpu_milli) for n in nodes})
+        kind_index = {kind: k for k, kind in enumerate(kinds)}
+        self._kinds = kinds
+        self._kind = np.array(
+            [kind_index[(n.model, n.gpus, -1 if n.cpu_milli is None else n.cpu_milli)] for n in nodes], dtype=np.int64
+        )
+        self._feasible_memo: dict[tuple, frozenset[int]] = {}
+        self.size_avoidance = size_avoidance if placement == "fgd" else 0.0
+        self._restricted = self._restricted_shares() if self.size_avoidance else {}
         self._keys: list[tuple[int, int, int]] = []  # scoring shapes: (gpu_milli, gpus, cpu_milli)
         self._key_index: dict[tuple[int, int, int], int] = {}
         self._memo: dict[tuple[bytes, int], tuple[np.ndarray, np.ndarray, float]] = {}
@@ -487,6 +507,8 @@ class SharedGpuNodes:
             row = np.where(mask, row, np.inf)
         if not wanted and self._pinned_share.any():
             row = row + self._avoidance() * task.demand_milli
+        if self._restricted:
+            row = row + self._size_avoidance(task) * task.demand_milli
         i = int(row.argmin())
         best = row[i]
         if best == np.inf:
@@ -571,6 +593,57 @@ class SharedGpuNodes:
         with np.errstate(divide="ignore", invalid="ignore"):
             pressure = np.where(free > 0, self._pinned_share * free.sum() / free, 0.0)
         return self.pinned_avoidance * pressure[self._model]
+
+    def _feasible(self, task: TaskShape) -> frozenset[int]:
+        """The node kinds an empty node of which can hold ``task`` (GPUs, CPU, model)."""
+        key = (task.gpus, task.cpu_milli, task.models)
+        kinds = self._feasible_memo.get(key)
+        if kinds is None:
+            kinds = self._feasible_memo[key] = frozenset(
+                k
+                for k, (model, gpus, cpu) in enumerate(self._kinds)
+                if gpus >= task.gpus and (cpu < 0 or cpu >= task.cpu_milli) and task.allows(model)
+            )
+        return kinds
+
+    def _restricted_shares(self) -> dict[frozenset[int], np.ndarray]:
+        """For each set of node kinds that is all some unpinned shapes of the distribution
+        fit by their size (nodes with enough GPUs or CPU for them): the share of the
+        distribution's GPU demand in those shapes, spread over the kinds by their GPUs.
+        Shapes every node kind fits are not in it; pinned ones are _avoidance's."""
+        capacity = np.zeros(len(self._kinds))
+        for node, k in zip(self.nodes, self._kind, strict=True):
+            capacity[k] += node.gpus * MILLI
+        everywhere = frozenset(range(len(self._kinds)))
+        total = sum(weight * shape.demand_milli for shape, weight in self.distribution)
+        shares: dict[frozenset[int], np.ndarray] = {}
+        for shape, weight in self.distribution:
+            kinds = self._feasible(shape)
+            if shape.models or not kinds or kinds == everywhere or not total:
+                continue
+            mask = np.zeros(len(self._kinds), dtype=bool)
+            mask[list(kinds)] = True
+            share = shares.setdefault(kinds, np.zeros(len(self._kinds)))
+            share[mask] += weight * shape.demand_milli / total * capacity[mask] / capacity[mask].sum()
+        return shares
+
+    def _size_avoidance(self, task: TaskShape) -> np.ndarray:
+        """Per node, what ``task`` pays per milli-GPU it takes there: ``size_avoidance`` x
+        the *pressure* on the node's kind from the work that fits fewer kinds than the
+        task does by its size (more GPUs or CPU than most nodes have): that work's share
+        of the demand still to come (the cluster's free GPUs, if it fills) over the kind's
+        free GPUs, as :meth:`_avoidance` for pinned work."""
+        mine = self._feasible(task)
+        share = np.zeros(len(self._kinds))
+        for kinds, spread in self._restricted.items():
+            if kinds < mine:
+                share += spread
+        if not share.any():
+            return np.zeros(len(self.nodes))
+        free = np.bincount(self._kind, weights=self._total_free, minlength=len(self._kinds))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pressure = np.where(free > 0, share * free.sum() / free, 0.0)
+        return self.size_avoidance * pressure[self._kind]
 
     def _apply(self, slot: Slot, sign: int) -> None:
         i, task = slot.node, slot.task

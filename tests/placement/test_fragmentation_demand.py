@@ -88,3 +88,18 @@ def test_joint_placement_places_pinned_and_multi_gpu_work_first_in_a_window(join
     run = inflate(nodes, arrivals, placement="first-fit", distribution=workload, joint=joint)
     assert run.joint == joint
     assert run.failed == (0 if joint else 1)
+
+
+def test_work_only_some_node_kinds_can_hold_by_size_weighs_on_those_kinds():
+    # Eight-GPU tasks that need 120 cores fit only the 128-core nodes: a one-GPU task
+    # pays to land there, and more so as those nodes fill faster than the rest.
+    nodes = [SharedNode("big", 8, model="G3", cpu_milli=128000), SharedNode("g2", 8, model="G2", cpu_milli=96000)]
+    workload = WorkloadDistribution.of([TaskShape(1000, 1, 4000)] * 3 + [TaskShape(1000, 8, 120000)])
+    cluster = SharedGpuNodes(nodes, placement="fgd", distribution=workload)
+    cost = cluster._size_avoidance(TaskShape(1000, 1, 4000))
+    assert cost[0] > 0 and cost[1] == 0
+    assert cluster._size_avoidance(TaskShape(1000, 8, 120000)).sum() == 0  # it is what is protected
+    slot = cluster.place(TaskShape(1000, 1, 4000))
+    assert cluster.nodes[slot.node].name == "g2"
+    assert cluster.place(TaskShape(1000, 8, 120000)) is not None
+    assert SharedGpuNodes(nodes, placement="fgd", distribution=workload, size_avoidance=0)._restricted == {}
