@@ -442,6 +442,7 @@ class SharedGpuNodes:
         self._feasible_memo: dict[tuple, frozenset[int]] = {}
         self.size_avoidance = size_avoidance if placement == "fgd" else 0.0
         self._restricted = self._restricted_shares() if self.size_avoidance else {}
+        self._share_memo: dict[frozenset[int], np.ndarray] = {}
         self._keys: list[tuple[int, int, int]] = []  # scoring shapes: (gpu_milli, gpus, cpu_milli)
         self._key_index: dict[tuple[int, int, int], int] = {}
         self._memo: dict[tuple[bytes, int], tuple[np.ndarray, np.ndarray, float]] = {}
@@ -543,10 +544,18 @@ class SharedGpuNodes:
             cpu_left = np.where(fits, self.cpu - cpu_milli, np.iinfo(np.int64).max)
             if self.placement == "fgd" and self._classes is not None:
                 classes = self._classes
-                now = classes.weights_at(self.cpu, self._model)
-                after = classes.weights_at(np.maximum(self.cpu - cpu_milli, -1), self._model)
-                increase = np.round((self._usable_now * (now - after)).sum(axis=1), _DECIMALS)
-                increase = np.where(fits, increase, np.inf)
+                # Only a node whose CPU drops below some shape's request changes its measure.
+                level_now = np.searchsorted(classes.thresholds, self.cpu, side="right")
+                level_after = np.searchsorted(classes.thresholds, self.cpu - cpu_milli, side="right")
+                changed = np.flatnonzero(fits & (level_now != level_after))
+                increase = np.where(fits, 0.0, np.inf)
+                if len(changed):
+                    models = self._model[changed]
+                    lost = (
+                        classes.probability[models, level_now[changed]]
+                        - classes.probability[models, level_after[changed]]
+                    )
+                    increase[changed] = np.round((self._usable_now[changed] * lost).sum(axis=1), _DECIMALS)
                 near = np.flatnonzero(increase <= increase.min() + self.tolerance_milli)
                 # Among near-equals, the node with the least free GPU (CPU beside GPUs
                 # that are taken serves only CPU work), then the most CPU left.
@@ -634,10 +643,11 @@ class SharedGpuNodes:
         of the demand still to come (the cluster's free GPUs, if it fills) over the kind's
         free GPUs, as :meth:`_avoidance` for pinned work."""
         mine = self._feasible(task)
-        share = np.zeros(len(self._kinds))
-        for kinds, spread in self._restricted.items():
-            if kinds < mine:
-                share += spread
+        share = self._share_memo.get(mine)
+        if share is None:
+            share = self._share_memo[mine] = sum(
+                (spread for kinds, spread in self._restricted.items() if kinds < mine), np.zeros(len(self._kinds))
+            )
         if not share.any():
             return np.zeros(len(self.nodes))
         free = np.bincount(self._kind, weights=self._total_free, minlength=len(self._kinds))
