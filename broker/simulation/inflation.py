@@ -141,7 +141,9 @@ def inflate(
     a task that fits nowhere is dropped."""
     began = time.perf_counter()
     shapes = sorted({t.whole() if whole_gpus else t for t in arrivals if not isinstance(t, CpuTask)})
-    cluster = SharedGpuNodes(nodes, placement=placement, distribution=distribution, shapes=shapes)
+    # Only fgd measures fragmentation: the other rules need no distribution (and skip its cost).
+    measured = distribution if placement == "fgd" else None
+    cluster = SharedGpuNodes(nodes, placement=placement, distribution=measured, shapes=shapes)
     capacity = cluster.capacity_milli
     arrived = placed_demand = placed = failed = 0
     at_full = first_failure = arrived_at_failure = None
