@@ -558,8 +558,10 @@ class SharedGpuNodes:
                     increase[changed] = np.round((self._usable_now[changed] * lost).sum(axis=1), _DECIMALS)
                 near = np.flatnonzero(increase <= increase.min() + self.tolerance_milli)
                 # Among near-equals, the node with the least free GPU (CPU beside GPUs
-                # that are taken serves only CPU work), then the most CPU left.
-                i = int(near[np.lexsort((-cpu_left[near], self._total_free[near]))[0]])
+                # that are taken serves only CPU work), then the least CPU left, so that
+                # large blocks of CPU stay whole (on the cpu250 list, 25% of the pods CPU
+                # only: 94.2% placed against 93.5% taking the most CPU left).
+                i = int(near[np.lexsort((cpu_left[near], self._total_free[near]))[0]])
             else:
                 # Best fit as FGD's baseline measures it: the node left with the least free
                 # CPU and GPU, each as a share of the node's.
