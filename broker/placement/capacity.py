@@ -732,8 +732,8 @@ class CapacityView:
             entry = shape.first_with(need, group.slots)
             if entry is None:
                 continue
-            # Best fit, but a model whose free units waiting pinned jobs need comes last.
-            entry = (shape.model_name in spoken_for, *entry)
+            if spoken_for:  # best fit, but a model whose free units waiting pinned jobs need comes last
+                entry = (shape.model_name in spoken_for, *entry)
             if best is None or entry < best:
                 best = entry
         if best is None:
