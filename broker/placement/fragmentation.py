@@ -582,9 +582,7 @@ class SharedGpuNodes:
     def _pinned_shares(self) -> np.ndarray:
         """Per GPU model (index of ``self.models``): the share of all GPU demand that is
         pinned to it, each pinned shape's demand spread over its models by their GPUs."""
-        capacity = np.zeros(len(self.models))
-        for node, m in zip(self.nodes, self._model, strict=True):
-            capacity[m] += node.gpus * MILLI
+        capacity = self._gpus_by(self._model, len(self.models))
         pinned = np.zeros(len(self.models))
         total = 0.0
         for shape, weight in self.distribution:
@@ -600,10 +598,7 @@ class SharedGpuNodes:
         ``pinned_avoidance`` x the *pressure* on the node's model, the pinned work still
         to come for it (its share of the demand that would fill the cluster's free GPUs)
         over its free GPUs. It rises as a model fills faster than the cluster."""
-        free = np.bincount(self._model, weights=self._total_free, minlength=len(self.models))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            pressure = np.where(free > 0, self._pinned_share * free.sum() / free, 0.0)
-        return self.pinned_avoidance * pressure[self._model]
+        return self.pinned_avoidance * self._pressure(self._pinned_share, self._model)
 
     def _feasible(self, task: TaskShape) -> frozenset[int]:
         """The node kinds an empty node of which can hold ``task`` (GPUs, CPU, model)."""
@@ -622,9 +617,7 @@ class SharedGpuNodes:
         fit by their size (nodes with enough GPUs or CPU for them): the share of the
         distribution's GPU demand in those shapes, spread over the kinds by their GPUs.
         Shapes every node kind fits are not in it; pinned ones are _avoidance's."""
-        capacity = np.zeros(len(self._kinds))
-        for node, k in zip(self.nodes, self._kind, strict=True):
-            capacity[k] += node.gpus * MILLI
+        capacity = self._gpus_by(self._kind, len(self._kinds))
         everywhere = frozenset(range(len(self._kinds)))
         total = sum(weight * shape.demand_milli for shape, weight in self.distribution)
         shares: dict[frozenset[int], np.ndarray] = {}
@@ -652,10 +645,19 @@ class SharedGpuNodes:
             )
         if not share.any():
             return np.zeros(len(self.nodes))
-        free = np.bincount(self._kind, weights=self._total_free, minlength=len(self._kinds))
+        return self.size_avoidance * self._pressure(share, self._kind)
+
+    def _gpus_by(self, group: np.ndarray, groups: int) -> np.ndarray:
+        """The GPUs (milli) of the nodes of each group (``group``: each node's group)."""
+        return np.bincount(group, weights=[node.gpus * MILLI for node in self.nodes], minlength=groups)
+
+    def _pressure(self, share: np.ndarray, group: np.ndarray) -> np.ndarray:
+        """Per node, the pressure on its group (model or kind): the group's ``share`` of the
+        demand still to come (the cluster's free GPUs, if it fills) over the group's free GPUs."""
+        free = np.bincount(group, weights=self._total_free, minlength=len(share))
         with np.errstate(divide="ignore", invalid="ignore"):
             pressure = np.where(free > 0, share * free.sum() / free, 0.0)
-        return self.size_avoidance * pressure[self._kind]
+        return pressure[group]
 
     def _apply(self, slot: Slot, sign: int) -> None:
         i, task = slot.node, slot.task
