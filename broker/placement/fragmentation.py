@@ -486,6 +486,14 @@ class SharedGpuNodes:
             )
         return known
 
+    def could_ever_hold_cpu(self, cpu_milli: int, memory_mib: int = 0) -> bool:
+        """Whether some node, empty, has the CPU and memory of a task that takes no GPU."""
+        return any(
+            (node.cpu_milli is None or node.cpu_milli >= cpu_milli)
+            and (node.memory_mib is None or node.memory_mib >= memory_mib)
+            for node in self.nodes
+        )
+
     # -- placing and releasing --------------------------------------------------------
 
     def place(self, task: TaskShape, models: Iterable[str] = ()) -> Slot | None:

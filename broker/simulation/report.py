@@ -154,7 +154,11 @@ def run_simulation(
             fleet_description=f"{len(nodes)} GPU nodes, {trace.gpu_count} GPUs (openb)",
             jobs=len(workload),
         )
-        notes.append(f"{trace.cpu_only_pods} CPU-only pods of {len(trace.pods)} skipped: gpush schedules GPU jobs only")
+        cpu_work = trace.cpu_work()
+        notes.append(
+            f"{len(cpu_work)} CPU-only pods of {len(trace.pods)} are not jobs (gpush schedules GPU work): each run "
+            "places them beside the jobs, where they hold the nodes' CPU and memory as on the trace's cluster"
+        )
         notes.append(
             "the trace's own times are a light load (its README: at most ~1% of the GPUs busy at once): the "
             "replay shows routing and waits; the inflation experiment is the test of placement quality"
@@ -166,7 +170,14 @@ def run_simulation(
         label = run_label("gpush", placement)
         progress.step(f"replaying {label}", len(workload), "jobs")
         primary = replay_shared(
-            nodes, trace.cluster, policy, workload, placement=placement, label=label, progress=progress.update
+            nodes,
+            trace.cluster,
+            policy,
+            workload,
+            placement=placement,
+            label=label,
+            progress=progress.update,
+            cpu_work=cpu_work,
         )
         if compare_policy_path:
             other = _load_policy_file(compare_policy_path)
@@ -174,7 +185,14 @@ def run_simulation(
             label = _distinct(run_label(Path(compare_policy_path).stem, placement), primary.label)
             progress.step(f"replaying {label}", len(workload), "jobs")
             comparison = replay_shared(
-                nodes, trace.cluster, other, workload, placement=placement, label=label, progress=progress.update
+                nodes,
+                trace.cluster,
+                other,
+                workload,
+                placement=placement,
+                label=label,
+                progress=progress.update,
+                cpu_work=cpu_work,
             )
         else:
             # Whole GPUs are what Slurm and Kubernetes give without sharing, and they place
@@ -190,6 +208,7 @@ def run_simulation(
                 whole_gpus=True,
                 label=label,
                 progress=progress.update,
+                cpu_work=cpu_work,
             )
             notes.append(
                 f"{label}: every job on whole GPUs, placed by best-fit as Slurm and Kubernetes place without "

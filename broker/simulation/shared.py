@@ -2,11 +2,19 @@
 :class:`broker.placement.fragmentation.SharedGpuNodes` (per-GPU milli-GPU, whole and
 fractional tasks on the same GPU, FGD or best fit), through the one decision. This is
 how a trace of a GPU-sharing cluster (Alibaba's openb, :mod:`broker.simulation.traces`)
-is replayed: a simulated fleet's GPU has one sharing mode and cannot do that."""
+is replayed: a simulated fleet's GPU has one sharing mode and cannot do that.
+
+CPU-only work (:class:`CpuWork`, the trace's pods that ask for no GPU) is not gpush's to
+schedule, but on a real fleet it holds the same nodes' CPU and memory: the replay places
+it beside the GPU jobs by the same placement rule
+(:meth:`broker.placement.fragmentation.SharedGpuNodes.place_cpu`) when it arrives (ahead
+of the GPU jobs that arrive at the same instant); one that finds no room waits, as a
+pending pod does, and takes what is freed after the waiting GPU jobs had their turn."""
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections import Counter
@@ -38,6 +46,43 @@ from broker.simulation.workload import (
 )
 
 MIG = (Sharing.SLURM_MIG, Sharing.K8S_MIG)
+
+
+@dataclass(frozen=True)
+class CpuWork:
+    """A task that takes CPU and host memory of a node and no GPU (a CPU-only pod)."""
+
+    at: float
+    duration: float
+    cpu_milli: int
+    memory_mib: int = 0
+
+
+@dataclass
+class CpuCounts:
+    """What became of the CPU-only work in one replay."""
+
+    arrived: int = 0
+    waited: int = 0  # found no room when it arrived and waited for some
+    never: int = 0  # larger than any node's CPU or memory: never placed
+    unplaced: int = 0  # still waiting when the replay ended
+
+    def note(self) -> str | None:
+        if not self.arrived:
+            return None
+        text = (
+            f"{self.arrived} CPU-only pods (not gpush's to schedule) held the nodes' CPU and memory beside the "
+            f"GPU jobs, placed by the same rule"
+        )
+        parts = [
+            f"{self.waited} waited for room" if self.waited else "",
+            f"{self.never} fit no node" if self.never else "",
+            f"{self.unplaced} never found room" if self.unplaced else "",
+        ]
+        parts = [p for p in parts if p]
+        return text + (f" ({', '.join(parts)})" if parts else "")
+
+
 SHARED = (Sharing.K8S_TIMESLICE, Sharing.SLURM_MPS)
 
 
@@ -131,8 +176,15 @@ class _SharedReplay(ReplayLoop):
     its count of jobs ahead (:meth:`broker.placement.decision.CycleDecisions.behind`),
     without fitting again, and the cycle ends once every kind waiting has found none."""
 
-    def __init__(self, nodes, cluster, policy, workload, placement, whole, distribution, tenants=None, progress=None):
+    def __init__(
+        self, nodes, cluster, policy, workload, placement, whole, distribution, tenants=None, progress=None, cpu_work=()
+    ):
         self.cluster = cluster
+        self.cpu_work = sorted(cpu_work, key=lambda w: w.at)
+        self.cpu_ends: list[tuple[float, int, int, CpuWork]] = []  # (end, order, node, work)
+        self.cpu_waiting: list[CpuWork] = []
+        self.cpu_counts = CpuCounts()
+        self._cpu_order = itertools.count()
         self.progress = progress
         self.whole = whole
         self.policy = whole_gpu_policy(policy) if whole else policy
@@ -168,12 +220,19 @@ class _SharedReplay(ReplayLoop):
 
     def run(self) -> tuple[Timeline, list[JobRecord]]:
         entries, n, i = self.entries, len(self.entries), 0
+        cpu, m, j = self.cpu_work, len(self.cpu_work), 0
         events = 0
-        while i < n or self.ends:
+        # CPU-only work matters while GPU jobs run or wait for the room it holds.
+        while i < n or self.ends or (len(self.queue) and self.cpu_ends):
             events += 1
             if self.progress is not None and not events % PROGRESS_EVERY:
                 self.progress(i)
-            t = min(entries[i].arrival.at if i < n else math.inf, self.ends[0][0] if self.ends else math.inf)
+            t = min(
+                entries[i].arrival.at if i < n else math.inf,
+                self.ends[0][0] if self.ends else math.inf,
+                cpu[j].at if j < m else math.inf,
+                self.cpu_ends[0][0] if self.cpu_ends else math.inf,
+            )
             freed = False
             while self.ends and self.ends[0][0] <= t:
                 _, _, entry = heapq.heappop(self.ends)
@@ -184,14 +243,40 @@ class _SharedReplay(ReplayLoop):
                 self.demand -= entry.record.demand
                 self.fair.release(entry.tenant, entry.record.gpu_equivalents)
                 freed = True
+            while self.cpu_ends and self.cpu_ends[0][0] <= t:
+                _, _, node, work = heapq.heappop(self.cpu_ends)
+                self.nodes.release_cpu(node, work.cpu_milli, work.memory_mib)
+                freed = True
+            while j < m and cpu[j].at <= t:
+                self._place_cpu(t, cpu[j], first=True)
+                j += 1
             fresh = []
             while i < n and entries[i].arrival.at <= t:
                 fresh.append(entries[i])
                 i += 1
             self._arrive(fresh)
             self._cycle(t, list(self.queue) if freed else sorted(fresh, key=lambda e: e.order), every=freed)
+            if freed and self.cpu_waiting:
+                waiting, self.cpu_waiting = self.cpu_waiting, []
+                for work in waiting:
+                    self._place_cpu(t, work, first=False)
             self._sample(t)
+        self.cpu_counts.unplaced = len(self.cpu_waiting)
         return self.timeline, self._finish(self.timeline.t[-1] if self.timeline.t else 0.0)
+
+    def _place_cpu(self, t: float, work: CpuWork, *, first: bool) -> None:
+        counts = self.cpu_counts
+        if first:
+            counts.arrived += 1
+            if not self.nodes.could_ever_hold_cpu(work.cpu_milli, work.memory_mib):
+                counts.never += 1
+                return
+        node = self.nodes.place_cpu(work.cpu_milli, work.memory_mib)
+        if node is None:
+            counts.waited += first
+            self.cpu_waiting.append(work)
+            return
+        heapq.heappush(self.cpu_ends, (t + work.duration, next(self._cpu_order), node, work))
 
     def _cycle(self, t: float, candidates: list[ReplayJob], every: bool) -> None:
         by_tenant = self._heads(candidates, None)
@@ -274,6 +359,7 @@ def replay_shared(
     label: str | None = None,
     tenants: Mapping[str, TenantTerms] | None = None,
     progress: Callable[[int], None] | None = None,
+    cpu_work: Sequence[CpuWork] = (),
 ) -> ReplayResult:
     """Replay ``workload`` on GPU-sharing ``nodes`` (one Kubernetes cluster called
     ``cluster``) under ``policy``. Routes to ``k8s/timeslice`` (or ``slurm/mps``) take
@@ -281,11 +367,14 @@ def replay_shared(
     GPU (``fgd`` measures fragmentation against ``distribution``, by default the
     workload's own). ``whole_gpus``: every job on whole GPUs, see :func:`whole_gpu_policy`.
     Fair share and quotas as in :func:`replay`; ``progress`` is called now and then with
-    the number of jobs arrived so far."""
+    the number of jobs arrived so far. ``cpu_work``: CPU-only tasks that hold the nodes'
+    CPU and memory beside the jobs (see the module docstring)."""
     if placement not in PLACEMENTS:
         raise InvalidRequest(f"unknown placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
     began = time.perf_counter()
-    loop = _SharedReplay(nodes, cluster, policy, workload, placement, whole_gpus, distribution, tenants, progress)
+    loop = _SharedReplay(
+        nodes, cluster, policy, workload, placement, whole_gpus, distribution, tenants, progress, cpu_work
+    )
     timeline, jobs = loop.run()
     total = loop.nodes.capacity_milli / MILLI
     return ReplayResult(
@@ -301,6 +390,7 @@ def replay_shared(
             STRANDED_NOTE,
             FRAGMENTATION_NOTE,
             fair_share_note(tenants),
+            *filter(None, [loop.cpu_counts.note()]),
         ],
         measures_fragmentation=True,
         tenant_terms=dict(tenants or {}),

@@ -16,7 +16,9 @@ format is in the trace's README) and what they become in gpush:
   ``gpu_memory_gb`` is its share of the reference GPU's memory; a whole- or multi-GPU
   pod an exclusive training job of ``num_gpu`` GPUs. The exact share stays on the
   arrival (``gpu_milli``) so that packing uses the trace's numbers, not a rounding
-  of them. CPU-only pods (``num_gpu`` 0) are skipped and counted.
+  of them. CPU-only pods (``num_gpu`` 0) are not jobs (gpush routes GPU work): a
+  replay places them as :class:`broker.simulation.shared.CpuWork` (:meth:`OpenbTrace.cpu_work`)
+  that holds the nodes' CPU and memory beside the jobs.
 - **The policy.** :func:`openb_policy`: fractional pods share GPUs
   (``k8s/timeslice``), the others take whole GPUs (``k8s/exclusive``), on the trace's
   one cluster.
@@ -44,6 +46,7 @@ from broker.placement.fragmentation import MILLI, SharedNode, TaskShape
 from broker.routing.policy import Policy
 from broker.simulation.fleet import Fleet, FleetCluster, FleetGpu, FleetNode
 from broker.simulation.inflation import CpuTask
+from broker.simulation.shared import CpuWork
 from broker.simulation.workload import Arrival
 
 DEFAULT_CLUSTER = "openb"
@@ -366,6 +369,12 @@ class OpenbTrace:
 
     def workload(self) -> list[Arrival]:
         return openb_workload(self.pods, self.reference_memory_gb)[0]
+
+    def cpu_work(self) -> list[CpuWork]:
+        """The CPU-only pods as work that holds the nodes' CPU and memory in a replay."""
+        return [
+            CpuWork(float(p.creation_time or 0), p.duration, p.cpu_milli, p.memory_mib) for p in self.pods if p.cpu_only
+        ]
 
     def tasks(self) -> list[TaskShape]:
         """The GPU pods' shapes (with the GPU models they accept), in file order."""

@@ -142,9 +142,12 @@ def replay_times(trace: traces.OpenbTrace) -> dict[str, Any]:
     began = time.perf_counter()
     workload = trace.workload()
     load = time.perf_counter() - began
-    out: dict[str, Any] = {"jobs": len(workload), "convert_seconds": load}
+    cpu_work = trace.cpu_work()
+    out: dict[str, Any] = {"jobs": len(workload), "cpu_only_pods": len(cpu_work), "convert_seconds": load}
     for name, placement, whole in ((GPUSH, "fgd", False), (WHOLE, "best-fit", True)):
-        result = replay_shared(nodes, trace.cluster, trace.policy(), workload, placement=placement, whole_gpus=whole)
+        result = replay_shared(
+            nodes, trace.cluster, trace.policy(), workload, placement=placement, whole_gpus=whole, cpu_work=cpu_work
+        )
         summary = result.summary()
         out[name] = {
             "seconds": result.wall_seconds,

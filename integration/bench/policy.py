@@ -10,11 +10,11 @@ policies people write.
 
 What it measures: the wall time of ``load_policy`` (YAML to the model; the rule cap,
 ``MAX_RULES``, is checked here), beside the same load through PyYAML's pure-Python
-loader (the baseline: how gpush read YAML before libyaml's parser), and of ``validate`` (the checks against the clusters,
-the shadowed-rule check among them), the median of ``--rounds`` rounds, for each size
+loader (the baseline: how gpush read YAML before libyaml's parser), and of ``validate``
+(the checks against the clusters, the shadowed-rule check among them), the median of ``--rounds`` rounds, for each size
 of ``--sizes`` and at the cap; a size above the cap is reported as refused. The
-target (load and validate < 2 s at 10,000 rules, what ``POST /v1/policy:validate`` does) is printed beside the figures, never
-asserted. It exits 0 when it ran, 1 when something broke.
+target (load and validate < 2 s at 10,000 rules, what ``POST /v1/policy:validate``
+does) is printed beside the figures, never asserted. It exits 0 when it ran, 1 when something broke.
 
     .venv/bin/python integration/bench/policy.py --json policy-results.json
     .venv/bin/python integration/bench/policy.py --sizes 1000 2000 --rounds 1     # a quick look
@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from broker.core.clock import utcnow  # noqa: E402
 from broker.core import yamltext  # noqa: E402
+from broker.core.clock import utcnow  # noqa: E402
 from broker.core.errors import InvalidRequest  # noqa: E402
 from broker.routing import rules as policy_rules  # noqa: E402
 from broker.routing.policy import ClusterView, cluster_view, load_policy, validate  # noqa: E402
@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{rules:>6} rules: load {result['load_seconds']:6.3f}s  validate {result['validate_seconds']:6.3f}s"
             f"  both {result['total_seconds']:6.3f}s  (pure-Python loader: load "
-            f"{result['python_loader_seconds']:6.3f}s, x{result['python_loader_seconds'] / result['load_seconds']:.1f});"
+            f"{result['python_loader_seconds']:6.3f}s,"
+            f" x{result['python_loader_seconds'] / result['load_seconds']:.1f});"
             f" {result['errors']} errors, {result['shadowed']} shadowed, {result['warnings']} warnings",
             flush=True,
         )

@@ -27,7 +27,7 @@ from broker.simulation.fleet import load_fleet, load_fleet_file
 from broker.simulation.inflation import inflation_arrivals, inflation_experiment
 from broker.simulation.replay import replay
 from broker.simulation.report import run_simulation, summary_lines
-from broker.simulation.shared import replay_shared
+from broker.simulation.shared import CpuWork, replay_shared
 from broker.simulation.traces import load_openb, openb_policy, pod_job, read_pods, trace_model
 from broker.simulation.workload import TenantTerms, parse_workload, read_workload, whole_gpu_fleet, whole_gpu_policy
 
@@ -511,6 +511,33 @@ def test_the_trace_replays_on_gpu_sharing_nodes(trace_dir: Path) -> None:
     )
     assert jobs_by_name(whole)["openb-pod-0001"].gpu_equivalents == 1.0
     assert jobs_by_name(whole)["openb-pod-0001"].demand == pytest.approx(0.46)
+
+
+def test_cpu_only_work_holds_the_nodes_cpu_and_a_gpu_job_waits_for_it() -> None:
+    # One node, 4 GPUs and 8 CPUs; a CPU-only task takes 6 CPUs from t=0 to t=50, so a
+    # job that asks for 4 CPUs and a GPU waits for it; a second CPU-only task that
+    # arrives while the node is full waits too, behind the waiting job.
+    workload = read_workload("jobs: [{name: j, at: 10, duration: 100, kind: training, gpus: 1, cpus: 4}]", "w.yaml")
+    node = SharedNode("n", 4, gpu_memory_gb=16, cpu_milli=8000, memory_mib=64000)
+    work = [CpuWork(0, 50, 6000), CpuWork(20, 10, 8000), CpuWork(0, 5, 1_000_000)]
+    result = replay_shared([node], "openb", openb_policy("openb"), workload.arrivals, cpu_work=work)
+    assert jobs_by_name(result)["j"].start == 50
+    assert "3 CPU-only pods" in result.notes[-1]
+    assert "1 waited for room" in result.notes[-1] and "1 fit no node" in result.notes[-1]
+    assert "never found room" not in result.notes[-1]  # placed when the job ended
+    # Without the CPU-only work, the job starts when it arrives.
+    alone = replay_shared([node], "openb", openb_policy("openb"), workload.arrivals)
+    assert jobs_by_name(alone)["j"].start == 10
+    assert not any("CPU-only" in n for n in alone.notes)
+
+
+def test_the_trace_replay_places_its_cpu_only_pods(trace_dir: Path) -> None:
+    trace = load_openb(trace_dir)
+    work = trace.cpu_work()
+    assert len(work) == trace.cpu_only_pods == 1
+    result = replay_shared(trace.shared_nodes(), trace.cluster, trace.policy(), trace.workload(), cpu_work=work)
+    assert all(j.state == "succeeded" for j in result.jobs)
+    assert any("1 CPU-only pods" in n for n in result.notes)
 
 
 @pytest.mark.skipif(not SHIPPED_TRACE.is_dir(), reason="the shared openb trace is not on this machine")
