@@ -39,7 +39,12 @@ endef
 test-fast: venv
 	$(call run_pytest,tests -q)
 
-test-integration: venv postgres slurm
+# Debian's chromium for the dashboard's browser tests (Playwright drives it).
+.PHONY: browser
+browser:
+	integration/scripts/ensure-chromium.sh
+
+test-integration: venv postgres slurm browser
 	$(call run_pytest,integration -q)
 
 test: test-fast test-integration
@@ -64,7 +69,7 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	@integration/scripts/demo.sh $(BIN)/gpush
 
-bench: venv postgres slurm
+bench: venv postgres slurm browser
 	$(BIN)/python integration/bench/submit.py --json bench-results.json
 	$(BIN)/python integration/bench/schedule.py --million --json bench-schedule.json
 	$(BIN)/python integration/bench/placement.py --json bench-placement.json
@@ -73,6 +78,7 @@ bench: venv postgres slurm
 	$(BIN)/python integration/bench/inventory.py --json bench-inventory.json
 	$(BIN)/python integration/bench/ray.py --json bench-ray.json
 	$(BIN)/python integration/bench/cli.py --json bench-cli.json
+	$(BIN)/python integration/bench/dashboard.py --json bench-dashboard.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results.json

@@ -4,8 +4,8 @@ It owns what one app shares across its routes, put on ``app.state`` for the
 dependencies of broker.api.deps (engine, session factory, clock, adapter pool, token
 cache, metrics registry, HTTP limits), the error handlers of broker.api.responses,
 the edge limits of broker.api.limits, and which routers it serves: one module per
-resource in broker.api, and broker.api.docs (``/``, and /docs and /redoc with their
-assets served from the package, not a CDN).
+resource in broker.api, broker.api.docs (/docs and /redoc with their assets served from
+the package, not a CDN) and broker.api.dashboard (the web page at ``/``).
 
 Routes own the transaction: each opens ``with session.begin()`` around the model
 functions of ``broker.intake.queue`` and ``broker.core.auth``, which only flush. Errors leave
@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 from starlette.exceptions import HTTPException
 
 import broker
-from broker.api import admin, agent, clusters, docs, health, inventory, jobs, policy, responses, tenants
+from broker.api import admin, agent, clusters, dashboard, docs, health, inventory, jobs, policy, responses, tenants
 from broker.api.limits import EdgeLimits, HttpLimits
 from broker.core import auth, metrics
 from broker.core.clock import Clock, utcnow
@@ -30,7 +30,7 @@ from broker.core.db import session_factory
 from broker.core.errors import GpushError
 from broker.scheduling.leader import Wakeup
 
-ROUTERS = (docs, health, admin, jobs, clusters, agent, inventory, tenants, policy)
+ROUTERS = (dashboard, health, admin, jobs, clusters, agent, inventory, tenants, policy)
 
 
 def create_app(

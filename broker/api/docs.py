@@ -4,7 +4,8 @@ installed packages, so that they work where no CDN can be reached (an air-gapped
 
 The pages are FastAPI's own (Swagger UI at ``/docs``, ReDoc at ``/redoc``); their
 scripts, styles and icon come from the ``fastapi-offline`` package, mounted at
-``ASSETS_URL``. ``documented_app`` builds the app with them; ``router`` holds ``/``.
+``ASSETS_URL``. ``documented_app`` builds the app with them; ``index_document`` is what ``/``
+answers to anything but a browser (broker.api.dashboard serves ``/``).
 None of these is in the OpenAPI document: they describe the API, they are not part of it.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi_offline import FastAPIOffline
 
 ASSETS_URL = "/docs/assets"
@@ -20,8 +21,6 @@ DOCS_URL = "/docs"
 REDOC_URL = "/redoc"
 OPENAPI_URL = "/openapi.json"
 API_PREFIX = "/v1"
-
-router = APIRouter()
 
 
 def documented_app(**fastapi_kwargs: Any) -> FastAPI:
@@ -38,9 +37,9 @@ def documented_app(**fastapi_kwargs: Any) -> FastAPI:
     )
 
 
-@router.get("/", include_in_schema=False)
-def index(request: Request) -> dict[str, Any]:
-    """What this server is and where to go next (no token needed)."""
+def index_document(request: Request) -> dict[str, Any]:
+    """What this server is and where to go next (``/`` answers it to anything but a
+    browser, broker.api.dashboard)."""
     app: FastAPI = request.app
     root = request.scope.get("root_path", "")
     return {
@@ -58,4 +57,5 @@ def index(request: Request) -> dict[str, Any]:
         "health": root + "/healthz",
         "ready": root + "/readyz",
         "metrics": root + "/metrics",
+        "dashboard": root + "/ (in a browser)",
     }

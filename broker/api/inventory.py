@@ -14,6 +14,7 @@ from broker.core import clusters
 from broker.core.clusters import AdapterPool
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster
+from broker.inventory import occupancy as holders
 from broker.inventory import report_store as nodereports
 from broker.inventory.view import Inventory
 from broker.mig import queue as migqueue
@@ -35,6 +36,15 @@ def inventory(session: Db, _who: Who, adapters: Adapters, clock: AppClock, clust
     """Clusters, nodes, physical GPUs and their slices from the clusters and the node
     agents, in physical GPU-equivalents; with the drift findings."""
     return JSONBytes(_inventory_of(session, cluster, adapters, clock).to_dict())
+
+
+@router.get("/v1/inventory/occupancy")
+def inventory_occupancy(session: Db, who: Who, cluster: str | None = None) -> list[dict[str, Any]]:
+    """Which job holds which capacity (the placements of the jobs a cluster has), to
+    colour the inventory by tenant; a user's token sees other tenants' jobs only as
+    taken capacity, without id, name, user or tenant."""
+    with session.begin():
+        return holders.occupancy(session, who, cluster)
 
 
 @router.get("/v1/inventory/drift")

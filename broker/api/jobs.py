@@ -113,6 +113,7 @@ def list_jobs(
     tenant: str | None = None,
     user: str | None = None,
     kind: Kind | None = None,
+    cluster: Annotated[str | None, Query(max_length=64, description="only jobs placed on this cluster")] = None,
     label: Annotated[list[str] | None, Query(description="KEY=VALUE, repeat for several (all must match)")] = None,
     limit: Annotated[int, Query(ge=1, le=queue.MAX_PAGE)] = 50,
     cursor: str | None = None,
@@ -129,6 +130,7 @@ def list_jobs(
             tenant=tenant,
             user=user,
             kind=kind,
+            cluster=cluster,
             labels=labels,
             limit=min(limit, limits.max_page),
             cursor=cursor,
@@ -143,6 +145,30 @@ def list_jobs(
         next_cursor = queue.encode_cursor(jobs[kept - 1].id)
     body = b'{"jobs":[' + b",".join(rows[:kept]) + b'],"next_cursor":' + orjson.dumps(next_cursor) + b"}"
     return JSONBytes(body)
+
+
+class JobCounts(BaseModel):
+    by_state: dict[JobState, int] = Field(description="jobs in each state (states with none left out)")
+    total: int
+
+
+@router.get("/v1/jobs:count", response_model=JobCounts, responses=errors(403, 422))
+def count_jobs(
+    session: Db,
+    who: Who,
+    tenant: str | None = None,
+    user: str | None = None,
+    kind: Kind | None = None,
+    cluster: Annotated[str | None, Query(max_length=64)] = None,
+    label: Annotated[list[str] | None, Query(description="KEY=VALUE, repeat for several (all must match)")] = None,
+) -> JobCounts:
+    """How many jobs are in each state, under the filters of ``GET /v1/jobs`` (a user's
+    token counts its own tenant's jobs only): the dashboard's queue tabs."""
+    with session.begin():
+        counts = queue.count_jobs(
+            session, who, tenant=tenant, user=user, kind=kind, cluster=cluster, labels=_parse_labels(label or [])
+        )
+    return JobCounts(by_state=counts, total=sum(counts.values()))
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobOut, response_class=JSONBytes, responses=errors(403, 404, 422))

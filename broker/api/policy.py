@@ -29,11 +29,13 @@ def policy_schema(_who: Who) -> dict[str, Any]:
 
 @router.post("/v1/policy:validate", responses=errors(403, *BODY))
 def validate_policy(body: PolicyText, session: Db, _who: Who, adapters: Adapters) -> dict[str, Any]:
-    """Check a policy against the registered clusters without applying it."""
+    """Check a policy against the registered clusters without applying it; ``diff`` is
+    what applying it would change in the active version (unified diff)."""
     with session.begin():
         views = policystore.cluster_views(session, adapters)
+        diff = policystore.diff_with_active(session, body.text)
     _parsed, report = policystore.check(body.text, views, source=body.source)
-    return {**report.to_dict(), "describe": report.describe()}
+    return {**report.to_dict(), "describe": report.describe(), "diff": diff}
 
 
 @router.post("/v1/policy", status_code=201, responses=errors(403, 409, *BODY))

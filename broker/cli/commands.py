@@ -407,6 +407,30 @@ def whoami(client: GpushClient, out: Output) -> int:
     return EXIT_OK
 
 
+def dashboard(client: GpushClient, out: Output, *, open_browser: bool = False) -> int:
+    from broker.client.sdk import EMBEDDED_URL
+
+    me = client.whoami()  # the token works, or this says why
+    if client.url == EMBEDDED_URL:
+        raise InvalidRequest(
+            "gpush talks to this database in-process, with no server to open in a browser: start one with "
+            "`gpush server` (or pass --url of a running broker) and run `gpush dashboard` again"
+        )
+    address = client.url + "/"
+    link = f"{address}#token={client.token}" if client.token else address
+    if out.json_mode:
+        out.json({"address": address, "login_link": link, "user": me.user, "tenant": me.tenant, "role": me.role})
+    else:
+        out.line(f"dashboard: {address}")
+        out.line(f"sign in:   {link}")
+        out.line(f"           (as {me.user}, tenant {me.tenant}, role {me.role.value}; the link holds your token)")
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(link)
+    return EXIT_OK
+
+
 def token_create(
     client: GpushClient,
     out: Output,

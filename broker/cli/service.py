@@ -178,4 +178,18 @@ def agent(settings: Settings, node: str | None, interval: float, once: bool, rec
 
 
 # Registered on the root group by broker.cli.main.
-COMMANDS = (server, scheduler_group, db, agent)
+@click.command(context_settings=CONTEXT)
+@click.option("--open", "open_browser", is_flag=True, help="Open it in the default web browser too.")
+@json_option
+@click.pass_obj
+def dashboard(settings: Settings, open_browser: bool, json_mode: bool) -> int:
+    """Print the web dashboard's address and a sign-in link for the token in use.
+
+    The link carries the token after `#`, which the browser never sends to a server;
+    the page keeps it in that tab only. Share the address, not the link. On the
+    embedded database this starts the local server if it is not running.
+    """
+    return commands.dashboard(settings.client(), output(json_mode), open_browser=open_browser)
+
+
+COMMANDS = (server, scheduler_group, db, agent, dashboard)

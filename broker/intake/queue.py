@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from broker.core.auth import Principal
@@ -250,6 +250,35 @@ def decode_cursor(cursor: str) -> int:
         ) from None
 
 
+def _job_filters(
+    principal: Principal,
+    *,
+    tenant: str | None,
+    user: str | None,
+    kind: Kind | None,
+    cluster: str | None,
+    labels: Mapping[str, str] | None,
+) -> list[Any] | None:
+    """The WHERE clauses of a job query in the caller's scope: a user's token sees its
+    own tenant only. None: the filters name another tenant, nothing there exists for it."""
+    if not principal.is_admin:
+        if tenant is not None and tenant != principal.tenant:
+            return None  # another tenant's jobs do not exist for this caller
+        tenant = principal.tenant
+    where: list[Any] = []
+    if tenant is not None:
+        where.append(Job.tenant == tenant)
+    if user is not None:
+        where.append(Job.user == user)
+    if kind is not None:
+        where.append(Job.kind == kind.value)
+    if cluster is not None:
+        where.append(Job.cluster == cluster)
+    for key, value in (labels or {}).items():
+        where.append(Job.spec["labels"][key].as_string() == value)
+    return where
+
+
 def list_jobs(
     session: Session,
     principal: Principal,
@@ -258,37 +287,49 @@ def list_jobs(
     tenant: str | None = None,
     user: str | None = None,
     kind: Kind | None = None,
+    cluster: str | None = None,
     labels: Mapping[str, str] | None = None,
     limit: int = 50,
     cursor: str | None = None,
 ) -> tuple[list[Job], str | None]:
     """Jobs newest first; ``next_cursor`` is None on the last page. ``labels``: only jobs
-    that carry every one of these labels (how Ray's node provider finds its workers)."""
+    that carry every one of these labels (how Ray's node provider finds its workers);
+    ``cluster``: only jobs placed on that cluster."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidRequest(
             f"limit {limit} is out of range: use 1 to {MAX_PAGE}", details=[{"field": "limit", "value": limit}]
         )
-    query = select(Job)
-    if not principal.is_admin:
-        if tenant is not None and tenant != principal.tenant:
-            return [], None  # another tenant's jobs do not exist for this caller
-        tenant = principal.tenant
-    if tenant is not None:
-        query = query.where(Job.tenant == tenant)
+    where = _job_filters(principal, tenant=tenant, user=user, kind=kind, cluster=cluster, labels=labels)
+    if where is None:
+        return [], None
+    query = select(Job).where(*where)
     states = [s.value for s in states]
     if states:
         query = query.where(Job.state.in_(states))
-    if user is not None:
-        query = query.where(Job.user == user)
-    if kind is not None:
-        query = query.where(Job.kind == kind.value)
-    for key, value in (labels or {}).items():
-        query = query.where(Job.spec["labels"][key].as_string() == value)
     if cursor:
         query = query.where(Job.id < decode_cursor(cursor))
     jobs = list(session.execute(query.order_by(Job.id.desc()).limit(limit + 1)).scalars())
     next_cursor = encode_cursor(jobs[limit - 1].id) if len(jobs) > limit else None
     return jobs[:limit], next_cursor
+
+
+def count_jobs(
+    session: Session,
+    principal: Principal,
+    *,
+    tenant: str | None = None,
+    user: str | None = None,
+    kind: Kind | None = None,
+    cluster: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, int]:
+    """How many jobs are in each state, in the caller's scope and under the same
+    filters as :func:`list_jobs` (states with none are left out)."""
+    where = _job_filters(principal, tenant=tenant, user=user, kind=kind, cluster=cluster, labels=labels)
+    if where is None:
+        return {}
+    rows = session.execute(select(Job.state, func.count()).where(*where).group_by(Job.state))
+    return {state: count for state, count in rows}
 
 
 def job_events(session: Session, job_id: int, principal: Principal) -> list[JobEvent]:

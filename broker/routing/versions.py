@@ -180,13 +180,23 @@ def rollback(
 def diff(session: Session, a: int, b: int) -> str:
     old, _ = get_version(session, a)
     new, _ = get_version(session, b)
+    return _unified(old.text, new.text, f"version {a}", f"version {b}") or f"versions {a} and {b} are the same\n"
+
+
+def diff_with_active(session: Session, text: str) -> str:
+    """What applying ``text`` would change in the active version ("" when it is the same)."""
+    version = active_version(session)
+    if version is None:
+        return _unified("", text, "no policy", "new policy")
+    old, _ = get_version(session, version)
+    return _unified(old.text, text, f"version {version} (active)", "new policy")
+
+
+def _unified(old: str, new: str, old_name: str, new_name: str) -> str:
     lines = difflib.unified_diff(
-        old.text.splitlines(keepends=True),
-        new.text.splitlines(keepends=True),
-        fromfile=f"version {a}",
-        tofile=f"version {b}",
+        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=old_name, tofile=new_name
     )
-    return "".join(lines) or f"versions {a} and {b} are the same\n"
+    return "".join(lines)
 
 
 def cluster_views(session: Session, pool: AdapterPool) -> dict[str, Any]:

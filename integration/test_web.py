@@ -1,0 +1,319 @@
+"""The web dashboard in a real browser: Debian's chromium driven by Playwright, against a
+real `gpush server` (PostgreSQL, the simulated clusters of examples/fleet.yaml, the
+scheduler on), as a user of tenant vision, a user of tenant nlp and an admin.
+
+Screenshots go to $GPUSH_WEB_SHOTS (default: the test's temporary directory); the
+README's come from the demo fleet the same way (integration/bench/dashboard.py --shots).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from integration.conftest import ADMIN_DSN, _sqlalchemy_url, create_database, drop_database
+from integration.test_servers import gpush, start_server
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+class Site:
+    """A running broker with jobs of two tenants on the simulated fleet."""
+
+    def __init__(self, url: str, database_url: str) -> None:
+        self.url = url
+        self.database_url = database_url
+        self.tokens: dict[str, str] = {}
+        self.jobs: dict[str, int] = {}
+
+    def token(self, user: str, tenant: str, role: str = "user") -> str:
+        args = ["--database-url", self.database_url, "admin", "token", "create", "--user", user, "--tenant", tenant]
+        self.tokens[user] = gpush(*args, "--role", role).stdout.strip()
+        return self.tokens[user]
+
+    def submit(self, user: str, *args: str) -> int:
+        out = gpush("--url", self.url, "--token", self.tokens[user], "submit", *args).stdout.strip()
+        return int(out.split()[-1])
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self.tokens['root']}"}
+        return httpx.get(f"{self.url}/v1/jobs/{job_id}", headers=headers).json()
+
+    def wait_for(self, job_id: int, *states: str, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["state"] in states:
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} is {job['state']}, not {states}: {job['state_reason']}")
+            time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def site(pg_template) -> Iterator[Site]:
+    name = create_database(pg_template)
+    database_url = _sqlalchemy_url(ADMIN_DSN, name)
+    admin = ["--database-url", database_url]
+    fleet = str(ROOT / "examples" / "fleet.yaml")
+    for cluster in ("slurm-a", "k8s-a"):
+        gpush(*admin, "cluster", "add", cluster, "--kind", "sim", "--fleet", fleet, "--speed", "60")
+    gpush(*admin, "policy", "apply", str(ROOT / "policies" / "default.yaml"), "-m", "the policy gpush ships")
+    proc, url = start_server(database_url, "--workers", "1")
+    site = Site(url, database_url)
+    try:
+        site.token("root", "ops", "admin")
+        site.token("alice", "vision")
+        site.token("bob", "nlp")
+        gpush(
+            "--url",
+            url,
+            "--token",
+            site.tokens["root"],
+            "agent",
+            "--once",
+            "--node",
+            "mig-01",
+            "--recording",
+            str(ROOT / "tests" / "data" / "nvml" / "mig01.json"),
+        )
+        site.jobs["train"] = site.submit(
+            "alice",
+            "--name",
+            "vit-finetune",
+            "--kind",
+            "training",
+            "--isolation",
+            "hardware",
+            "--gpu-memory-gb",
+            "10",
+            "--time-limit",
+            "8h",
+            "--",
+            "python",
+            "train.py",
+        )
+        site.jobs["held"] = site.submit(
+            "alice", "--name", "too-big", "--kind", "training", "--gpus", "16", "--", "python", "huge.py"
+        )
+        site.jobs["spare"] = site.submit(
+            "alice", "--name", "markup", "--kind", "training", "--gpus", "16", "--", "<img src=x onerror=alert(1)>"
+        )
+        site.jobs["bob"] = site.submit(
+            "bob",
+            "--name",
+            "bob-secret-model",
+            "--kind",
+            "training",
+            "--isolation",
+            "hardware",
+            "--gpu-memory-gb",
+            "4",
+            "--time-limit",
+            "8h",
+            "--",
+            "python",
+            "b.py",
+        )
+        # Placed: the cluster has them (the simulated cluster starts them in its own time).
+        site.wait_for(site.jobs["train"], "submitted", "running")
+        site.wait_for(site.jobs["bob"], "submitted", "running")
+        site.wait_for(site.jobs["held"], "held")
+        yield site
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert os.path.exists(CHROMIUM), (
+        "Debian's chromium is missing: make browser (integration/scripts/ensure-chromium.sh)"
+    )
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
+    yield page
+    context.close()
+    assert not problems, problems
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    path = Path(os.environ.get("GPUSH_WEB_SHOTS") or tmp_path_factory.mktemp("shots"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sign_in(page: Page, site: Site, user: str) -> None:
+    page.goto(site.url + "/")
+    if page.get_by_test_id("whoami").count():
+        page.get_by_role("button", name="Sign out").click()
+    page.get_by_label("API token").fill(site.tokens[user])
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("whoami")).to_contain_text(user)
+
+
+def test_sign_in_and_see_why_a_held_job_waits(page, site, shots):
+    sign_in(page, site, "alice")
+    row = page.locator(f"tr[data-job='{site.jobs['held']}']")
+    expect(row).to_contain_text("held")
+    expect(row).to_contain_text("can never fit")
+    expect(page.get_by_test_id("state-tabs")).to_contain_text("held")
+    page.screenshot(path=shots / "queue.png", full_page=True)
+
+
+def test_a_wrong_token_is_refused_with_what_to_do(page, site):
+    page.goto(site.url + "/")
+    page.get_by_label("API token").fill("gpush_not-a-token")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_be_visible()
+    expect(page.get_by_test_id("whoami")).to_have_count(0)
+
+
+def test_a_sign_in_link_signs_in_and_leaves_no_token_in_the_address_bar(page, site):
+    page.goto(f"{site.url}/#token={site.tokens['alice']}")
+    expect(page.get_by_test_id("whoami")).to_contain_text("alice")
+    assert "token" not in page.url
+    # The token lives in this tab only: a new tab (another context) must sign in again.
+    assert page.evaluate("sessionStorage.getItem('gpush.token')") == site.tokens["alice"]
+    assert page.context.cookies() == []
+
+
+def test_open_a_job_and_see_its_events_and_where_it_runs(page, site, shots):
+    sign_in(page, site, "alice")
+    page.get_by_role("link", name=f"#{site.jobs['train']}", exact=True).click()
+    expect(page.get_by_test_id("events")).to_contain_text("submitted")
+    expect(page.get_by_test_id("events")).to_contain_text("routed")
+    placement = page.get_by_test_id("placement")
+    expect(placement).to_contain_text("slurm-a")
+    expect(placement).to_contain_text("mig-01")
+    expect(placement).to_contain_text("3g.20gb")
+    page.screenshot(path=shots / "job.png", full_page=True)
+
+
+def test_the_inventory_shows_the_mig_slices_of_a_node_coloured_by_tenant(page, site, shots):
+    sign_in(page, site, "alice")
+    page.get_by_role("link", name="Inventory").click()
+    node = page.locator("article[data-node='mig-01']")
+    expect(node).to_be_visible()
+    expect(node.locator(".seg", has_text="3g.20gb").first).to_be_visible()
+    assert node.locator(".seg").count() >= 9  # seven 1g.5gb and two 3g.20gb instances
+    # alice's job holds a 3g.20gb instance in her tenant's colour; bob's is another tenant's.
+    expect(node.locator(".seg[data-tenant='vision']")).to_have_count(1)
+    expect(node.locator(".seg[data-tenant='(another tenant)']")).to_have_count(1)
+    assert "bob" not in page.locator("main").inner_text()
+    # Both tiers on one page.
+    expect(page.locator("section[data-cluster='k8s-a'] article")).not_to_have_count(0)
+    page.screenshot(path=shots / "inventory.png", full_page=True)
+
+
+def test_a_user_cancels_their_own_job(page, site):
+    victim = site.submit("alice", "--name", "cancel-me", "--kind", "training", "--gpus", "16", "--", "x")
+    site.wait_for(victim, "held")
+    sign_in(page, site, "alice")
+    page.goto(f"{site.url}/#/job/{victim}")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Cancel job").click()
+    expect(page.locator("h1 .badge")).to_have_text("cancelled")
+    assert site.job(victim)["state"] == "cancelled"
+
+
+def test_tenant_a_sees_none_of_tenant_b_jobs(page, site):
+    sign_in(page, site, "alice")
+    page.goto(f"{site.url}/#/queue?state=all")
+    expect(page.locator(f"tr[data-job='{site.jobs['train']}']")).to_be_visible()
+    expect(page.locator(f"tr[data-job='{site.jobs['bob']}']")).to_have_count(0)
+    assert "bob-secret-model" not in page.content()
+    # Asking for bob's job by id: not found, as the API answers.
+    page.goto(f"{site.url}/#/job/{site.jobs['bob']}")
+    expect(page.get_by_role("alert")).to_contain_text("no job")
+    # A user sees no Admin page.
+    expect(page.get_by_role("link", name="Admin")).to_be_hidden()
+    # And bob, the other way round.
+    sign_in(page, site, "bob")
+    page.goto(f"{site.url}/#/queue?state=all")
+    expect(page.locator(f"tr[data-job='{site.jobs['bob']}']")).to_be_visible()
+    expect(page.locator("tr[data-job]")).to_have_count(1)
+
+
+def test_markup_in_a_job_is_shown_as_text(page, site):
+    # Names are validated; a command is free text, and the job page shows it.
+    sign_in(page, site, "alice")
+    page.goto(f"{site.url}/#/job/{site.jobs['spare']}")
+    expect(page.get_by_test_id("spec")).to_contain_text("<img src=x onerror=alert(1)>")
+    expect(page.locator("main img")).to_have_count(0)
+
+
+def test_an_admin_sees_findings_and_applies_a_policy_after_its_diff(page, site, shots):
+    sign_in(page, site, "root")
+    page.get_by_role("link", name="Admin").click()
+    expect(page.get_by_test_id("clusters")).to_contain_text("slurm-a")
+    expect(page.get_by_test_id("findings")).to_contain_text("no agent reports")
+    page.get_by_placeholder("job id").fill(str(site.jobs["held"]))
+    page.get_by_role("button", name="Explain", exact=True).click()
+    expect(page.get_by_test_id("explain")).to_contain_text("rule")
+    editor = page.locator("textarea[name=policy]")
+    text = editor.input_value()
+    editor.fill(text + "\n# reviewed in the dashboard\n")
+    apply = page.get_by_role("button", name="Apply")
+    expect(apply).to_be_disabled()  # not before the diff was shown
+    page.get_by_role("button", name="Check and show the diff").click()
+    expect(page.get_by_test_id("diff")).to_contain_text("+# reviewed in the dashboard")
+    page.get_by_placeholder("why this change").fill("a comment line")
+    page.screenshot(path=shots / "admin.png", full_page=True)
+    apply.click()
+    expect(page.locator(".note")).to_contain_text("is active")
+    history = httpx.get(
+        f"{site.url}/v1/policy/history", headers={"Authorization": f"Bearer {site.tokens['root']}"}
+    ).json()
+    assert history[0]["active"] and history[0]["comment"] == "a comment line"
+
+
+def test_the_tenants_page_shows_share_against_weight(page, site):
+    sign_in(page, site, "root")
+    page.get_by_role("link", name="Tenants").click()
+    table = page.get_by_test_id("tenants")
+    expect(table).to_contain_text("vision")
+    expect(table).to_contain_text("nlp")
+
+
+def test_the_page_calls_nothing_outside_the_broker(page, site):
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    sign_in(page, site, "root")
+    for view in ("queue", "inventory", "tenants", "admin"):
+        page.goto(f"{site.url}/#/{view}")
+        page.wait_for_load_state("networkidle")
+    outside = [u for u in requests if not u.startswith(site.url)]
+    assert outside == []
+    response = httpx.get(site.url + "/", headers={"Accept": "text/html"})
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    assert not re.search(r"https?://", response.text)
+    index = json.loads(httpx.get(site.url + "/").text)  # not a browser: the JSON index, as before
+    assert index["docs"] == "/docs"
