@@ -224,6 +224,7 @@ def test_the_inventory_shows_the_mig_slices_of_a_node_coloured_by_tenant(page, s
     expect(node).to_be_visible()
     expect(node.locator(".seg", has_text="3g.20gb").first).to_be_visible()
     assert node.locator(".seg").count() >= 9  # seven 1g.5gb and two 3g.20gb instances
+    page.screenshot(path=shots / "inventory.png", full_page=True)
     # alice's job holds a 3g.20gb instance in her tenant's colour; bob's is another tenant's.
     expect(node.locator(".seg[data-tenant='vision']")).to_have_count(1)
     expect(node.locator(".seg[data-tenant='(another tenant)']")).to_have_count(1)

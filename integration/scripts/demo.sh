@@ -66,5 +66,9 @@ run submit --kind inference --isolation none --gpus 1 -- serve
 echo "exit status: $?"
 set -e
 run server status
-printf '\nNext: put .venv/bin on your PATH and try the README'"'"'s "Using gpush" commands;\n'
-printf '`gpush server stop` stops the local server (the queue stays in the database).\n'
+
+say "The web dashboard of this broker (queue, jobs, inventory down to each MIG slice, tenants, admin):"
+run dashboard
+printf '\nNext: open the sign-in link in a browser on this machine; put .venv/bin on your PATH and try\n'
+printf 'the README'"'"'s "Using gpush" commands. `gpush server stop` stops the local server (the queue\n'
+printf 'stays in the database).\n'

@@ -189,11 +189,11 @@ function stopRefresh() {
   app.timer = null;
 }
 
-function every(refresh) {
+function every(refresh, periods = 1) {
   stopRefresh();
   app.timer = setInterval(() => {
     if (document.visibilityState === "visible") refresh().catch(() => {});
-  }, REFRESH_MS);
+  }, REFRESH_MS * periods);
 }
 
 function stamp() {
@@ -484,12 +484,14 @@ async function renderInventory() {
     legend, ...sections);
   document.getElementById("main").dataset.renderMs = String(Math.round(performance.now() - began));
   stamp();
-  every(async () => { if (app.view === "inventory") await renderInventory(); });
+  // A large fleet takes a moment to draw: redrawn every 15 s, not every 5.
+  every(async () => { if (app.view === "inventory") await renderInventory(); }, 3);
 }
 
 // The units of a node drawn per physical GPU: a unit that spans n GPUs with capacity c has
 // c/n instances on each; what is allocated is filled by the jobs that hold it (those that
 // name their GPUs first), and what no job of gpush accounts for is shown as outside work.
+// (A unit with capacity c spread over n GPUs is filled in GPU order.)
 function nodeCard(node, holders, findings) {
   const rows = new Map(); // gpu key -> {label, segments}
   const queue = holders.map((x) => ({ ...x, left: x.units * x.replicas }));
@@ -505,7 +507,12 @@ function nodeCard(node, holders, findings) {
       : unit.gpus && unit.gpus.length ? unit.gpus : [null];
     const per = unit.capacity % list.length === 0 ? unit.capacity / list.length : unit.capacity;
     const targets = unit.capacity % list.length === 0 ? list : [null];
-    let allocated = unit.allocated;
+    // A job gpush placed holds its units even while the cluster still reports them free
+    // (a pending Slurm job, a Pod not yet bound): the larger of the two is drawn.
+    const claimed = queue.filter((x) => x.left > 0 && x.sharing === unit.sharing
+      && (x.mig_profile || null) === (unit.mig_profile || null)
+      && (!x.gpus.length || x.gpus.some((g) => list.includes(g)))).reduce((sum, x) => sum + x.left, 0);
+    let allocated = Math.max(unit.allocated, Math.min(unit.capacity, claimed));
     for (const gpu of targets) {
       const key = gpu === null ? `${unit.sharing} ${unit.mig_profile || ""}` : `GPU ${gpu}`;
       if (!rows.has(key)) rows.set(key, { key, gpu, segments: [], kinds: new Set() });
@@ -555,16 +562,30 @@ function nodeCard(node, holders, findings) {
       h("li", { class: `sev-${f.severity}`, title: f.fix || "", text: `${f.severity}: ${f.what}` }))) : null);
 }
 
+// Thousands of these on a large fleet: built directly, without h()'s generic attributes.
 function segment(seg, total) {
-  const width = `flex: ${seg.width / total} 1 0`;
+  const el = document.createElement("div");
+  el.style.flex = `${seg.width / total} 1 0`;
   const what = `${seg.unit.sharing}${seg.unit.mig_profile ? ` ${seg.unit.mig_profile}` : ""}`;
-  if (seg.broken) return h("div", { class: "seg broken", style: width, title: `${what}: broken: ${seg.unit.broken}` });
-  if (seg.free) return h("div", { class: "seg free", style: width, title: `${what}: free`, text: seg.label });
-  if (!seg.holder) return h("div", { class: "seg outside", style: width, title: `${what}: in use, not by a gpush job` });
-  const x = seg.holder;
-  const who = x.job ? `job #${x.job} ${x.name || ""} (${x.tenant}/${x.user})` : x.tenant;
-  return h("div", { class: "seg", style: `${width};background:${tenantColour(x.tenant)}`, title: `${what}: ${who}`,
-                    "data-tenant": x.tenant, text: seg.label });
+  if (seg.broken) {
+    el.className = "seg broken";
+    el.title = `${what}: broken: ${seg.unit.broken}`;
+  } else if (seg.free) {
+    el.className = "seg free";
+    el.title = `${what}: free`;
+    el.textContent = seg.label;
+  } else if (!seg.holder) {
+    el.className = "seg outside";
+    el.title = `${what}: in use, not by a gpush job`;
+  } else {
+    const x = seg.holder;
+    el.className = "seg";
+    el.style.background = tenantColour(x.tenant);
+    el.title = `${what}: ${x.job ? `job #${x.job} ${x.name || ""} (${x.tenant}/${x.user})` : x.tenant}`;
+    el.dataset.tenant = x.tenant;
+    el.textContent = seg.label;
+  }
+  return el;
 }
 
 // -- tenants ------------------------------------------------------------------------------
