@@ -502,17 +502,27 @@ function nodeCard(node, holders, findings) {
     if (!holder) holder = queue.find(match);
     return holder;
   };
+  // A job gpush placed holds its units even while the cluster still reports them free (a
+  // pending Slurm job, a Pod not yet bound): what the jobs hold beyond what the cluster
+  // reports, per sharing mode and slice, is drawn on the first free units.
+  const unallocated = new Map();
+  const groupOf = (x) => `${x.sharing} ${x.mig_profile || ""}`;
+  const claimed = new Map();
+  for (const x of queue) claimed.set(groupOf(x), (claimed.get(groupOf(x)) || 0) + x.left);
+  for (const unit of node.units) claimed.set(groupOf(unit), (claimed.get(groupOf(unit)) || 0) - unit.allocated);
+  for (const unit of node.units) {
+    const extra = Math.min(Math.max(claimed.get(groupOf(unit)) || 0, 0), unit.broken ? 0 : unit.capacity - unit.allocated);
+    if (extra > 0) {
+      unallocated.set(unit, extra);
+      claimed.set(groupOf(unit), claimed.get(groupOf(unit)) - extra);
+    }
+  }
   for (const unit of node.units) {
     const list = unit.reported_gpus && unit.reported_gpus.length ? unit.reported_gpus
       : unit.gpus && unit.gpus.length ? unit.gpus : [null];
     const per = unit.capacity % list.length === 0 ? unit.capacity / list.length : unit.capacity;
     const targets = unit.capacity % list.length === 0 ? list : [null];
-    // A job gpush placed holds its units even while the cluster still reports them free
-    // (a pending Slurm job, a Pod not yet bound): the larger of the two is drawn.
-    const claimed = queue.filter((x) => x.left > 0 && x.sharing === unit.sharing
-      && (x.mig_profile || null) === (unit.mig_profile || null)
-      && (!x.gpus.length || x.gpus.some((g) => list.includes(g)))).reduce((sum, x) => sum + x.left, 0);
-    let allocated = Math.max(unit.allocated, Math.min(unit.capacity, claimed));
+    let allocated = unit.allocated + (unallocated.get(unit) || 0);
     for (const gpu of targets) {
       const key = gpu === null ? `${unit.sharing} ${unit.mig_profile || ""}` : `GPU ${gpu}`;
       if (!rows.has(key)) rows.set(key, { key, gpu, segments: [], kinds: new Set() });
