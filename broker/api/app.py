@@ -21,7 +21,20 @@ from sqlalchemy import Engine
 from starlette.exceptions import HTTPException
 
 import broker
-from broker.api import admin, agent, clusters, dashboard, docs, health, inventory, jobs, policy, responses, tenants
+from broker.api import (
+    admin,
+    agent,
+    clusters,
+    dashboard,
+    docs,
+    health,
+    inventory,
+    jobs,
+    policy,
+    responses,
+    tenants,
+    usage,
+)
 from broker.api.limits import EdgeLimits, HttpLimits
 from broker.core import auth, metrics
 from broker.core.clock import Clock, utcnow
@@ -30,7 +43,7 @@ from broker.core.db import session_factory
 from broker.core.errors import GpushError
 from broker.scheduling.leader import Wakeup
 
-ROUTERS = (dashboard, health, admin, jobs, clusters, agent, inventory, tenants, policy)
+ROUTERS = (dashboard, health, admin, jobs, clusters, agent, inventory, tenants, policy, usage)
 
 
 def create_app(

@@ -559,6 +559,37 @@ def tenant_set(client: GpushClient, out: Output, name: str, **fields: Any) -> in
     return EXIT_OK
 
 
+def usage(
+    client: GpushClient,
+    out: Output,
+    *,
+    since: str | None,
+    until: str | None,
+    by: str,
+    tenant: str | None,
+    csv_mode: bool = False,
+) -> int:
+    from broker.accounting.usage import to_csv
+    from broker.core.clock import utcnow
+
+    now = utcnow()
+    answer = client.usage(
+        since=console.parse_when(since, now, "--since"),
+        until=console.parse_when(until, now, "--until"),
+        by=by,
+        tenant=tenant,
+    )
+    groups = answer["by"]
+    if out.json_mode:
+        out.json(answer)
+    elif csv_mode:
+        out.raw(to_csv(answer["rows"], groups))
+    else:
+        out.line(console.usage_window(answer))
+        out.print(console.usage_table(answer))
+    return EXIT_OK
+
+
 def tenant_list(client: GpushClient, out: Output) -> int:
     rows = client.list_tenants()
     if out.json_mode:

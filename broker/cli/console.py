@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
+import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -363,6 +365,61 @@ def tenants_table(rows: list[dict[str, Any]]) -> Table:
             t["name"], f"{t['weight']:g}", quota, f"{t['gpu_used']:.2f}", str(t["jobs_running"]), str(t["jobs_queued"])
         )
     return table
+
+
+def usage_table(answer: dict[str, Any]) -> Table:
+    """GPU-hours per group, the total last (:func:`usage_window` says over what time)."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    groups = answer["by"]
+    for column in (*(g.upper() for g in groups), "GPU-HOURS", "JOBS", "RUN HOURS"):
+        table.add_column(
+            column, no_wrap=True, justify="right" if column in ("GPU-HOURS", "JOBS", "RUN HOURS") else "left"
+        )
+    for row in answer["rows"]:
+        table.add_row(
+            *(str(row[g]) for g in groups), f"{row['gpu_hours']:.2f}", str(row["jobs"]), f"{row['run_hours']:.2f}"
+        )
+    total = answer["total"]
+    table.add_row(
+        "total",
+        *([""] * (len(groups) - 1)),
+        f"{total['gpu_hours']:.2f}",
+        str(total["jobs"]),
+        f"{total['run_hours']:.2f}",
+        style="bold",
+    )
+    return table
+
+
+def usage_window(answer: dict[str, Any]) -> str:
+    since = answer["since"][:16].replace("T", " ") if answer["since"] else "the first job"
+    return f"GPU-hours in physical GPU-equivalents, {since} to {answer['until'][:16].replace('T', ' ')} UTC"
+
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_AGE_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_when(value: str | None, now: datetime, option: str) -> str | None:
+    """A window's end as ISO 8601 (UTC): a date, a date and time, ``now``, or an age
+    before ``now`` (``7d``, ``24h``, ``90m``). None stays None."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text == "now":
+        return now.isoformat()
+    age = _AGE.match(text)
+    if age:
+        return (now - timedelta(seconds=float(age.group(1)) * _AGE_SECONDS[age.group(2)])).isoformat()
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r}: give a date (2026-12-01), a date and time (2026-12-01T08:00, UTC unless it says) "
+            "or an age (7d, 24h, 90m)",
+            param_hint=option,
+        ) from None
+    return (when.replace(tzinfo=UTC) if when.tzinfo is None else when).isoformat()
 
 
 def policy_history_table(rows: list[dict[str, Any]]) -> Table:

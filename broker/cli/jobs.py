@@ -261,5 +261,40 @@ def whoami(settings: Settings, json_mode: bool) -> int:
     return commands.whoami(settings.client(), output(json_mode))
 
 
+@click.command(context_settings=CONTEXT)
+@click.option(
+    "--since", help="Start of the window: a date or time (2026-12-01, 2026-12-01T08:00) or an age (7d, 24h, 90m)."
+)
+@click.option("--until", help="End of the window, as --since (default: now).")
+@click.option(
+    "--by",
+    default="tenant",
+    show_default=True,
+    help="Group by one or more of tenant,user,cluster,sharing,kind (comma-separated).",
+)
+@click.option("--tenant", help="Only this tenant's jobs (admins; a user's token counts its own tenant).")
+@click.option("--csv", "csv_mode", is_flag=True, help="Print CSV, for spreadsheets.")
+@json_option
+@click.pass_obj
+def usage(
+    settings: Settings,
+    since: str | None,
+    until: str | None,
+    by: str,
+    tenant: str | None,
+    csv_mode: bool,
+    json_mode: bool,
+) -> int:
+    """GPU-hours in physical GPU-equivalents, from the job events.
+
+    A MIG slice counts its fraction of the GPU (3g.20gb of an A100: 3/7), an MPS share its
+    percentage, a time-sliced job its GPU memory budget's fraction of the GPU, whole GPUs
+    whole; running jobs count up to now. The README's "Accounting" says why.
+    """
+    return commands.usage(
+        settings.client(), output(json_mode), since=since, until=until, by=by, tenant=tenant, csv_mode=csv_mode
+    )
+
+
 # Registered on the root group by broker.cli.main.
-COMMANDS = (submit, status, list_, logs, events, cancel, scale, whoami)
+COMMANDS = (submit, status, list_, logs, events, cancel, scale, whoami, usage)

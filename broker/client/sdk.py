@@ -219,6 +219,13 @@ class GpushClient:
     def list_tenants(self) -> list[dict[str, Any]]:
         return self._request("GET", "/v1/tenants")
 
+    def usage(
+        self, *, since: str | None = None, until: str | None = None, by: str = "tenant", tenant: str | None = None
+    ) -> dict[str, Any]:
+        """GPU-hours per group (GET /v1/usage); ``since``/``until`` ISO 8601."""
+        params = {k: v for k, v in {"since": since, "until": until, "by": by, "tenant": tenant}.items() if v}
+        return self._request("GET", "/v1/usage", params=params)
+
     # -- routing policy -------------------------------------------------------------
 
     def policy_schema(self) -> dict[str, Any]:

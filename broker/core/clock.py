@@ -17,3 +17,8 @@ Clock = Callable[[], datetime]
 def utcnow() -> datetime:
     """The wall-clock time, in UTC."""
     return datetime.now(UTC)
+
+
+def as_utc(value: datetime) -> datetime:
+    """``value`` as an aware UTC datetime (a naive one is taken to be UTC already)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

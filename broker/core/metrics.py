@@ -34,7 +34,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -61,6 +61,7 @@ from broker.core.adapter import (
     TimesliceConfigurator,
     declared,
 )
+from broker.core.clock import utcnow
 from broker.core.db import session_factory
 from broker.core.errors import Unauthenticated
 from broker.core.models import Job
@@ -500,6 +501,37 @@ class QueueDepth(Collector):
         yield depth
 
 
+class GpuSeconds(Collector):
+    """``gpush_gpu_equivalent_seconds_total``: GPU-equivalent seconds by tenant, cluster and
+    sharing mode, from the job events (broker.accounting.usage: a MIG slice counts its
+    fraction of the GPU, an MPS share its percentage, a time-sliced job its memory
+    budget's fraction, whole GPUs whole), running jobs up to the scrape. Each process
+    reads the history once, then only the events appended since its last scrape."""
+
+    def __init__(self, engine: Engine):
+        from broker.accounting.usage import UsageLedger
+
+        self._sessions = session_factory(engine)
+        self._ledger = UsageLedger()
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        counter = CounterMetricFamily(
+            "gpush_gpu_equivalent_seconds",
+            "GPU-equivalent seconds used by jobs, by tenant, cluster and sharing mode (from the job events).",
+            labels=["tenant", "cluster", "sharing"],
+        )
+        try:
+            with self._lock, self._sessions() as session:
+                totals = self._ledger.update(session, utcnow())
+        except SQLAlchemyError as exc:
+            log.warning("metrics: GPU usage unavailable: %s", exc)
+            return
+        for labels, seconds in sorted(totals.items()):
+            counter.add_metric(list(labels), seconds)
+        yield counter
+
+
 class _Forward(Collector):
     """Another registry's metrics, as part of this one."""
 
@@ -515,6 +547,7 @@ def app_registry(engine: Engine) -> CollectorRegistry:
     process's metrics."""
     registry = CollectorRegistry()
     registry.register(QueueDepth(engine))
+    registry.register(GpuSeconds(engine))
     registry.register(_Forward(REGISTRY))
     return registry
 

@@ -49,6 +49,7 @@ ROUTES = {
     ("POST", "/v1/policy:validate"): ("policy", "200"),
     ("GET", "/v1/tenants"): ("tenants", "200"),
     ("PUT", "/v1/tenants/{name}"): ("tenants", "200"),
+    ("GET", "/v1/usage"): ("accounting", "200"),
     ("GET", "/v1/whoami"): ("auth", "200"),
 }
 

@@ -1,0 +1,1 @@
+"""Accounting: GPU-hours in physical GPU-equivalents from the job events (usage.py)."""

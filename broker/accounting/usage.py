@@ -1,0 +1,301 @@
+"""GPU-hours in physical GPU-equivalents, from the job events: what ``gpush usage``,
+``GET /v1/usage`` and the Prometheus counter ``gpush_gpu_equivalent_seconds_total`` count.
+
+A job is charged while it is ``running`` (from the event that moved it to running to the
+event that moved it away; a running job up to now), at the GPU-equivalents its
+placement holds, by sharing mode (:func:`per_replica`):
+
+- **MIG** (``slurm/mig``, ``k8s/mig``): the slice's fraction of its GPU, as placed (a
+  1g.5gb slice of an A100 is 1/7, a 3g.20gb 3/7): the slice is the GPU's compute and
+  memory that nobody else can use while the job holds it.
+- **MPS** (``slurm/mps``): its share, ``units`` percent of one GPU (Slurm's ``mps:25`` is 0.25).
+- **Time-slicing** (``k8s/timeslice``): the job's GPU memory budget as a fraction of the
+  GPU's memory (3 GB of a 16 GB T4 is 0.1875): time-slicing shares compute by turns, so
+  what a job takes from the others is memory, and the budget is what gpush enforces
+  (jobenv); a job with no budget is charged one replica's share (1/replicas of the GPU).
+- **Whole GPUs** (``*/exclusive``): the GPUs, whole.
+
+Each replica of an elastic job is charged alike; a ``scaled`` event changes the count from
+then on. A job that ran, was requeued and ran again is charged for each run at its last
+placement (the only one the row keeps). Totals are sums over jobs, so a tenant's total
+is the sum of its jobs' usage by construction.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from broker.core.auth import Principal
+from broker.core.errors import InvalidRequest
+from broker.core.gpus import gpu_model
+from broker.core.models import Job, JobEvent
+
+RUNNING = "running"
+GROUPS = ("tenant", "user", "cluster", "sharing", "kind")
+_SCALED = re.compile(r"scaled from (\d+) to (\d+) replicas")
+_CHUNK = 2000
+
+
+def per_replica(placement: Mapping[str, Any]) -> float:
+    """The GPU-equivalents one replica of a job placed so holds (see the module docstring)."""
+    sharing = str(placement.get("sharing") or "")
+    replicas = max(int(placement.get("replicas") or 1), 1)
+    units = float(placement.get("units") or 1)
+    placed = placement.get("gpu_equivalents")
+    if sharing.endswith("/mig"):
+        return float(placed) / replicas if placed is not None else units / 7
+    if sharing == "slurm/mps":
+        return units / 100
+    if sharing == "k8s/timeslice":
+        budget = placement.get("gpu_memory_gb")
+        memory = _gpu_memory(placement.get("gpu_model"))
+        if budget and memory:
+            return min(float(budget) / memory, 1.0)
+        return float(placed) / replicas if placed is not None else 1.0
+    return units
+
+
+def _gpu_memory(model: str | None) -> float | None:
+    if not model:
+        return None
+    try:
+        return gpu_model(model).memory_gb
+    except Exception:  # noqa: BLE001 - a model gpush does not know: the fallback share
+        return None
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One stretch of a job's run at one replica count."""
+
+    start: datetime
+    end: datetime | None  # None: still running
+    replicas: int
+
+
+def run_intervals(events: Sequence[JobEvent], replicas_now: int) -> list[Interval]:
+    """The stretches a job ran, from its events (oldest first), split where it was
+    scaled; ``replicas_now`` is its placement's count (after the last scale)."""
+    scaled = [_SCALED.search(e.reason or "") for e in events if e.type == "scaled"]
+    replicas = next((int(m.group(1)) for m in scaled if m), replicas_now)
+    out: list[Interval] = []
+    start: datetime | None = None
+    for event in events:
+        if event.type == "scaled":
+            match = _SCALED.search(event.reason or "")
+            if match is None:
+                continue
+            if start is not None:
+                out.append(Interval(start, event.at, replicas))
+                start = event.at
+            replicas = int(match.group(2))
+        elif event.to_state == RUNNING and event.from_state != RUNNING:
+            start = event.at
+        elif event.from_state == RUNNING and event.to_state != RUNNING and start is not None:
+            out.append(Interval(start, event.at, replicas))
+            start = None
+    if start is not None:
+        out.append(Interval(start, None, replicas))
+    return out
+
+
+def seconds_within(interval: Interval, since: datetime | None, until: datetime) -> float:
+    start = interval.start if since is None else max(interval.start, since)
+    end = until if interval.end is None else min(interval.end, until)
+    return max((end - start).total_seconds(), 0.0)
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    job_id: int
+    tenant: str
+    user: str
+    cluster: str | None
+    sharing: str | None
+    kind: str
+    gpu_seconds: float  # GPU-equivalent seconds within the window
+    run_seconds: float  # wall seconds it ran within the window
+
+
+def job_usage(
+    session: Session,
+    principal: Principal,
+    *,
+    since: datetime | None,
+    until: datetime,
+    tenant: str | None = None,
+) -> list[JobUsage]:
+    """Every job that ran within [since, until) and the caller may see, with its usage there."""
+    if since is not None and since >= until:
+        raise InvalidRequest(f"--since ({since.isoformat()}) is not before --until ({until.isoformat()})")
+    if not principal.is_admin:
+        if tenant is not None and tenant != principal.tenant:
+            return []
+        tenant = principal.tenant
+    ran = select(JobEvent.job_id).where(JobEvent.to_state == RUNNING, JobEvent.at < until)
+    query = select(Job).where(Job.id.in_(ran), Job.placement.is_not(None))
+    if since is not None:  # a job that ended before the window began used none of it
+        query = query.where(or_(Job.updated_at >= since, Job.state == RUNNING))
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
+    jobs = list(session.execute(query.order_by(Job.id)).scalars())
+    out = []
+    for start in range(0, len(jobs), _CHUNK):
+        chunk = jobs[start : start + _CHUNK]
+        events: dict[int, list[JobEvent]] = defaultdict(list)
+        rows = session.execute(
+            select(JobEvent)
+            .where(JobEvent.job_id.in_([j.id for j in chunk]))
+            .where(or_(JobEvent.to_state == RUNNING, JobEvent.from_state == RUNNING))
+            .order_by(JobEvent.job_id, JobEvent.at, JobEvent.id)
+        ).scalars()
+        for event in rows:
+            events[event.job_id].append(event)
+        for job in chunk:
+            placement = job.placement or {}
+            intervals = run_intervals(events[job.id], int(placement.get("replicas") or 1))
+            share = per_replica(placement)
+            run = [(seconds_within(i, since, until), i.replicas) for i in intervals]
+            seconds = sum(s for s, _ in run)
+            if seconds <= 0:
+                continue
+            out.append(
+                JobUsage(
+                    job.id,
+                    job.tenant,
+                    job.user,
+                    job.cluster,
+                    placement.get("sharing"),
+                    job.kind,
+                    sum(s * r * share for s, r in run),
+                    seconds,
+                )
+            )
+    return out
+
+
+def parse_groups(text: str | Iterable[str] | None) -> tuple[str, ...]:
+    names = text.split(",") if isinstance(text, str) else list(text or ["tenant"])
+    groups = tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
+    bad = [g for g in groups if g not in GROUPS]
+    if bad or not groups:
+        raise InvalidRequest(
+            f"--by {','.join(bad) or '(nothing)'}: group by one or more of {', '.join(GROUPS)}",
+            details=[{"field": "by", "value": ",".join(names)}],
+        )
+    return groups
+
+
+def summarize(usages: Iterable[JobUsage], groups: Sequence[str]) -> list[dict[str, Any]]:
+    """GPU-hours (and jobs, run hours) per group, largest first."""
+    totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
+    for usage in usages:
+        key = tuple(getattr(usage, g) or "" for g in groups)
+        total = totals[key]
+        total[0] += usage.gpu_seconds
+        total[1] += 1
+        total[2] += usage.run_seconds
+    rows = [
+        {**dict(zip(groups, key)), "gpu_hours": gpu / 3600, "jobs": jobs, "run_hours": run / 3600}
+        for key, (gpu, jobs, run) in totals.items()
+    ]
+    rows.sort(key=lambda r: (-r["gpu_hours"], *(r[g] for g in groups)))
+    return rows
+
+
+def to_csv(rows: list[dict[str, Any]], groups: Sequence[str]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*groups, "gpu_hours", "jobs", "run_hours"])
+    for row in rows:
+        writer.writerow([*(row[g] for g in groups), f"{row['gpu_hours']:.6f}", row["jobs"], f"{row['run_hours']:.6f}"])
+    return out.getvalue()
+
+
+Labels = tuple[str, str, str]  # tenant, cluster, sharing
+
+
+class UsageLedger:
+    """All-time GPU-equivalent seconds by tenant, cluster and sharing mode, kept up to
+    date from the events appended since the last call (the Prometheus counter): one pass
+    over the history on first use, then only the new events. Running jobs count up to
+    ``now``; a total never goes down (an end recorded a moment before the last reading
+    does not take back what that reading counted)."""
+
+    def __init__(self) -> None:
+        self.watermark = 0  # the last event id read
+        self.closed: dict[Labels, float] = defaultdict(float)
+        self.open: dict[int, tuple[datetime, int, float, Labels]] = {}  # job -> (since, replicas, share, labels)
+        self.reported: dict[Labels, float] = {}
+
+    def update(self, session: Session, now: datetime, *, page: int = 20_000) -> dict[Labels, float]:
+        while True:
+            events = list(
+                session.execute(
+                    select(JobEvent)
+                    .where(JobEvent.id > self.watermark)
+                    .where(or_(JobEvent.to_state == RUNNING, JobEvent.from_state == RUNNING))
+                    .order_by(JobEvent.id)
+                    .limit(page)
+                ).scalars()
+            )
+            if not events:
+                break
+            self._read(session, events)
+            self.watermark = events[-1].id
+            if len(events) < page:
+                break
+        totals = dict(self.closed)
+        for start, replicas, share, labels in self.open.values():
+            totals[labels] = totals.get(labels, 0.0) + share * replicas * max((now - start).total_seconds(), 0.0)
+        for labels, value in totals.items():
+            self.reported[labels] = max(value, self.reported.get(labels, 0.0))
+        return dict(self.reported)
+
+    def _read(self, session: Session, events: list[JobEvent]) -> None:
+        ids = {e.job_id for e in events}
+        jobs = {
+            j.id: j
+            for j in session.execute(select(Job.id, Job.tenant, Job.cluster, Job.placement).where(Job.id.in_(ids)))
+        }
+        # The replica count a run started with: the first later scale's "from", else the placement's.
+        later_scales: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for job_id, event_id, reason in session.execute(
+            select(JobEvent.job_id, JobEvent.id, JobEvent.reason)
+            .where(JobEvent.job_id.in_(ids), JobEvent.type == "scaled")
+            .order_by(JobEvent.id)
+        ):
+            match = _SCALED.search(reason or "")
+            if match:
+                later_scales[job_id].append((event_id, int(match.group(1))))
+        for event in events:
+            job = jobs.get(event.job_id)
+            if job is None or not job.placement:
+                continue
+            placement = job.placement
+            labels = (job.tenant, job.cluster or "", str(placement.get("sharing") or ""))
+            if event.type == "scaled":
+                match = _SCALED.search(event.reason or "")
+                if match and event.job_id in self.open:
+                    self._close(event.job_id, event.at)
+                    self.open[event.job_id] = (event.at, int(match.group(2)), per_replica(placement), labels)
+            elif event.to_state == RUNNING and event.from_state != RUNNING:
+                after = [frm for eid, frm in later_scales[event.job_id] if eid > event.id]
+                replicas = after[0] if after else int(placement.get("replicas") or 1)
+                self.open[event.job_id] = (event.at, replicas, per_replica(placement), labels)
+            elif event.from_state == RUNNING and event.to_state != RUNNING and event.job_id in self.open:
+                self._close(event.job_id, event.at)
+
+    def _close(self, job_id: int, at: datetime) -> None:
+        start, replicas, share, labels = self.open.pop(job_id)
+        self.closed[labels] += share * replicas * max((at - start).total_seconds(), 0.0)
