@@ -149,6 +149,39 @@ def test_each_job_runs_as_its_owner_under_its_tenants_account(broker: SiteBroker
         assert "gres/gpu=1" in record["AllocTRES"]
 
 
+def test_gpush_usage_matches_slurms_own_accounting(engine, sessions, site: SlurmTestCluster, workdir: Path):
+    """GPU-hours from gpush's job events against slurmdbd's records of the same jobs
+    (sacct: ElapsedRaw x the GPUs of AllocTRES). gpush sees a start and an end when a
+    status sync reads them (every cycle, 0.3 s here), so each job may differ by up to a
+    second at either end: the tolerance is 2 s of each job's GPUs. A MIG slice is where the
+    two differ by design: Slurm counts a 3g.20gb slice as one GPU, gpush as 3/7 of one."""
+    from broker.accounting.usage import job_usage
+
+    broker = make_broker(engine, sessions, site, site_config(site, "cli", workdir), workdir)
+    sleep = ["sh", "-c", "sleep 4"]
+    jobs = {
+        broker.submit_as(principal("alice", "vision"), command=sleep, gpus=1): 1,
+        broker.submit_as(principal("bob", "nlp"), command=sleep, gpus=2): 2,
+        broker.submit_as(principal("alice", "vision"), command=["sh", "-c", "sleep 3"], gpus=1): 1,
+    }
+    broker.cycle_until(lambda: set(broker.states(jobs).values()) == {"succeeded"}, timeout=60)
+    admin = Principal(user="root", tenant="ops", role=Role.ADMIN)
+    with sessions() as session:
+        usage = {u.job_id: u for u in job_usage(session, admin, since=None, until=broker.clock())}
+    for job_id, gpus in jobs.items():
+        record = wait_for_sacct(site, broker.slurm_id(job_id))
+        assert f"gres/gpu={gpus}" in record["AllocTRES"]
+        slurm_seconds = int(record["ElapsedRaw"]) * gpus
+        assert abs(usage[job_id].gpu_seconds - slurm_seconds) <= 2 * gpus, (job_id, usage[job_id], record)
+    by_tenant = {t: sum(u.gpu_seconds for u in usage.values() if u.tenant == t) for t in ("vision", "nlp")}
+    slurm_by_account = {"vision": 0, "nlp": 0}
+    for job_id, gpus in jobs.items():
+        record = wait_for_sacct(site, broker.slurm_id(job_id))
+        slurm_by_account[record["Account"]] += int(record["ElapsedRaw"]) * gpus
+    for tenant in by_tenant:
+        assert abs(by_tenant[tenant] - slurm_by_account[tenant]) <= 2 * 3, (by_tenant, slurm_by_account)
+
+
 def test_a_users_token_cannot_make_a_job_run_as_someone_else(broker: SiteBroker):
     alice = principal("alice", "vision")
     with pytest.raises(NotAllowed, match="only an admin submits as user 'bob'"):

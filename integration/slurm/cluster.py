@@ -182,9 +182,10 @@ class SlurmTestCluster:
 
     def sacct(self, *job_ids: int) -> list[dict[str, str]]:
         """What Slurm's own accounting (slurmdbd) recorded of the jobs: one row each (the
-        allocation, not its steps) with JobID, User, Account, QOS, State, AllocTRES."""
+        allocation, not its steps) with JobID, User, Account, QOS, State, AllocTRES and
+        ElapsedRaw (the seconds it ran)."""
         self._needs_accounting("sacct")
-        fields = ["JobID", "User", "Account", "QOS", "State", "AllocTRES"]
+        fields = ["JobID", "User", "Account", "QOS", "State", "AllocTRES", "ElapsedRaw"]
         out = self.run(
             "sacct",
             "-a",
