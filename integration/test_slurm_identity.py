@@ -172,6 +172,7 @@ def test_gpush_usage_matches_slurms_own_accounting(engine, sessions, site: Slurm
         record = wait_for_sacct(site, broker.slurm_id(job_id))
         assert f"gres/gpu={gpus}" in record["AllocTRES"]
         slurm_seconds = int(record["ElapsedRaw"]) * gpus
+        print(f"job {job_id}: gpush {usage[job_id].gpu_seconds:.2f} GPU-seconds, slurmdbd {slurm_seconds}")
         assert abs(usage[job_id].gpu_seconds - slurm_seconds) <= 2 * gpus, (job_id, usage[job_id], record)
     by_tenant = {t: sum(u.gpu_seconds for u in usage.values() if u.tenant == t) for t in ("vision", "nlp")}
     slurm_by_account = {"vision": 0, "nlp": 0}
