@@ -79,6 +79,7 @@ bench: venv postgres slurm browser
 	$(BIN)/python integration/bench/ray.py --json bench-ray.json
 	$(BIN)/python integration/bench/cli.py --json bench-cli.json
 	$(BIN)/python integration/bench/dashboard.py --json bench-dashboard.json
+	$(BIN)/python integration/bench/dashboard.py --postgres --json bench-dashboard-pg.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results.json

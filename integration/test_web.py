@@ -205,6 +205,21 @@ def test_a_sign_in_link_signs_in_and_leaves_no_token_in_the_address_bar(page, si
     assert page.context.cookies() == []
 
 
+def test_a_sign_in_link_works_in_a_tab_already_open(page, site):
+    sign_in(page, site, "bob")
+    page.goto(f"{site.url}/#token={site.tokens['alice']}")
+    expect(page.get_by_test_id("whoami")).to_contain_text("alice")
+    assert "token" not in page.url
+
+
+def test_a_filter_the_api_refuses_says_why_and_keeps_the_form(page, site):
+    sign_in(page, site, "alice")
+    page.get_by_label("label").fill("no-equals-sign")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.get_by_role("alert")).to_contain_text("KEY=VALUE")
+    expect(page.get_by_role("button", name="Filter")).to_be_visible()  # the form stays, to correct it
+
+
 def test_open_a_job_and_see_its_events_and_where_it_runs(page, site, shots):
     sign_in(page, site, "alice")
     page.get_by_role("link", name=f"#{site.jobs['train']}", exact=True).click()
@@ -242,6 +257,7 @@ def test_a_user_cancels_their_own_job(page, site):
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Cancel job").click()
     expect(page.locator("h1 .badge")).to_have_text("cancelled")
+    expect(page.get_by_role("status")).to_contain_text("Cancelled")
     assert site.job(victim)["state"] == "cancelled"
 
 
@@ -286,10 +302,15 @@ def test_an_admin_sees_findings_and_applies_a_policy_after_its_diff(page, site, 
     expect(apply).to_be_disabled()  # not before the diff was shown
     page.get_by_role("button", name="Check and show the diff").click()
     expect(page.get_by_test_id("diff")).to_contain_text("+# reviewed in the dashboard")
+    apply.click()  # no comment yet: it says so, and nothing is applied
+    expect(page.get_by_role("alert")).to_contain_text("comment")
     page.get_by_placeholder("why this change").fill("a comment line")
     page.screenshot(path=shots / "admin.png", full_page=True)
     apply.click()
-    expect(page.locator(".note")).to_contain_text("is active")
+    expect(page.get_by_role("status")).to_contain_text("is active")
+    # The page is drawn again: the new version is the active one, and editing goes on from it.
+    expect(page.get_by_test_id("policy-history").locator("tr", has_text="a comment line")).to_contain_text("active")
+    expect(page.get_by_role("heading", name="Edit (from version 2)")).to_be_visible()
     history = httpx.get(
         f"{site.url}/v1/policy/history", headers={"Authorization": f"Bearer {site.tokens['root']}"}
     ).json()

@@ -73,13 +73,13 @@ def _wants_html(request: Request) -> bool:
     return "text/html" in accept[:1024]
 
 
-@router.get("/")
+@router.api_route("/", methods=["GET", "HEAD"])
 def index(request: Request) -> Any:
     """The dashboard for a browser; for anything else (curl, clients), what this server
     is and where to go next (no token needed for either)."""
-    if _wants_html(request):
-        return _asset(request, "index.html")
-    return JSONResponse(docs.index_document(request))
+    response = _asset(request, "index.html") if _wants_html(request) else JSONResponse(docs.index_document(request))
+    response.headers["Vary"] = "Accept"  # one address, two answers: caches must keep them apart
+    return response
 
 
 @router.get(UI_PREFIX + "/{name}")

@@ -10,7 +10,8 @@ queue stays as written) serves it, and Debian's chromium, driven by Playwright, 
   jobs and the counts by state are drawn (``performance.now()``: from navigation start);
 * **inventory**: a fresh load of ``/#/inventory`` until every node is drawn;
 
-each the median of ``--rounds`` loads, beside the same pages on a database of 100 jobs
+each the median of ``--rounds`` loads (on SQLite, or ``--postgres`` on a scratch database of the
+machine's PostgreSQL), beside the same pages on a database of 100 jobs
 and a fleet of 10 nodes (the baseline: what the page costs when the data costs nothing).
 The targets (queue under 1 s with 100,000 jobs, inventory under 2 s with 1,000 nodes) are
 printed beside the figures, never asserted. It exits 0 when it ran, 1 when something broke.
@@ -67,9 +68,10 @@ def fleet_yaml(nodes: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build(directory: Path, jobs: int, nodes: int) -> tuple[str, str]:
-    """A database with ``jobs`` jobs and one simulated cluster of ``nodes`` nodes; its URL and an admin token."""
-    url = f"sqlite:///{directory / 'gpush.db'}"
+def build(directory: Path, jobs: int, nodes: int, url: str | None = None) -> tuple[str, str]:
+    """A database (``url``, else SQLite in ``directory``) with ``jobs`` jobs and one
+    simulated cluster of ``nodes`` nodes; its URL and an admin token."""
+    url = url or f"sqlite:///{directory / 'gpush.db'}"
     engine = make_engine(url)
     upgrade(engine)
     sessions = session_factory(engine)
@@ -175,11 +177,16 @@ def measure(base: str, token: str, rounds: int, nodes: int) -> dict[str, float]:
     return {key: statistics.median(values) for key, values in out.items()}
 
 
-def run(jobs: int, nodes: int, rounds: int) -> dict[str, float]:
+def run(jobs: int, nodes: int, rounds: int, postgres: bool = False) -> dict[str, float]:
     directory = Path(tempfile.mkdtemp(prefix="gpush-bench-web-"))
+    database = None
+    if postgres:
+        from integration.conftest import ADMIN_DSN, _sqlalchemy_url, create_database, drop_database
+
+        database = create_database()
     try:
         began = time.perf_counter()
-        url, token = build(directory, jobs, nodes)
+        url, token = build(directory, jobs, nodes, _sqlalchemy_url(ADMIN_DSN, database) if database else None)
         built = time.perf_counter() - began
         proc, base = serve(url, directory)
         try:
@@ -189,6 +196,8 @@ def run(jobs: int, nodes: int, rounds: int) -> dict[str, float]:
             proc.wait(10)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+        if database:
+            drop_database(database)
 
 
 def main() -> int:
@@ -197,10 +206,13 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", metavar="FILE", help="Also write the figures here.")
+    parser.add_argument(
+        "--postgres", action="store_true", help="On a scratch PostgreSQL database (127.0.0.1:5432) instead of SQLite."
+    )
     args = parser.parse_args()
     try:
-        baseline = run(100, 10, args.rounds)
-        large = run(args.jobs, args.nodes, args.rounds)
+        baseline = run(100, 10, args.rounds, args.postgres)
+        large = run(args.jobs, args.nodes, args.rounds, args.postgres)
     except Exception as exc:  # noqa: BLE001 - a benchmark reports what broke and exits 1
         print(f"dashboard bench failed: {exc}", file=sys.stderr)
         return 1
@@ -215,7 +227,10 @@ def main() -> int:
             f"{label:<30}{size:>14}{large[key]:>7.2f}s{baseline[key]:>9.2f}s{large[key] / baseline[key]:>6.1f}x"
             f"{'< ' + format(target, 'g') + ' s':>8}  {ok}"
         )
-    print(f"(data written in {large['build_s']:.0f} s; baseline: 100 jobs, 10 nodes; median of {args.rounds} loads)")
+    print(
+        f"({'PostgreSQL' if args.postgres else 'SQLite'}; data written in {large['build_s']:.0f} s; "
+        f"baseline: 100 jobs, 10 nodes; median of {args.rounds} loads)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"large": large, "baseline": baseline}, indent=2))
     return 0

@@ -21,8 +21,10 @@ def test_a_browser_gets_the_page_and_anything_else_the_json_index(http):
     assert page.headers["content-security-policy"] == CSP
     assert page.headers["x-frame-options"] == "DENY"
     assert '<script type="module" src="/ui/app.js">' in page.text
+    assert page.headers["vary"] == "Accept"
     index = client.get("/")
-    assert index.json()["docs"] == "/docs"
+    assert index.json()["docs"] == "/docs" and index.headers["vary"] == "Accept"
+    assert client.head("/", headers={"Accept": "text/html"}).status_code == 200
 
 
 def test_the_assets_are_served_from_the_package_with_an_etag_and_nothing_else_is(http):

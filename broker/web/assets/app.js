@@ -6,12 +6,12 @@ const TOKEN_KEY = "gpush.token";
 const ACTIVE = ["queued", "held", "routed", "submitting", "submitted", "running", "requeued"];
 const STATES = [...ACTIVE, "succeeded", "failed", "cancelled"];
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-const KINDS = ["training", "inference", "batch", "interactive"];
+const KINDS = ["training", "inference", "batch"];
 const REFRESH_MS = 5000;
 const PALETTE = ["#1f6feb", "#1a7f37", "#bf3989", "#9a6700", "#8250df", "#0a7e8c", "#d1242f", "#6e5494",
                  "#2da44e", "#e16f24", "#3b5bdb", "#a0522d"];
 
-const app = { who: null, timer: null, view: null };
+const app = { who: null, timer: null, view: null, ticket: null };
 
 // -- small helpers ------------------------------------------------------------------------
 
@@ -32,6 +32,12 @@ function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+// A page is drawn only if it is still the one asked for: a slow page that answers after
+// the user moved on must not replace the newer one.
+function current(ticket) {
+  return ticket === app.ticket;
+}
+
 function mount(...children) {
   const main = document.getElementById("main");
   main.replaceChildren(...children);
@@ -40,6 +46,11 @@ function mount(...children) {
 
 function errorBox(err) {
   return h("div", { class: "error", role: "alert", text: err.message || String(err) });
+}
+
+// Text with `commands` in backticks, the commands as code.
+function withCode(text) {
+  return String(text || "").split("`").map((part, i) => (i % 2 ? h("code", { text: part }) : part));
 }
 
 function badge(state) {
@@ -132,6 +143,7 @@ async function login(token) {
 function logout(message, failed = false) {
   sessionStorage.removeItem(TOKEN_KEY);
   app.who = null;
+  document.getElementById("updated").textContent = "";
   showWho();
   renderLogin(message, failed);
 }
@@ -160,6 +172,10 @@ function renderLogin(message, failed = false) {
   const form = h("form", { class: "panel login", onsubmit: async (event) => {
     event.preventDefault();
     status.replaceChildren();
+    if (!input.value.trim()) {
+      status.replaceChildren(errorBox({ message: "Paste your API token (gpush_…) first." }));
+      return;
+    }
     try {
       await login(input.value);
       location.hash = "#/queue";
@@ -210,6 +226,15 @@ function parseHash() {
 
 async function route() {
   stopRefresh();
+  const ticket = (app.ticket = Symbol("page"));
+  if (takeTokenFromLink()) {
+    try {
+      await login(sessionStorage.getItem(TOKEN_KEY));
+    } catch (err) {
+      return renderLogin(err.message, true);
+    }
+  }
+  if (!current(ticket)) return;
   if (!app.who) return renderLogin();
   const { parts, params } = parseHash();
   const view = parts[0] || "queue";
@@ -218,15 +243,25 @@ async function route() {
   }
   app.view = view;
   try {
-    if (view === "queue") await renderQueue(params);
-    else if (view === "job") await renderJob(parts[1]);
-    else if (view === "inventory") await renderInventory(params);
-    else if (view === "tenants") await renderTenants();
-    else if (view === "admin") await renderAdmin();
+    if (view === "queue") await renderQueue(params, ticket);
+    else if (view === "job") await renderJob(parts[1], ticket);
+    else if (view === "inventory") await renderInventory(ticket);
+    else if (view === "tenants") await renderTenants(ticket);
+    else if (view === "admin") await renderAdmin(ticket);
     else mount(h("p", { text: "No such page." }), h("a", { href: "#/queue", text: "To the queue" }));
   } catch (err) {
-    if (!(err instanceof ApiError && err.status === 401)) mount(errorBox(err));
+    if (current(ticket) && !(err instanceof ApiError && err.status === 401)) mount(errorBox(err));
   }
+}
+
+// A sign-in link (#token=...) puts the token in this tab and takes it out of the address
+// bar and the history; the fragment never reaches a server. True when there was one.
+function takeTokenFromLink() {
+  const match = location.hash.match(/^#token=([A-Za-z0-9_\-]+)/);
+  if (!match) return false;
+  sessionStorage.setItem(TOKEN_KEY, match[1]);
+  history.replaceState(null, "", `${location.pathname}#/queue`);
+  return true;
 }
 
 // -- queue --------------------------------------------------------------------------------
@@ -253,7 +288,7 @@ function queueHash(filters, extra = {}) {
   return `#/queue${text ? `?${text}` : ""}`;
 }
 
-async function renderQueue(params) {
+async function renderQueue(params, ticket) {
   const filters = queueFilters(params);
   const cursors = [""]; // the cursor of each page seen, to go back
   let page = 0;
@@ -310,13 +345,20 @@ async function renderQueue(params) {
     stamp();
   }
 
+  if (!current(ticket)) return;
   mount(h("h1", { text: "Queue" }), form, tabs, problem,
     h("table", { "data-testid": "jobs" },
       h("thead", {}, h("tr", {}, ["job", "name", "state", "tenant", "user", "kind", "cluster", "GPUs", "age",
         "why it waits / how it ended"].map((t, i) => h("th", { class: i === 7 ? "num" : "", text: t })))),
       body),
     h("div", { class: "pager" }, newer, info, older));
-  await Promise.all([load(), loadCounts()]);
+  try {
+    await Promise.all([load(), loadCounts()]);
+  } catch (err) {
+    // A filter the API refuses: say why beside the form, which stays to correct it.
+    if (!(err instanceof ApiError && err.status === 401)) problem.replaceChildren(errorBox(err));
+    return;
+  }
   every(async () => {
     try {
       await Promise.all([load(), loadCounts()]);
@@ -343,18 +385,22 @@ function jobRow(job) {
 
 // -- one job ------------------------------------------------------------------------------
 
-async function renderJob(id) {
-  if (!/^\d+$/.test(id || "")) throw new Error(`${id} is not a job id`);
+async function renderJob(id, ticket = app.ticket, note = null) {
+  if (!/^\d{1,18}$/.test(id || "")) {
+    throw new Error(id ? `${id} is not a job id: the address is #/job/ and a number` : "give a job id: #/job/123");
+  }
   const [job, events] = await Promise.all([api(`/v1/jobs/${id}`), api(`/v1/jobs/${id}/events`)]);
+  if (!current(ticket)) return;
   const canCancel = !TERMINAL.has(job.state) && !job.cancel_requested_at &&
     (app.who.role === "admin" || (app.who.user === job.user && app.who.tenant === job.tenant));
-  const status = h("div");
+  const status = h("div", {}, note ? h("p", { class: "note", role: "status", text: note }) : null);
   const cancel = canCancel ? h("button", { class: "danger", text: "Cancel job", onclick: async () => {
     if (!confirm(`Cancel job ${job.id} (${job.name || "unnamed"})?`)) return;
     try {
       const result = await api(`/v1/jobs/${job.id}/cancel`, { method: "POST" });
-      status.replaceChildren(h("p", { class: "note", text: `cancel: ${result.outcome}` }));
-      await renderJob(id);
+      const said = { cancelled: "Cancelled.", cancel_requested: "Cancel requested: the cluster stops the job, then it shows cancelled.",
+        already_requested: "A cancel was already requested.", already_finished: "The job had already ended." };
+      await renderJob(id, ticket, said[result.outcome] || `cancel: ${result.outcome}`);
     } catch (err) {
       status.replaceChildren(errorBox(err));
     }
@@ -402,7 +448,7 @@ async function renderJob(id) {
   if (!TERMINAL.has(job.state)) {
     every(async () => {
       const fresh = await api(`/v1/jobs/${job.id}`);
-      if (fresh.state !== job.state || fresh.state_reason !== job.state_reason) await renderJob(id);
+      if (fresh.state !== job.state || fresh.state_reason !== job.state_reason) await renderJob(id, ticket);
     });
   }
 }
@@ -430,8 +476,9 @@ function explainText(result) {
 
 // -- inventory ----------------------------------------------------------------------------
 
-async function renderInventory() {
+async function renderInventory(ticket) {
   const [inventory, holders] = await Promise.all([api("/v1/inventory"), api("/v1/inventory/occupancy")]);
+  if (!current(ticket)) return;
   const began = performance.now();
   const byNode = new Map();
   for (const holder of holders) {
@@ -479,13 +526,13 @@ async function renderInventory() {
   mount(h("h1", { text: "Inventory" }),
     h("p", { class: "muted" }, "Every node of both tiers; each GPU is a bar split into its MIG instances, MPS " +
       "shares or time-slice replicas, coloured by the tenant that holds them. Findings: ",
-      ["critical", "warning", "info"].map((s) => h("span", { class: `sev-${s}`, text: ` ${sev[s] || 0} ${s}` })),
+      ["critical", "warning", "info"].map((s) => h("span", { class: sev[s] ? `sev-${s}` : "muted", text: ` ${sev[s] || 0} ${s}` })),
       app.who.role === "admin" ? h("a", { href: "#/admin", text: " (fixes on the Admin page)" }) : null),
     legend, ...sections);
   document.getElementById("main").dataset.renderMs = String(Math.round(performance.now() - began));
   stamp();
   // A large fleet takes a moment to draw: redrawn every 15 s, not every 5.
-  every(async () => { if (app.view === "inventory") await renderInventory(); }, 3);
+  every(async () => { if (current(ticket)) await renderInventory(ticket); }, 3);
 }
 
 // The units of a node drawn per physical GPU: a unit that spans n GPUs with capacity c has
@@ -600,8 +647,9 @@ function segment(seg, total) {
 
 // -- tenants ------------------------------------------------------------------------------
 
-async function renderTenants() {
+async function renderTenants(ticket) {
   const rows = await api("/v1/tenants");
+  if (!current(ticket)) return;
   const weights = rows.reduce((s, t) => s + t.weight, 0) || 1;
   const used = rows.reduce((s, t) => s + t.gpu_used, 0);
   const max = Math.max(...rows.map((t) => Math.max(t.weight / weights, used ? t.gpu_used / used : 0)), 0.01);
@@ -627,18 +675,24 @@ async function renderTenants() {
         h("td", { class: "num", text: t.gpu_quota ? `${Math.round(t.gpu_used / t.gpu_quota * 100)}%` : "" }),
         h("td", { class: "num", text: t.jobs_running }), h("td", { class: "num", text: t.jobs_queued }))))));
   stamp();
-  every(async () => { if (app.view === "tenants") await renderTenants(); });
+  if (!rows.length) {
+    document.getElementById("main").append(h("p", { class: "muted",
+      text: "No tenant holds GPUs or has jobs queued right now." }));
+  }
+  every(async () => { if (current(ticket)) await renderTenants(ticket); });
 }
 
 // -- admin --------------------------------------------------------------------------------
 
-async function renderAdmin() {
+async function renderAdmin(ticket = app.ticket, note = null) {
   if (app.who.role !== "admin") {
     mount(h("p", { class: "note", text: "Only an admin's token sees this page." }));
     return;
   }
   const [clusters, drift, history] = await Promise.all([api("/v1/clusters"), api("/v1/inventory/drift"),
     api("/v1/policy/history")]);
+  const editor = await policyEditor(ticket);
+  if (!current(ticket)) return;
   const findings = drift;
   const diffOut = h("div");
   const showDiff = async (a, b) => {
@@ -666,11 +720,15 @@ async function renderAdmin() {
       h("tbody", {}, findings.map((f) => h("tr", {},
         h("td", { class: `sev-${f.severity}`, text: f.severity }),
         h("td", { text: [f.cluster, f.node, f.gpu === null || f.gpu === undefined ? null : `GPU ${f.gpu}`].filter(Boolean).join(" / ") }),
-        h("td", { text: f.what }), h("td", { class: "reason", text: f.why }), h("td", { class: "reason", text: f.fix })))))
+        h("td", { text: f.what }), h("td", { class: "reason", text: f.why }), h("td", { class: "reason" }, withCode(f.fix))))))
       : h("p", { class: "muted", text: "No drift: every cluster agrees with its node agents." }),
     h("h2", { text: "Explain a job" }),
     h("form", { class: "filters", onsubmit: async (event) => {
       event.preventDefault();
+      if (!/^\d{1,18}$/.test(explainId.value.trim()) || Number(explainId.value) < 1) {
+        explainOut.replaceChildren(errorBox({ message: "Give a job's id: a number, such as 42." }));
+        return;
+      }
       try {
         const result = await api("/v1/policy:explain", { method: "POST", body: { job_id: Number(explainId.value) } });
         explainOut.replaceChildren(h("pre", { "data-testid": "explain", text: explainText(result) }));
@@ -686,7 +744,8 @@ async function renderAdmin() {
         h("td", {}, v.version > 1 ? h("button", { text: "diff with previous",
           onclick: () => showDiff(v.version - 1, v.version) }) : null))))),
     diffOut,
-    await policyEditor());
+    note ? h("p", { class: "note", role: "status", text: note }) : null,
+    editor);
   stamp();
 }
 
@@ -696,22 +755,28 @@ function diffBlock(text) {
       : line.startsWith("-") && !line.startsWith("---") ? "del" : "", text: `${line}\n` })));
 }
 
-async function policyEditor() {
+async function policyEditor(ticket) {
   let active = null;
   try { active = await api("/v1/policy"); } catch (err) { if (err.status !== 404) throw err; }
   const text = h("textarea", { rows: 16, name: "policy", spellcheck: "false" });
   text.value = active ? active.text : "";
-  const comment = h("input", { name: "comment", placeholder: "why this change", size: 40 });
+  const comment = h("input", { name: "comment", placeholder: "why this change (required)", size: 40,
+    "aria-label": "comment" });
   const out = h("div");
   let checked = null;
   const apply = h("button", { class: "primary", text: "Apply", disabled: true, onclick: async () => {
     if (text.value !== checked) { apply.disabled = true; return; }
+    if (!comment.value.trim()) {
+      out.replaceChildren(errorBox({ message: "Say why in the comment first: it is the policy's history." }));
+      comment.focus();
+      return;
+    }
     try {
-      const result = await api("/v1/policy", { method: "POST", body: { text: text.value, comment: comment.value || null,
+      const result = await api("/v1/policy", { method: "POST", body: { text: text.value, comment: comment.value.trim(),
         base_version: active ? active.version : null } });
-      out.replaceChildren(h("p", { class: "note", text: result.changed ? `Applied: version ${result.version} is active.`
-        : "Nothing changed: this text is the active version." }));
-      apply.disabled = true;
+      // The history, the heading and the base version all change: the page is drawn again.
+      await renderAdmin(ticket, result.changed ? `Applied: version ${result.version} is active.`
+        : "Nothing changed: this text is the active version.");
     } catch (err) { out.replaceChildren(errorBox(err)); }
   } });
   text.addEventListener("input", () => { apply.disabled = true; });
@@ -721,7 +786,7 @@ async function policyEditor() {
       const ok = !(report.errors && report.errors.length);
       checked = ok ? text.value : null;
       apply.disabled = !ok || !report.diff;
-      out.replaceChildren(h("pre", { text: report.describe || "" }),
+      out.replaceChildren(h("pre", { class: "wrap", text: report.describe || "" }),
         report.diff ? diffBlock(report.diff) : h("p", { class: "muted", text: "No change from the active version." }));
     } catch (err) { out.replaceChildren(errorBox(err)); }
   } });
@@ -734,13 +799,7 @@ async function policyEditor() {
 
 async function start() {
   window.addEventListener("hashchange", route);
-  // A sign-in link (#token=...) puts the token in this tab and takes it out of the address
-  // bar and the history; the fragment never reaches a server.
-  const match = location.hash.match(/^#token=([A-Za-z0-9_\-]+)/);
-  if (match) {
-    sessionStorage.setItem(TOKEN_KEY, match[1]);
-    history.replaceState(null, "", `${location.pathname}#/queue`);
-  }
+  takeTokenFromLink();
   if (sessionStorage.getItem(TOKEN_KEY)) {
     try {
       await login(sessionStorage.getItem(TOKEN_KEY));
