@@ -791,6 +791,7 @@ def simulate(
     report: str,
     seed: int,
     placement: str,
+    preemption: bool = False,
 ) -> int:
     """Replay a workload or a trace in virtual time and write the report (no broker needed).
     A run longer than a couple of seconds shows its progress on stderr (stdout keeps the
@@ -800,7 +801,16 @@ def simulate(
 
     with Progress(out.stderr) as progress:
         result = run_simulation(
-            fleet, workload, trace, policy, compare, report, seed, placement=placement, progress=progress
+            fleet,
+            workload,
+            trace,
+            policy,
+            compare,
+            report,
+            seed,
+            placement=placement,
+            progress=progress,
+            preemption=preemption,
         )
     if out.json_mode:
         out.json(result)

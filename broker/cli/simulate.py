@@ -38,8 +38,14 @@ from broker.cli.settings import CONTEXT, json_option, output
     "the report calls the run 'gpush (fgd)' or 'gpush (best-fit)'. A --fleet replay places as the broker does "
     "(best-fit for whole GPUs and MIG, fgd per GPU for MPS and time-slicing), so it takes no --placement.",
 )
+@click.option(
+    "--preemption",
+    is_flag=True,
+    help="With --fleet: jobs of higher priority preempt the workload's preemptible jobs (preemptible: true, "
+    "checkpoint_every:), losing the least work; compared with the same replay without preemption.",
+)
 @json_option
-def simulate(fleet, workload, trace, policy, compare, report, seed, placement, json_mode) -> int:
+def simulate(fleet, workload, trace, policy, compare, report, seed, placement, preemption, json_mode) -> int:
     """Replay a workload or trace on a simulated fleet, in virtual time: what would this policy do?
 
     \b
@@ -65,6 +71,8 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, j
             "--placement is for --trace: a --fleet replay places as the broker does (best-fit for whole GPUs and "
             "MIG, fgd per GPU for MPS and time-slicing); leave it out"
         )
+    if preemption and trace_dir:
+        raise click.UsageError("--preemption replays a --fleet workload: a trace's pods say nothing of preemption")
     if policy is None and not trace_dir:
         from policies import shipped
 
@@ -79,6 +87,7 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, j
         report=report,
         seed=seed,
         placement=placement or "fgd",
+        preemption=preemption,
     )
 
 

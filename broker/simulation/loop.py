@@ -49,6 +49,9 @@ class VirtualClock:
     def seconds(self, moment: datetime) -> float:
         return (moment - self.start).total_seconds()
 
+    def at(self, seconds: float) -> datetime:
+        return self.start + timedelta(seconds=seconds)
+
 
 @dataclass
 class ReplayJob:

@@ -34,12 +34,14 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace as _replace
 from datetime import UTC, datetime
 
 from broker.core.adapter import BackendState, Rejected, Sharing
-from broker.placement.capacity import CapacityView
+from broker.placement.capacity import CapacityView, Fit
 from broker.placement.decision import CycleDecisions, Placed
 from broker.placement.fairshare import FairShare
+from broker.placement.preemption import Running, Terms, Waiting, choose_victims
 from broker.routing.policy import Policy
 from broker.simulation.cluster import SimulatedCluster
 from broker.simulation.fleet import Fleet
@@ -86,8 +88,13 @@ class _FleetReplay(ReplayLoop):
         claim_limit: int = CLAIM_LIMIT,
         observe: Callable[[float, list[JobRecord]], None] | None = None,
         progress: Callable[[int], None] | None = None,
+        preemption: Terms | None = None,
     ):
         self.whole = whole
+        self.preemption = preemption
+        self.preempted: set[int] = set()  # seqs stopped by a preemption (their end is not a finish)
+        self.requeues = 0
+        self.gpu_seconds_lost = 0.0
         self.observe = observe
         self.progress = progress
         self.demand_of = demand_of
@@ -109,7 +116,7 @@ class _FleetReplay(ReplayLoop):
         for seq, i in enumerate(order, 1):
             arrival = workload[i]
             spec = whole_gpu_spec(arrival.spec) if whole else arrival.spec
-            record = JobRecord(seq, spec.name, spec.kind.value, arrival.tenant, arrival.at)
+            record = JobRecord(seq, spec.name, spec.kind.value, arrival.tenant, arrival.at, priority=spec.priority)
             entries.append(ReplayJob(seq, arrival, spec, record))
         super().__init__(entries, tenants)
         self.by_id = {e.seq: e for e in self.entries}
@@ -150,7 +157,7 @@ class _FleetReplay(ReplayLoop):
                 self.observe(t, [e.record for e in self.entries])
         return self.timeline, self._finish(self.timeline.t[-1] if self.timeline.t else 0.0)
 
-    def _cycle(self, t: float) -> None:
+    def _cycle(self, t: float, preempting: bool = True) -> None:
         if not self.queue:
             return
         # The ledger and the shares as the cycle reads them: what placed jobs hold, the
@@ -164,6 +171,114 @@ class _FleetReplay(ReplayLoop):
             entry = self._next(by_tenant)
             self._apply(t, entry, decisions.decide(entry))
         self._pinned_waiting = dict(decisions.pinned_waiting)
+        if preempting and self.preemption is not None and self._preempt(t, decisions):
+            # The victims' capacity is free once their clusters have ended them: the
+            # waiting jobs are decided again in this same moment, as the scheduler's next
+            # cycle after the grace would.
+            self._collect()
+            self._cycle(t, preempting=False)
+
+    # At most this many waiting jobs a cycle look for victims, each among this many
+    # candidates: every fit tried rebuilds the capacity.
+    PREEMPTING_PER_CYCLE = 8
+    CANDIDATES = 32
+
+    def _preempt(self, t: float, decisions: CycleDecisions) -> bool:
+        """Stop preemptible running jobs of lower standing for waiting jobs that only they
+        block (broker.placement.preemption), as the scheduler would: each victim loses the
+        work since its last checkpoint and is queued again for the rest. Victims stop at
+        once here (no grace: the replay's capacity frees when the cluster reads the cancel)."""
+        running = [e for e in self.holding.values() if e.record.state == "running" and e.arrival.preemptible]
+        if not running:
+            return False
+        stopped = len(self.preempted)
+        lowest = min(e.spec.priority for e in running)
+        waiting = [e for e in self.queue if e.seq not in self.at_quota and e.spec.priority > lowest and e.routes][
+            : self.PREEMPTING_PER_CYCLE
+        ]
+        gap = {tenant: used - share for tenant, (used, share) in self._share_gaps().items()}
+        for entry in waiting:
+            candidates = sorted(
+                (e for e in running if e.seq not in self.preempted and e.spec.priority < entry.spec.priority),
+                key=lambda e: (e.spec.priority, e.record.start or 0),
+            )[: self.CANDIDATES]
+            if not candidates:
+                continue
+            by_seq = {e.seq: e for e in candidates}
+
+            def fits(victims: Sequence[Running], entry: ReplayJob = entry, by_seq: dict = by_seq) -> bool:
+                view = self._capacity()
+                for victim in victims:
+                    view.give_back(by_seq[victim.job_id].placement)
+                return any(
+                    isinstance(
+                        view.fit(
+                            entry.spec, r.cluster, Sharing(r.sharing), partition=r.partition, gpu_model=r.gpu_model
+                        ),
+                        Fit,
+                    )
+                    for r in entry.routes
+                )
+
+            choice = choose_victims(
+                Waiting(entry.seq, entry.tenant, entry.spec.priority),
+                [self._as_running(e) for e in candidates],
+                fits,
+                terms=self.preemption,
+                share_gap=gap,
+                now=self.clock(),
+            )
+            if choice is None:
+                continue
+            for victim in choice.victims:
+                self._stop(
+                    t, by_seq[victim.job_id], choice.reason(Waiting(entry.seq, entry.tenant, entry.spec.priority))
+                )
+            running = [e for e in running if e.seq not in self.preempted]
+        return len(self.preempted) > stopped
+
+    def _share_gaps(self) -> dict[str, tuple[float, float]]:
+        usage = self._usage()
+        total = sum(usage.values()) or 1.0
+        weights = {t: self.weights.get(t, 1.0) for t in usage}
+        weight_sum = sum(weights.values()) or 1.0
+        return {t: (usage[t], total * weights[t] / weight_sum) for t in usage}
+
+    def _as_running(self, entry: ReplayJob) -> Running:
+        start = self.clock.at(entry.record.start or 0.0)
+        every = entry.arrival.checkpoint_every
+        checkpoint = None
+        if every:
+            ran = self.clock.seconds(self.clock()) - (entry.record.start or 0.0)
+            checkpoint = self.clock.at((entry.record.start or 0.0) + (ran // every) * every) if ran >= every else None
+        return Running(entry.seq, entry.tenant, entry.spec.priority, True, start, checkpoint)
+
+    def _stop(self, t: float, entry: ReplayJob, reason: str) -> None:
+        """Preempt ``entry``: cancel it on its cluster, count the work lost, queue the rest."""
+        record = entry.record
+        ran = t - (t if record.start is None else record.start)
+        every = entry.arrival.checkpoint_every
+        lost = ran % every if every else ran
+        self.preempted.add(entry.seq)
+        self.sims[entry.placement.cluster].cancel(entry.seq)
+        self.gpu_seconds_lost += lost * record.gpu_equivalents
+        self.requeues += 1
+        record.reason = reason
+        record.preempted = True
+        # The rest of its work, queued again as the broker requeues a preempted job.
+        remaining = max(entry.arrival.duration - (ran - lost), 1.0)
+        seq = len(self.entries) + 1
+        arrival = _replace(entry.arrival, at=t, duration=remaining)
+        again = ReplayJob(
+            seq,
+            arrival,
+            entry.spec,
+            JobRecord(seq, record.name, record.kind, arrival.tenant, t, priority=record.priority),
+        )
+        again.record.requeue_of = record.job_id
+        self.entries.append(again)
+        self.by_id[seq] = again
+        self._arrive([again])
 
     def _capacity(self) -> CapacityView:
         """Step 4 of the cycle: each cluster's inventory, less the placements it has not
@@ -205,6 +320,10 @@ class _FleetReplay(ReplayLoop):
                     elif record.state == "queued in cluster":
                         self.held_in_clusters -= 1
                     record.end = at
+                    if entry.seq in self.preempted:
+                        record.state = "requeued"  # its reason says by which job
+                        self._ended(entry)
+                        continue
                     record.state = "succeeded" if backend.state is BackendState.SUCCEEDED else "failed"
                     record.reason = backend.reason
                     self._ended(entry)
@@ -278,6 +397,7 @@ def replay(
     claim_limit: int = CLAIM_LIMIT,
     observe: Callable[[float, list[JobRecord]], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    preemption: Terms | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on simulated clusters of ``fleet`` under ``policy``
     (``whole_gpus``: the same on whole GPUs only; see the module docstring), with the
@@ -290,9 +410,12 @@ def replay(
     ``claim_limit``: jobs per tenant each cycle decides, as the scheduler's. ``observe``
     is called after each cycle with its virtual time and every job's record (the
     differential test compares them with the live scheduler's, step by step). ``progress``
-    is called now and then with the number of jobs arrived so far."""
+    is called now and then with the number of jobs arrived so far. ``preemption``: the terms
+    under which waiting jobs preempt the workload's ``preemptible`` jobs (None: never)."""
     began = time.perf_counter()
-    loop = _FleetReplay(fleet, policy, workload, whole_gpus, start, demand_of, tenants, claim_limit, observe, progress)
+    loop = _FleetReplay(
+        fleet, policy, workload, whole_gpus, start, demand_of, tenants, claim_limit, observe, progress, preemption
+    )
     timeline, jobs = loop.run()
     notes = [
         fair_share_note(tenants),
@@ -302,6 +425,11 @@ def replay(
         notes.append(
             f"{loop.queued_in_clusters} placement(s) waited in a cluster's own queue: CapacityView found room "
             "the cluster did not have (an MPS share needs it on one GPU, time-sliced memory counts per GPU)"
+        )
+    if preemption is not None:
+        notes.append(
+            f"preemption: {loop.requeues} preemption(s), {loop.gpu_seconds_lost / 3600:.2f} GPU-hours of work lost "
+            "(since each victim's last checkpoint); a victim stops at once and runs the rest when placed again"
         )
     oom = sum(1 for j in jobs if j.state == "failed" and (j.reason or "").startswith("OOMKilled"))
     if oom:
@@ -316,4 +444,7 @@ def replay(
         time.perf_counter() - began,
         notes,
         tenant_terms=dict(tenants or {}),
+        preemption=None
+        if preemption is None
+        else {"requeues": loop.requeues, "gpu_hours_lost": loop.gpu_seconds_lost / 3600},
     )

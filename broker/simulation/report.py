@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.errors import InvalidRequest
+from broker.placement.preemption import Terms
 from broker.routing.policy import Policy, load_policy
 from broker.simulation import traces
 from broker.simulation.fleet import load_fleet_file
@@ -106,6 +107,7 @@ def run_simulation(
     inflation: bool = True,
     plots: bool = True,
     progress: Silent | None = None,
+    preemption: bool = False,
 ) -> dict[str, Any]:
     """Replay a workload (``fleet_path`` + ``workload_path``) or the openb trace
     (``trace_dir``; its node list is the fleet) under ``policy_path``, beside
@@ -117,12 +119,18 @@ def run_simulation(
     GPU-sharing nodes (``fgd`` or ``best-fit``), and ``inflation`` adds the FGD
     paper's inflation experiment at ``seed``.
 
+    ``preemption`` (a workload on a fleet): jobs of higher priority preempt the workload's
+    ``preemptible`` ones (broker.placement.preemption), and the comparison is the same
+    replay without preemption (unless ``compare_policy_path`` is given).
+
     ``progress`` (:class:`broker.simulation.progress.Progress`) hears of each step: the
     replays, the inflation experiment, the plots, results.json.
     """
     progress = progress or Silent()
     if (workload_path is None) == (trace_dir is None):
         raise InvalidRequest("give a workload file or a trace directory (one of them)")
+    if preemption and trace_dir is not None:
+        raise InvalidRequest("--preemption replays a workload on a fleet; a trace's pods say nothing of preemption")
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
     inputs: dict[str, Any] = {
@@ -240,10 +248,22 @@ def run_simulation(
         idle = sorted(set(tenants) - {a.tenant for a in workload})
         if idle:
             notes.append(f"tenants: lists {', '.join(idle)}, which no job of the workload names")
-        label = f"gpush ({Path(policy_path).name})"
+        label = f"gpush ({Path(policy_path).name})" + (" with preemption" if preemption else "")
         progress.step(f"replaying {label}", len(workload), "jobs")
-        primary = replay(fleet, policy, workload, label=label, tenants=tenants, progress=progress.update)
-        if compare_policy_path:
+        terms = Terms() if preemption else None
+        primary = replay(
+            fleet, policy, workload, label=label, tenants=tenants, progress=progress.update, preemption=terms
+        )
+        if preemption and not compare_policy_path:
+            label = "without preemption"
+            progress.step(f"replaying {label}", len(workload), "jobs")
+            comparison = replay(fleet, policy, workload, label=label, tenants=tenants, progress=progress.update)
+            notes.append(
+                "preemption: a job preempts running preemptible jobs of lower priority when only they block it, "
+                "choosing those that lose the least work (broker.placement.preemption); the comparison is the "
+                "same replay without preemption"
+            )
+        elif compare_policy_path:
             label = _distinct(Path(compare_policy_path).name, primary.label)
             progress.step(f"replaying {label}", len(workload), "jobs")
             comparison = replay(
@@ -332,6 +352,26 @@ def _in_short(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "; ".join(parts) if parts else "the two runs did the same on every measure above"
 
 
+def _preemption_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Protected work's waits, preemptions and the work they cost, when a run preempted."""
+    if not (a.get("preemption") or b.get("preemption")):
+        return []
+
+    def waits(run: dict[str, Any]) -> str:
+        w = run["protected_waits"]
+        return "-" if not w["jobs"] else f"{_duration_text(w['p50'])} / {_duration_text(w['p99'])}"
+
+    def lost(run: dict[str, Any]) -> tuple[str, str]:
+        p = run.get("preemption")
+        return ("0", "0.00") if not p else (str(p["requeues"]), f"{p['gpu_hours_lost']:.2f}")
+
+    return [
+        ("protected work (priority > 0) wait p50/p99", waits(a), waits(b), "shorter"),
+        ("preemptions (jobs requeued)", lost(a)[0], lost(b)[0], "fewer"),
+        ("GPU-hours of work lost to preemption", lost(a)[1], lost(b)[1], "fewer"),
+    ]
+
+
 def summary_lines(result: dict[str, Any], width: int = 100) -> list[str]:
     """What ``gpush simulate`` and ``make demo`` print: the two runs side by side, which
     way each measure is good, the held jobs of each run, the comparison in one sentence,
@@ -357,6 +397,7 @@ def summary_lines(result: dict[str, Any], width: int = 100) -> list[str]:
             "lower",
         ),
         ("queue wait p50/p95/p99", _waits_text(a), _waits_text(b), "shorter"),
+        *_preemption_rows(a, b),
         ("all jobs done after", _duration_text(a["makespan"]), _duration_text(b["makespan"]), "sooner"),
     ]
     if shows_tenants(a["tenants"]):

@@ -62,6 +62,9 @@ class JobRecord:
     quota_wait: float = 0.0  # seconds it waited at its tenant's quota
     waited_for: str | None = None  # why it last waited in the queue before it was placed
     placement: dict[str, Any] | None = None  # where the decision put it (Placement.to_dict())
+    priority: int = 0
+    preempted: bool = False  # stopped by a preemption (state requeued); requeue_of: the run it continues
+    requeue_of: int | None = None
 
     @property
     def wait(self) -> float | None:
@@ -170,6 +173,7 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     measures_fragmentation: bool = False  # FGD's measure is kept on GPU-sharing nodes only
     tenant_terms: dict[str, TenantTerms] = field(default_factory=dict)  # as the workload gave them
+    preemption: dict[str, Any] | None = None  # requeues, GPU-hours lost (a replay with preemption)
 
     def held_reasons(self) -> Counter:
         return Counter(j.reason or "" for j in self.jobs if j.state == "held")
@@ -230,8 +234,9 @@ class ReplayResult:
         return {
             "label": self.label,
             "placement": self.placement,
-            "jobs": len(self.jobs),
-            "placed": len(started),
+            # A preempted job's later runs are records of their own, not more jobs.
+            "jobs": sum(1 for j in self.jobs if j.requeue_of is None),
+            "placed": sum(1 for j in started if j.requeue_of is None),
             "held": states["held"],
             "succeeded": states["succeeded"],
             "failed": states["failed"],
@@ -256,7 +261,15 @@ class ReplayResult:
             "held_reasons": dict(self.held_reasons().most_common()),
             "wall_seconds": self.wall_seconds,
             "notes": self.notes,
+            "protected_waits": self.protected_waits(),
+            "preemption": self.preemption,
         }
+
+    def protected_waits(self) -> dict[str, float | int | None]:
+        """Queue wait of the protected work (priority above 0, its first run only): what
+        preemption is for."""
+        values = [j.wait for j in self.jobs if j.priority > 0 and j.requeue_of is None and j.wait is not None]
+        return {"jobs": len(values), **{f"p{p}": _percentile(values, p) for p in PERCENTILES}}
 
     def to_dict(self) -> dict[str, Any]:
         return {

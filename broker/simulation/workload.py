@@ -15,6 +15,11 @@ broker; jobs without a tenant share as one)::
       - {at: 0, duration: 3600, count: 4, every: 60, kind: training,
          isolation: hardware, gpu_memory_gb: 5, tenant: nlp}
 
+A job may also say ``preemptible: true`` and ``checkpoint_every:`` (seconds, or 30m): a
+replay with preemption (``gpush simulate --preemption``) may stop it for a job of higher
+priority, which loses the work since its last checkpoint and runs the rest when placed
+again.
+
 **Whole GPUs** (:func:`whole_gpu_fleet`, :func:`whole_gpu_policy`,
 :func:`whole_gpu_spec`): the same workload on the same physical GPUs when nothing is
 shared (what Slurm and Kubernetes do by default): every GPU whole, every route to its
@@ -58,6 +63,8 @@ class Arrival:
     tenant: str | None = None
     task: TaskShape | None = None
     gpu_models: tuple[str, ...] = ()
+    preemptible: bool = False  # a replay with preemption may stop it for a job of higher standing
+    checkpoint_every: float | None = None  # seconds between its checkpoints: what a preemption loses at most
 
 
 def _seconds(value: Any, what: str, where: str, *, positive: bool) -> float:
@@ -132,6 +139,11 @@ def _arrivals(raw: Any, source: str) -> list[Arrival]:
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 100_000:
             raise InvalidRequest(f"{where}: count {excerpt(count)} must be a whole number from 1 to 100000")
         every = _seconds(fields.pop("every", 0), "every", where, positive=False)
+        preemptible = fields.pop("preemptible", False)
+        if not isinstance(preemptible, bool):
+            raise InvalidRequest(f"{where}: preemptible {excerpt(preemptible)} must be true or false")
+        checkpoint = fields.pop("checkpoint_every", None)
+        checkpoint = None if checkpoint is None else _seconds(checkpoint, "checkpoint_every", where, positive=True)
         if "command" not in fields and "image" not in fields:
             # A simulated job runs nothing; a command keeps the spec valid and says so.
             fields["command"] = ["sleep", str(int(duration))]
@@ -140,7 +152,16 @@ def _arrivals(raw: Any, source: str) -> list[Arrival]:
             if count > 1 and name:
                 fields["name"] = f"{name}-{copy + 1}"
             spec = validate_spec(dict(fields), where=where)
-            arrivals.append(Arrival(at + copy * every, spec, duration, spec.tenant))
+            arrivals.append(
+                Arrival(
+                    at + copy * every,
+                    spec,
+                    duration,
+                    spec.tenant,
+                    preemptible=preemptible,
+                    checkpoint_every=checkpoint,
+                )
+            )
     return arrivals
 
 
