@@ -198,6 +198,23 @@ def cancel(job_id: RowId, session: Db, who: Who, clock: AppClock, wake: Wake) ->
     return result
 
 
+class CheckpointRequest(BaseModel):
+    note: str | None = Field(None, max_length=queue.MAX_CHECKPOINT_NOTE, description="what was saved, where")
+
+
+@router.post(
+    "/v1/jobs/{job_id}/checkpoint", response_model=JobEventOut, status_code=201, responses=errors(403, 404, 409, *BODY)
+)
+def checkpoint(
+    job_id: RowId, session: Db, who: Who, clock: AppClock, body: CheckpointRequest | None = None
+) -> JobEventOut:
+    """A running job reports that it saved its state: were it preempted, it would lose
+    only the work since then (jobs call it from their checkpoint hook, or `gpush checkpoint`)."""
+    with session.begin():
+        event = queue.record_checkpoint(session, job_id, who, now=clock(), note=body.note if body else None)
+        return JobEventOut.model_validate(event, from_attributes=True)
+
+
 @router.post("/v1/jobs/{job_id}/scale", response_model=JobOut, responses=errors(403, 404, 409, *BODY))
 def scale(job_id: RowId, body: ScaleRequest, session: Db, who: Who, clock: AppClock, adapters: Adapters) -> JobOut:
     """Change a running elastic job's replicas within its range, under its tenant's quota

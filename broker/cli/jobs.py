@@ -254,6 +254,22 @@ def scale(settings: Settings, job_id: int, replicas: int, json_mode: bool) -> in
 
 
 @click.command(context_settings=CONTEXT)
+@click.argument("job_id", type=int)
+@click.option("--note", help="What was saved, and where (shown in the job's events).")
+@json_option
+@click.pass_obj
+def checkpoint(settings: Settings, job_id: int, note: str | None, json_mode: bool) -> int:
+    """Report that running job JOB_ID saved its state: were it preempted, it would lose
+    only the work since. Jobs call it from their checkpoint hook (GPUSH_JOB_ID is set)."""
+    event = settings.client().checkpoint(job_id, note)
+    if json_mode:
+        output(json_mode).json(event)
+    else:
+        click.echo(f"job {job_id}: checkpoint recorded at {event['at']}")
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
 @json_option
 @click.pass_obj
 def whoami(settings: Settings, json_mode: bool) -> int:
@@ -297,4 +313,4 @@ def usage(
 
 
 # Registered on the root group by broker.cli.main.
-COMMANDS = (submit, status, list_, logs, events, cancel, scale, whoami, usage)
+COMMANDS = (submit, status, list_, logs, events, cancel, scale, checkpoint, whoami, usage)

@@ -171,6 +171,11 @@ class GpushClient:
         body = {"replicas": int(replicas)}
         return JobOut.model_validate(self._request("POST", f"/v1/jobs/{int(job_id)}/scale", json=body))
 
+    def checkpoint(self, job_id: int, note: str | None = None) -> dict[str, Any]:
+        """Report that running job ``job_id`` saved its state (a job's checkpoint hook calls
+        this with ``int(os.environ["GPUSH_JOB_ID"])``): preemption then loses only the work since."""
+        return self._request("POST", f"/v1/jobs/{int(job_id)}/checkpoint", json={"note": note}, safe_to_retry=False)
+
     def logs(
         self,
         job_id: int,

@@ -363,6 +363,49 @@ class CancelOutcome(StrEnum):
     ALREADY_FINISHED = "already_finished"
 
 
+MAX_CHECKPOINT_NOTE = 200
+
+
+def record_checkpoint(
+    session: Session, job_id: int, principal: Principal, *, now: datetime, note: str | None = None
+) -> JobEvent:
+    """A running job says it saved its state (``checkpoint`` event): preemption counts the
+    work it would lose from the last one (broker.placement.preemption), not from its start."""
+    job = get_job(session, job_id, principal)
+    if job.state != JobState.RUNNING.value:
+        raise StateConflict(job_id, expected=JobState.RUNNING.value, actual=job.state)
+    if note is not None and len(note) > MAX_CHECKPOINT_NOTE:
+        raise InvalidRequest(
+            f"a checkpoint's note is at most {MAX_CHECKPOINT_NOTE} characters (this one: {len(note)})",
+            details=[{"field": "note", "value": note[:40]}],
+        )
+    event = JobEvent(
+        job_id=job_id,
+        at=now,
+        type="checkpoint",
+        from_state=JobState.RUNNING.value,
+        to_state=JobState.RUNNING.value,
+        reason=f"checkpoint: {note}" if note else "checkpoint",
+        actor=principal.user,
+    )
+    session.add(event)
+    session.flush()
+    return event
+
+
+def last_checkpoints(session: Session, job_ids: Iterable[int]) -> dict[int, datetime]:
+    """When each of these jobs last reported a checkpoint (jobs that never did are left out)."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(JobEvent.job_id, func.max(JobEvent.at))
+        .where(JobEvent.job_id.in_(ids), JobEvent.type == "checkpoint")
+        .group_by(JobEvent.job_id)
+    )
+    return {job_id: at for job_id, at in rows}
+
+
 def cancel_job(session: Session, job_id: int, principal: Principal, *, now: datetime) -> tuple[Job, CancelOutcome]:
     """Cancel a job: end it now if no cluster has it, else record the intent.
 

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from sqlalchemy import text
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -97,11 +98,13 @@ def build(directory: Path, jobs: int, nodes: int, url: str | None = None) -> tup
         with sessions() as session, session.begin():
             queue.submit_jobs(session, specs, admin, now=now)
     with engine.begin() as conn:  # some held with a reason, some finished: a queue of a busy site
-        conn.exec_driver_sql(
-            "UPDATE jobs SET state='held', state_reason='held: tenant vision is at its GPU quota "
-            "(32 of 32 GPU-equivalents)' WHERE id % 10 = 0"
+        conn.execute(
+            text(
+                "UPDATE jobs SET state='held', state_reason='held: tenant vision is at its GPU quota "
+                "(32 of 32 GPU-equivalents)' WHERE id % 10 = 0"
+            )
         )
-        conn.exec_driver_sql("UPDATE jobs SET state='succeeded', state_reason='completed (exit 0)' WHERE id % 10 = 1")
+        conn.execute(text("UPDATE jobs SET state='succeeded', state_reason='completed (exit 0)' WHERE id % 10 = 1"))
     engine.dispose()
     (directory / "fleet.yaml").write_text(fleet_yaml(nodes))
     subprocess.run(

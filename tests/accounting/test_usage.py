@@ -182,3 +182,24 @@ def test_the_api_and_the_cli(http, gpush, database_url, history):
     assert csv.out.splitlines()[0] == "tenant,gpu_hours,jobs,run_hours"
     bad = gpush(*db, "usage", "--since", "last tuesday")
     assert bad.code == 2 and "7d, 24h, 90m" in bad.err
+
+
+def test_a_running_job_reports_checkpoints_which_usage_ignores(http, sessions, history, gpush, database_url):
+    alice = http(user="alice", tenant="ml")
+    bob = http(user="bob", tenant="cv")
+    sliced = history["sliced"]  # cv's, running
+    answer = bob.post(f"/v1/jobs/{sliced}/checkpoint", json={"note": "step 1200 in s3://ckpt/run7"})
+    assert answer.status_code == 201 and answer.json()["type"] == "checkpoint"
+    assert answer.json()["reason"] == "checkpoint: step 1200 in s3://ckpt/run7"
+    assert bob.post(f"/v1/jobs/{sliced}/checkpoint").status_code == 201  # no body: no note
+    assert alice.post(f"/v1/jobs/{sliced}/checkpoint").status_code == 404  # another tenant's job
+    assert bob.post(f"/v1/jobs/{history['whole']}/checkpoint").status_code == 409  # it has ended
+    assert bob.post(f"/v1/jobs/{sliced}/checkpoint", json={"note": "x" * 201}).status_code == 422
+    said = gpush("--database-url", database_url, "checkpoint", sliced, "--note", "epoch 3")
+    assert said.code == 0 and f"job {sliced}: checkpoint recorded" in said.out
+    with sessions() as session:
+        from broker.intake.queue import last_checkpoints
+
+        assert set(last_checkpoints(session, [sliced, history["whole"]])) == {sliced}
+        usage = {u.job_id: u for u in job_usage(session, ADMIN, since=None, until=T0 + timedelta(hours=2))}
+    assert usage[sliced].gpu_seconds / 3600 == pytest.approx(0.25 * 2 + 0.25 * 4)  # as before the checkpoints

@@ -32,6 +32,7 @@ ROUTES = {
     ("POST", "/v1/jobs"): ("jobs", "201"),
     ("GET", "/v1/jobs/{job_id}"): ("jobs", "200"),
     ("POST", "/v1/jobs/{job_id}/cancel"): ("jobs", "200"),
+    ("POST", "/v1/jobs/{job_id}/checkpoint"): ("jobs", "201"),
     ("GET", "/v1/jobs/{job_id}/events"): ("jobs", "200"),
     ("GET", "/v1/jobs/{job_id}/logs"): ("jobs", "200"),
     ("POST", "/v1/jobs/{job_id}/scale"): ("jobs", "200"),

@@ -461,7 +461,8 @@ function kv(key, value) {
 function timeline(events) {
   return h("ol", { class: "timeline", "data-testid": "events" }, events.map((e) => h("li", { class: `s-${e.to_state}` },
     h("time", { datetime: e.at, text: when(e.at) }),
-    e.from_state ? `${e.from_state} → ` : "", h("b", { text: e.to_state }),
+    e.type !== "transition" ? h("b", { text: e.type.replace("_", " ") })
+      : [e.from_state ? `${e.from_state} → ` : "", h("b", { text: e.to_state })],
     e.actor ? h("span", { class: "muted", text: ` by ${e.actor}` }) : null,
     e.reason ? h("div", { class: "why", text: e.reason }) : null)));
 }
