@@ -238,8 +238,15 @@ class UsageLedger:
         self.open: dict[int, tuple[datetime, int, float, Labels]] = {}  # job -> (since, replicas, share, labels)
         self.reported: dict[Labels, float] = {}
 
-    def update(self, session: Session, now: datetime, *, page: int = 20_000) -> dict[Labels, float]:
-        while True:
+    def update(
+        self, session: Session, now: datetime, *, page: int = 20_000, max_pages: int | None = None
+    ) -> dict[Labels, float]:
+        """The totals at ``now`` after reading the events appended since the last call: all
+        of them, or at most ``max_pages`` pages (a scrape stays short on a long history; the
+        totals catch up over the next calls)."""
+        pages = 0
+        while max_pages is None or pages < max_pages:
+            pages += 1
             events = list(
                 session.execute(
                     select(JobEvent)

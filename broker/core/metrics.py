@@ -506,7 +506,8 @@ class GpuSeconds(Collector):
     sharing mode, from the job events (broker.accounting.usage: a MIG slice counts its
     fraction of the GPU, an MPS share its percentage, a time-sliced job its memory
     budget's fraction, whole GPUs whole), running jobs up to the scrape. Each process
-    reads the history once, then only the events appended since its last scrape."""
+    reads the history once (100,000 events a scrape at most, so a scrape stays short),
+    then only the events appended since its last scrape."""
 
     def __init__(self, engine: Engine):
         from broker.accounting.usage import UsageLedger
@@ -523,7 +524,9 @@ class GpuSeconds(Collector):
         )
         try:
             with self._lock, self._sessions() as session:
-                totals = self._ledger.update(session, utcnow())
+                # At most 5 pages of 20,000 events a scrape: on a long history the first
+                # scrapes stay short and the counter catches up over a few of them.
+                totals = self._ledger.update(session, utcnow(), max_pages=5)
         except SQLAlchemyError as exc:
             log.warning("metrics: GPU usage unavailable: %s", exc)
             return

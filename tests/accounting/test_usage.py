@@ -203,3 +203,15 @@ def test_a_running_job_reports_checkpoints_which_usage_ignores(http, sessions, h
         assert set(last_checkpoints(session, [sliced, history["whole"]])) == {sliced}
         usage = {u.job_id: u for u in job_usage(session, ADMIN, since=None, until=T0 + timedelta(hours=2))}
     assert usage[sliced].gpu_seconds / 3600 == pytest.approx(0.25 * 2 + 0.25 * 4)  # as before the checkpoints
+
+
+def test_the_ledger_catches_up_a_page_at_a_time(sessions, history):
+    until = T0 + timedelta(hours=3)
+    with sessions() as session:
+        whole = UsageLedger().update(session, until)
+        ledger = UsageLedger()
+        first = ledger.update(session, until, page=2, max_pages=1)  # two events read
+        assert sum(first.values()) < sum(whole.values())
+        for _ in range(20):
+            last = ledger.update(session, until, page=2, max_pages=1)
+    assert last == pytest.approx(whole)
