@@ -630,3 +630,40 @@ def test_runs_that_ended_before_slurmctld_restarted_give_their_gpus_back(broker:
     detail = broker.adapter().health().detail
     assert f"(Slurm job {theirs}, per the job completion log or accounting)" in detail, detail
     assert f"scancel {theirs}" in detail
+
+
+# A program that checkpoints when told of a preemption: USR1 makes it write where it got
+# to and exit; run again, it resumes from what it wrote (the issue's victim program).
+VICTIM = r"""
+marker="$1"
+if [ -e "$marker" ]; then echo "resumed from $(cat "$marker")"; exit 0; fi
+i=0
+trap 'echo "step $i" > "$marker"; echo "checkpointed at step $i"; exit 0' USR1
+echo started
+while true; do i=$((i+1)); sleep 0.2; done
+"""
+
+
+def _output_so_far(b: Broker, job_id: int) -> str:
+    path = b.workdir / "gpush-logs" / f"{b.adapter().settings.tag}-{job_id}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def test_a_preempted_job_gets_its_signal_saves_its_state_and_resumes(broker: Broker, backend):
+    marker = broker.workdir / "victim.marker"
+    command = ["bash", "-c", VICTIM, "victim", str(marker)]
+    job_id = broker.submit(kind="training", gpus=1, command=command)
+    broker.cycle_until(lambda: broker.job(job_id).state == "running")
+    broker.cycle_until(lambda: "started" in _output_so_far(broker, job_id))  # the trap is set
+    broker.adapter().preempt(job_id, "SIGUSR1", grace_seconds=30)
+    broker.cycle_until(lambda: broker.job(job_id).state in ("succeeded", "failed", "cancelled"))
+    assert broker.job(job_id).state == "succeeded", broker.summary()  # it saved its state and exited
+    assert marker.read_text().startswith("step ")
+    assert "checkpointed at step" in output(broker, job_id)
+    again = broker.submit(kind="training", gpus=1, command=command)
+    broker.cycle_until(lambda: broker.job(again).state == "succeeded")
+    assert output(broker, again).strip() == f"resumed from {marker.read_text().strip()}"
+    # A job that has ended, or never was, is no error; a signal the broker does not send is refused.
+    broker.adapter().preempt(job_id, "SIGUSR1", grace_seconds=30)
+    with pytest.raises(Rejected, match="SIGKILL"):
+        broker.adapter().preempt(again, "SIGKILL", grace_seconds=0)

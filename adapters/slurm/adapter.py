@@ -71,6 +71,7 @@ from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob,
 from adapters.slurm.render import expand_filename, job_id_of, log_directory, log_paths, render
 from broker.core.adapter import (
     MAX_LOG_CHUNK,
+    PREEMPT_SIGNALS,
     AdapterError,
     BackendJob,
     BackendState,
@@ -81,6 +82,7 @@ from broker.core.adapter import (
     LogReader,
     Owner,
     Placement,
+    Preemptor,
     Rejected,
     Sharing,
     StatusPage,
@@ -213,7 +215,7 @@ class SlurmAdapter:
     """gpush's adapter for one Slurm cluster (see the module docstring)."""
 
     # slurmctld serves submissions on several threads: a cycle's jobs go in one batch.
-    capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter, LogReader})
+    capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter, LogReader, Preemptor})
 
     def __init__(
         self,
@@ -394,6 +396,15 @@ class SlurmAdapter:
             ids.add(known)  # submitted a moment ago, not listed yet
         for backend_id in sorted(ids):
             self.client.cancel(backend_id)
+
+    def preempt(self, job_id: int, signal: str, grace_seconds: int) -> None:
+        """Signal every live Slurm job of gpush job ``job_id`` (its batch script and all its
+        processes, as ``scancel --full --signal``); the broker cancels it after the grace."""
+        if signal not in PREEMPT_SIGNALS:
+            raise Rejected(f"signal {signal!r} is not one a job may be told of a preemption with: {PREEMPT_SIGNALS}")
+        records = self._tagged(self._jobs(fresh=True)).get(job_id, [])
+        for backend_id in sorted({r.job_id for r in records if r.state not in _FINAL}):
+            self.client.signal(backend_id, signal)
 
     def find(self, job_id: int) -> BackendJob | None:
         records = self._tagged(self._jobs(fresh=True)).get(job_id)

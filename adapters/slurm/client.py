@@ -104,6 +104,7 @@ class SlurmClient(Protocol):
     def jobs(self) -> list[SlurmJob]: ...
     def nodes(self) -> list[SlurmNode]: ...
     def cancel(self, job_id: str) -> None: ...
+    def signal(self, job_id: str, signal: str) -> None: ...
     def finished(self, since: datetime | None) -> list[FinishedRecord]: ...
 
 
@@ -240,6 +241,13 @@ class CliBackend:
         done = self._run("scancel", job_id)
         if done.returncode != 0 and "Invalid job id" not in done.stderr and "already completing" not in done.stderr:
             raise Unreachable(f"scancel {job_id}: {_last_line(done.stderr)}")
+
+    @_read_retry
+    def signal(self, job_id: str, signal: str) -> None:
+        """``scancel --full --signal``: the batch script and every process of the job get it."""
+        done = self._run("scancel", "--full", f"--signal={signal.removeprefix('SIG')}", job_id)
+        if done.returncode != 0 and "Invalid job id" not in done.stderr and "already completing" not in done.stderr:
+            raise Unreachable(f"scancel --signal={signal} {job_id}: {_last_line(done.stderr)}")
 
     def finished(self, since: datetime | None) -> list[FinishedRecord]:
         records = self._sacct(since)
@@ -575,6 +583,24 @@ class RestBackend:
             if "Invalid job id" in exc.message or "already completing" in exc.message.lower():
                 return
             raise Unreachable(f"slurmrestd cancel {job_id}: {exc.message}") from None
+
+    @_read_retry
+    def signal(self, job_id: str, signal: str) -> None:
+        """DELETE job/{id} with ``signal`` and the FULL_JOB flag: the batch script and every
+        process of the job get it, as ``scancel --full --signal`` gives it."""
+        try:
+            answer = self._request("DELETE", f"job/{job_id}?signal={signal}&flags=FULL_JOB")
+            problems = [
+                str((entry.get("error") or {}).get("message") or "")
+                for entry in (answer.get("status") or [])
+                if isinstance(entry, dict) and (entry.get("error") or {}).get("code")
+            ]
+            if problems:
+                raise RestError(200, "; ".join(p for p in problems if p) or "refused", from_slurm=True, answer=answer)
+        except RestError as exc:
+            if "Invalid job id" in exc.message or "already completing" in exc.message.lower():
+                return
+            raise Unreachable(f"slurmrestd signal {signal} to {job_id}: {exc.message}") from None
 
     def finished(self, since: datetime | None) -> list[FinishedRecord]:
         if self.jobcomp_file:

@@ -302,6 +302,19 @@ class Scaler(Protocol):
         for. :class:`Rejected` when the job cannot scale there (not elastic, gone)."""
 
 
+# The signals a job may ask to be told of a preemption with (its checkpoint hook).
+PREEMPT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+class Preemptor(Protocol):
+    """Asks a running job to stop for a preemption, so that it can save its state first."""
+
+    def preempt(self, job_id: int, signal: str, grace_seconds: int) -> None:
+        """Send ``signal`` (one of :data:`PREEMPT_SIGNALS`) to job ``job_id`` now; it has
+        ``grace_seconds`` to save its state and exit before the broker cancels it. A job
+        that has already ended is no error."""
+
+
 class RenderedConfig(Protocol):
     """A configuration an adapter rendered and may apply; shown to the admin as YAML."""
 
@@ -405,6 +418,7 @@ CAPABILITIES: dict[type, tuple[str, ...]] = {
     LogReader: ("logs",),
     ChangeNotifier: ("notify_changes",),
     TenantQuotaKeeper: ("tenant_quotas", "apply_tenant_quotas"),
+    Preemptor: ("preempt",),
 }
 
 _C = TypeVar("_C")

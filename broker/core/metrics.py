@@ -53,6 +53,7 @@ from broker.core.adapter import (
     LogReader,
     Owner,
     Placement,
+    Preemptor,
     RenderedConfig,
     Scaler,
     StatusPage,
@@ -294,7 +295,15 @@ class _KeepsTenantQuotas:
         return self.adapter.apply_tenant_quotas(plan)
 
 
+class _Preempts:
+    __slots__ = ()
+
+    def preempt(self: Any, job_id: int, signal: str, grace_seconds: int) -> None:
+        return self._call("preempt", self.adapter.preempt, job_id, signal, grace_seconds)
+
+
 _FORWARDERS: dict[type, type] = {
+    Preemptor: _Preempts,
     BatchSubmitter: _SubmitsMany,
     Scaler: _Scales,
     TimesliceConfigurator: _ConfiguresTimeslicing,

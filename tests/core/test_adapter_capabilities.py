@@ -11,6 +11,7 @@ from broker.core.adapter import (
     ChangeNotifier,
     Closable,
     LogReader,
+    Preemptor,
     Scaler,
     TenantQuotaKeeper,
     TimesliceConfigurator,
@@ -30,7 +31,7 @@ def test_every_adapter_declares_exactly_the_capabilities_it_has(kind):
 
 
 def test_the_real_adapters_declare_what_the_broker_uses():
-    assert declared(adapter_class("slurm")) == {BatchSubmitter, LogReader}
+    assert declared(adapter_class("slurm")) == {BatchSubmitter, LogReader, Preemptor}
     assert declared(adapter_class("k8s")) == {
         BatchSubmitter,
         Scaler,
