@@ -568,9 +568,19 @@ class RestBackend:
 
     @_read_retry
     def cancel(self, job_id: str) -> None:
+        self._delete_job(job_id, "", f"cancel {job_id}")
+
+    @_read_retry
+    def signal(self, job_id: str, signal: str) -> None:
+        """DELETE job/{id} with ``signal`` and the FULL_JOB flag: the batch script and every
+        process of the job get it, as ``scancel --full --signal`` gives it."""
+        self._delete_job(job_id, f"?signal={signal}&flags=FULL_JOB", f"signal {signal} to {job_id}")
+
+    def _delete_job(self, job_id: str, query: str, what: str) -> None:
+        """DELETE job/{id} (a cancel, or a signal with ``query``); a job that has ended is no error."""
         try:
-            answer = self._request("DELETE", f"job/{job_id}")
-            # From v0.0.40 on a cancel Slurm refused still answers HTTP 200, with the
+            answer = self._request("DELETE", f"job/{job_id}{query}")
+            # From v0.0.40 on a request Slurm refused still answers HTTP 200, with the
             # error in status[] (one entry per job or step it signalled).
             problems = [
                 str((entry.get("error") or {}).get("message") or (entry.get("error") or {}).get("string") or "")
@@ -582,25 +592,7 @@ class RestBackend:
         except RestError as exc:
             if "Invalid job id" in exc.message or "already completing" in exc.message.lower():
                 return
-            raise Unreachable(f"slurmrestd cancel {job_id}: {exc.message}") from None
-
-    @_read_retry
-    def signal(self, job_id: str, signal: str) -> None:
-        """DELETE job/{id} with ``signal`` and the FULL_JOB flag: the batch script and every
-        process of the job get it, as ``scancel --full --signal`` gives it."""
-        try:
-            answer = self._request("DELETE", f"job/{job_id}?signal={signal}&flags=FULL_JOB")
-            problems = [
-                str((entry.get("error") or {}).get("message") or "")
-                for entry in (answer.get("status") or [])
-                if isinstance(entry, dict) and (entry.get("error") or {}).get("code")
-            ]
-            if problems:
-                raise RestError(200, "; ".join(p for p in problems if p) or "refused", from_slurm=True, answer=answer)
-        except RestError as exc:
-            if "Invalid job id" in exc.message or "already completing" in exc.message.lower():
-                return
-            raise Unreachable(f"slurmrestd signal {signal} to {job_id}: {exc.message}") from None
+            raise Unreachable(f"slurmrestd {what}: {exc.message}") from None
 
     def finished(self, since: datetime | None) -> list[FinishedRecord]:
         if self.jobcomp_file:

@@ -13,15 +13,9 @@ from broker.routing.policy import load_policy
 from broker.simulation.fleet import load_fleet
 from broker.simulation.replay import replay
 from broker.simulation.workload import read_workload
+from tests.simulation.test_replay import POOL_FLEET, POOL_POLICY
 
-FLEET = """
-clusters:
-  slurm-a:
-    flavor: slurm
-    nodes:
-      - {name: gpu, count: 2, gpus: [{model: A100-SXM4-80GB, count: 4}]}
-"""
-POLICY = "rules:\n  - {name: all, match: {}, route: {cluster: slurm-a, sharing: slurm/exclusive}}\n"
+FLEET, POLICY = POOL_FLEET, POOL_POLICY  # 8 whole A100s, every job sent there
 
 # Eight batch jobs fill the 8 GPUs for 2 h; at 30 min four urgent 1-GPU jobs arrive.
 WORKLOAD = """
