@@ -447,7 +447,7 @@ class SharedGpuNodes:
         self._key_index: dict[tuple[int, int, int], int] = {}
         self._memo: dict[tuple[bytes, int], tuple[np.ndarray, np.ndarray, float]] = {}
         self._allowed: dict[frozenset[str], np.ndarray] = {}
-        self._holdable: dict[tuple[TaskShape, frozenset[str]], bool] = {}
+        self._holdable: dict[tuple[int, int, int, frozenset[str]], bool] = {}  # (GPUs, CPU, memory, models)
         for shape in shapes:
             self._register(shape, rebuild=False)
         self._rebuild()
@@ -474,25 +474,24 @@ class SharedGpuNodes:
 
     def could_ever_hold(self, task: TaskShape, models: Iterable[str] = ()) -> bool:
         """Whether some node, empty, could run ``task`` (else it would wait forever)."""
-        allowed = frozenset(models)
-        known = self._holdable.get((task, allowed))
+        return self._holds_when_empty(task.gpus, task.cpu_milli, task.memory_mib, frozenset(models))
+
+    def could_ever_hold_cpu(self, cpu_milli: int, memory_mib: int = 0) -> bool:
+        """Whether some node, empty, has the CPU and memory of a task that takes no GPU."""
+        return self._holds_when_empty(0, cpu_milli, memory_mib, frozenset())
+
+    def _holds_when_empty(self, gpus: int, cpu_milli: int, memory_mib: int, allowed: frozenset[str]) -> bool:
+        key = (gpus, cpu_milli, memory_mib, allowed)
+        known = self._holdable.get(key)
         if known is None:
-            known = self._holdable[(task, allowed)] = any(
-                node.gpus >= task.gpus
-                and (node.cpu_milli is None or node.cpu_milli >= task.cpu_milli)
-                and (node.memory_mib is None or node.memory_mib >= task.memory_mib)
+            known = self._holdable[key] = any(
+                node.gpus >= gpus
+                and (node.cpu_milli is None or node.cpu_milli >= cpu_milli)
+                and (node.memory_mib is None or node.memory_mib >= memory_mib)
                 and (not allowed or node.model in allowed)
                 for node in self.nodes
             )
         return known
-
-    def could_ever_hold_cpu(self, cpu_milli: int, memory_mib: int = 0) -> bool:
-        """Whether some node, empty, has the CPU and memory of a task that takes no GPU."""
-        return any(
-            (node.cpu_milli is None or node.cpu_milli >= cpu_milli)
-            and (node.memory_mib is None or node.memory_mib >= memory_mib)
-            for node in self.nodes
-        )
 
     # -- placing and releasing --------------------------------------------------------
 

@@ -196,7 +196,7 @@ class _FleetReplay(ReplayLoop):
         waiting = [e for e in self.queue if e.seq not in self.at_quota and e.spec.priority > lowest and e.routes][
             : self.PREEMPTING_PER_CYCLE
         ]
-        gap = {tenant: used - share for tenant, (used, share) in self._share_gaps().items()}
+        gap = self._share_gaps()
         for entry in waiting:
             candidates = sorted(
                 (e for e in running if e.seq not in self.preempted and e.spec.priority < entry.spec.priority),
@@ -220,8 +220,9 @@ class _FleetReplay(ReplayLoop):
                     for r in entry.routes
                 )
 
+            asking = Waiting(entry.seq, entry.tenant, entry.spec.priority)
             choice = choose_victims(
-                Waiting(entry.seq, entry.tenant, entry.spec.priority),
+                asking,
                 [self._as_running(e) for e in candidates],
                 fits,
                 terms=self.preemption,
@@ -231,34 +232,38 @@ class _FleetReplay(ReplayLoop):
             if choice is None:
                 continue
             for victim in choice.victims:
-                self._stop(
-                    t, by_seq[victim.job_id], choice.reason(Waiting(entry.seq, entry.tenant, entry.spec.priority))
-                )
+                self._stop(t, by_seq[victim.job_id], choice.reason(asking))
             running = [e for e in running if e.seq not in self.preempted]
         return len(self.preempted) > stopped
 
-    def _share_gaps(self) -> dict[str, tuple[float, float]]:
+    def _share_gaps(self) -> dict[str, float]:
+        """Each tenant's GPU-equivalents held minus its weighted share of all that is held."""
         usage = self._usage()
         total = sum(usage.values()) or 1.0
         weights = {t: self.weights.get(t, 1.0) for t in usage}
         weight_sum = sum(weights.values()) or 1.0
-        return {t: (usage[t], total * weights[t] / weight_sum) for t in usage}
+        return {t: usage[t] - total * weights[t] / weight_sum for t in usage}
+
+    @staticmethod
+    def _saved_at(entry: ReplayJob, t: float) -> float:
+        """When the running job last checkpointed before ``t`` (its start if it never did):
+        what a preemption at ``t`` keeps of its work."""
+        start = t if entry.record.start is None else entry.record.start
+        every = entry.arrival.checkpoint_every
+        return start + ((t - start) // every) * every if every else start
 
     def _as_running(self, entry: ReplayJob) -> Running:
-        start = self.clock.at(entry.record.start or 0.0)
-        every = entry.arrival.checkpoint_every
-        checkpoint = None
-        if every:
-            ran = self.clock.seconds(self.clock()) - (entry.record.start or 0.0)
-            checkpoint = self.clock.at((entry.record.start or 0.0) + (ran // every) * every) if ran >= every else None
-        return Running(entry.seq, entry.tenant, entry.spec.priority, True, start, checkpoint)
+        start = entry.record.start or 0.0
+        saved = self._saved_at(entry, self.clock.seconds(self.clock()))
+        checkpoint = self.clock.at(saved) if saved > start else None
+        return Running(entry.seq, entry.tenant, entry.spec.priority, True, self.clock.at(start), checkpoint)
 
     def _stop(self, t: float, entry: ReplayJob, reason: str) -> None:
         """Preempt ``entry``: cancel it on its cluster, count the work lost, queue the rest."""
         record = entry.record
-        ran = t - (t if record.start is None else record.start)
-        every = entry.arrival.checkpoint_every
-        lost = ran % every if every else ran
+        start = t if record.start is None else record.start
+        saved = self._saved_at(entry, t)
+        lost, kept = t - saved, saved - start
         self.preempted.add(entry.seq)
         self.sims[entry.placement.cluster].cancel(entry.seq)
         self.gpu_seconds_lost += lost * record.gpu_equivalents
@@ -266,7 +271,7 @@ class _FleetReplay(ReplayLoop):
         record.reason = reason
         record.preempted = True
         # The rest of its work, queued again as the broker requeues a preempted job.
-        remaining = max(entry.arrival.duration - (ran - lost), 1.0)
+        remaining = max(entry.arrival.duration - kept, 1.0)
         seq = len(self.entries) + 1
         arrival = _replace(entry.arrival, at=t, duration=remaining)
         again = ReplayJob(
