@@ -39,6 +39,7 @@ from broker.core.auth import Principal
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import gpu_model
 from broker.core.models import Job, JobEvent
+from broker.intake.queue import job_filters
 
 RUNNING = "running"
 GROUPS = ("tenant", "user", "cluster", "sharing", "kind")
@@ -138,16 +139,13 @@ def job_usage(
     """Every job that ran within [since, until) and the caller may see, with its usage there."""
     if since is not None and since >= until:
         raise InvalidRequest(f"--since ({since.isoformat()}) is not before --until ({until.isoformat()})")
-    if not principal.is_admin:
-        if tenant is not None and tenant != principal.tenant:
-            return []
-        tenant = principal.tenant
+    scope = job_filters(principal, tenant=tenant, user=None, kind=None, cluster=None, labels=None)
+    if scope is None:
+        return []
     ran = select(JobEvent.job_id).where(JobEvent.to_state == RUNNING, JobEvent.at < until)
-    query = select(Job).where(Job.id.in_(ran), Job.placement.is_not(None))
+    query = select(Job).where(*scope, Job.id.in_(ran), Job.placement.is_not(None))
     if since is not None:  # a job that ended before the window began used none of it
         query = query.where(or_(Job.updated_at >= since, Job.state == RUNNING))
-    if tenant is not None:
-        query = query.where(Job.tenant == tenant)
     jobs = list(session.execute(query.order_by(Job.id)).scalars())
     out = []
     for start in range(0, len(jobs), _CHUNK):

@@ -177,7 +177,6 @@ def agent(settings: Settings, node: str | None, interval: float, once: bool, rec
     return commands.agent(settings, output(), node=node, interval=interval, once=once, recording=recording)
 
 
-# Registered on the root group by broker.cli.main.
 @click.command(context_settings=CONTEXT)
 @click.option("--open", "open_browser", is_flag=True, help="Open it in the default web browser too.")
 @json_option
@@ -192,4 +191,5 @@ def dashboard(settings: Settings, open_browser: bool, json_mode: bool) -> int:
     return commands.dashboard(settings.client(), output(json_mode), open_browser=open_browser)
 
 
+# Registered on the root group by broker.cli.main.
 COMMANDS = (server, scheduler_group, db, agent, dashboard)

@@ -46,6 +46,7 @@ from broker.simulation.workload import (
 )
 
 MIG = (Sharing.SLURM_MIG, Sharing.K8S_MIG)
+SHARED = (Sharing.K8S_TIMESLICE, Sharing.SLURM_MPS)
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,6 @@ class CpuCounts:
         ]
         parts = [p for p in parts if p]
         return text + (f" ({', '.join(parts)})" if parts else "")
-
-
-SHARED = (Sharing.K8S_TIMESLICE, Sharing.SLURM_MPS)
 
 
 def _memory_mib(spec: JobSpec) -> int:
