@@ -667,3 +667,67 @@ def test_a_preempted_job_gets_its_signal_saves_its_state_and_resumes(broker: Bro
     broker.adapter().preempt(job_id, "SIGUSR1", grace_seconds=30)
     with pytest.raises(Rejected, match="SIGKILL"):
         broker.adapter().preempt(again, "SIGKILL", grace_seconds=0)
+
+
+PREEMPTING = POLICY + "preemption: {min_priority_gap: 5, grace: 20s}\n"
+
+
+def _apply(b: Broker, text: str) -> None:
+    with b.sessions() as session, session.begin():
+        policystore.apply(
+            session,
+            text,
+            comment="preemption",
+            author="root",
+            now=b.clock(),
+            views=cluster_views(session, b.pool),
+            base_version=policystore.active_version(session),
+        )
+
+
+def test_a_protected_job_preempts_a_checkpointing_job_that_resumes_where_it_stopped(broker: Broker, backend):
+    """The scheduler's own preemption on real Slurm: the victim gets SIGUSR1 from its
+    checkpoint section, saves and exits, is requeued with the reason, and its next run
+    resumes from its marker; the protected job starts within a cycle of the victim's end."""
+    _apply(broker, PREEMPTING)
+    marker = broker.workdir / "victim.marker"
+    command = ["bash", "-c", VICTIM, "victim", str(marker)]
+    checkpoint = {"signal": "USR1", "grace": 20}
+    victim = broker.submit(kind="training", gpus=2, command=command, preemptible=True, checkpoint=checkpoint)
+    broker.cycle_until(lambda: "started" in _output_so_far(broker, victim))  # running, its trap set
+    time.sleep(1)  # some steps done
+    asked = time.monotonic()
+    urgent = broker.submit(tenant="prod", kind="training", gpus=2, command=["sleep", "2"], priority=10)
+    broker.cycle_until(lambda: broker.job(urgent).state in ("running", "succeeded"), timeout=40)
+    waited = time.monotonic() - asked
+    assert waited < 20, f"{waited:.1f} s: more than the grace"  # it saved at once, well inside its grace
+    rows = broker.event_rows(victim)
+    told = [e.reason for e in rows if e.type == "preemption"]
+    assert told == [
+        f"preempted by job {urgent} (priority 10, tenant prod): to be told with SIGUSR1",
+        "preemption: told with SIGUSR1; 20 s to save its state",
+    ], broker.summary()
+    (requeued,) = [e.reason for e in rows if e.to_state == "requeued"]
+    assert requeued == f"preempted by job {urgent} (priority 10, tenant prod); ended after saving its state (exit 0)"
+    assert any(
+        e.type == "preemption" and e.reason.startswith(f"preempts job {victim}") for e in broker.event_rows(urgent)
+    )
+    saved = marker.read_text().strip()
+    assert saved.startswith("step ") and int(saved.split()[1]) > 0
+    # The urgent job ends; the victim runs again and resumes where it stopped.
+    broker.cycle_until(lambda: broker.job(victim).state == "succeeded", timeout=60)
+    assert output(broker, victim).strip() == f"resumed from {saved}"
+    runs = [e for e in broker.event_rows(victim) if e.type == "transition" and e.to_state == "submitted"]
+    assert len(runs) == 2 and broker.job(urgent).state == "succeeded"  # two runs in Slurm
+
+
+def test_a_job_that_is_not_preemptible_is_never_touched(broker: Broker, backend):
+    _apply(broker, PREEMPTING)
+    kept = broker.submit(kind="training", gpus=2, command=["sleep", "60"], preemptible=False)
+    broker.cycle_until(lambda: broker.job(kept).state == "running")
+    urgent = broker.submit(tenant="prod", kind="training", gpus=2, command=["true"], priority=100)
+    for _ in range(4):
+        assert broker.scheduler.run_cycle().preempted == 0
+        time.sleep(0.3)
+    assert broker.job(kept).state == "running" and "preemption" not in {e.type for e in broker.event_rows(kept)}
+    assert broker.job(urgent).state_reason.startswith("waiting for 2 whole GPUs"), broker.summary()

@@ -405,6 +405,10 @@ class SlurmAdapter:
         records = self._tagged(self._jobs(fresh=True)).get(job_id, [])
         for backend_id in sorted({r.job_id for r in records if r.state not in _FINAL}):
             self.client.signal(backend_id, signal)
+        with self._lock:
+            # This run ends: the broker queues the job again, and its next submission must
+            # reach Slurm as a new run (the newest run is the one statuses follow).
+            self._known.pop(job_id, None)
 
     def find(self, job_id: int) -> BackendJob | None:
         records = self._tagged(self._jobs(fresh=True)).get(job_id)

@@ -47,6 +47,17 @@ from broker.core.names import Isolation, JobState, Kind
 @click.option("--user", help="User (admins only; default: your token's).")
 @click.option("-p", "--priority", type=int, help="-1000 to 1000; higher runs first (default 0).")
 @click.option(
+    "--preemptible/--not-preemptible",
+    default=None,
+    help="May be stopped for work of higher standing and queued again (default: the policy's, by tenant and kind).",
+)
+@click.option(
+    "--checkpoint",
+    metavar="SIGNAL[@GRACE]",
+    help="On preemption, send SIGNAL and allow GRACE to save state, as sbatch --signal: USR1@2m, TERM@90 "
+    "(default TERM and the policy's grace).",
+)
+@click.option(
     "-M",
     "--cluster",
     metavar="CLUSTER",
@@ -73,6 +84,7 @@ def submit(
     \b
       gpush submit --kind training --gpus 2 -- python train.py --lr 3e-4
       gpush submit -f job.yaml --priority 10
+      gpush submit --kind training --preemptible --checkpoint USR1@2m -- ./train.sh
       gpush submit --ray http://ray-head:8265 -- python serve_app.py
     """
     from broker.cli.command_line import refuse_ambiguous_submit
@@ -85,6 +97,9 @@ def submit(
             output(json_mode), ray_address, list(command), submission_id=fields.get("idempotency_key")
         )
 
+    if fields.get("checkpoint"):
+        signal, _, grace = fields["checkpoint"].partition("@")
+        fields["checkpoint"] = {"signal": signal} | ({"grace": grace} if grace else {})
     fields["env"] = parse_pairs(env, option="--env")
     fields["labels"] = parse_pairs(labels, option="--label")
     if min_replicas is not None or max_replicas is not None:

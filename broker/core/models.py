@@ -145,6 +145,44 @@ class JobEvent(Base):
     actor: Mapped[str | None] = mapped_column(String(128))
 
 
+class Preemption(Base):
+    """One preemption: a running job (``victim_id``) stopped so that a waiting one
+    (``preemptor_id``) can run. Written when the scheduler chooses the victim, before any
+    cluster is asked (broker.scheduling.preemption); ``signalled_at`` once the victim got
+    its checkpoint signal, ``stopped_at`` once its grace ran out and its cluster was told to
+    stop it, ``ended_at`` once it left ``running`` (requeued, or ended on its own first)."""
+
+    __tablename__ = "preemptions"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    victim_id: Mapped[int] = mapped_column(BigId, ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    preemptor_id: Mapped[int] = mapped_column(BigId, ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    # "priority" or "reclaim" (broker.placement.preemption.Choice.why): reclaims are rate-limited.
+    why: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    signal: Mapped[str] = mapped_column(String(8))
+    grace_seconds: Mapped[int] = mapped_column(Integer)
+    requested_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    signalled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    gpu_equivalents: Mapped[float] = mapped_column(Float)  # what the victim held
+    # GPU-equivalent seconds of work since the victim's last checkpoint (its start if none), at its end.
+    lost_gpu_seconds: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (
+        # The preemptions in flight: the few rows each cycle reads.
+        Index(
+            "ix_preemptions_open",
+            "id",
+            postgresql_where=sql_text("ended_at IS NULL"),
+            sqlite_where=sql_text("ended_at IS NULL"),
+        ),
+        # The reclaim rate limit: the last hour's.
+        Index("ix_preemptions_requested_at", "requested_at"),
+    )
+
+
 class ApiToken(Base):
     """An API token: only its sha256 is stored; the secret is shown once, at creation."""
 

@@ -20,7 +20,7 @@ import math
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import (
@@ -309,6 +309,51 @@ class Elastic(BaseModel):
         return self
 
 
+# Signals a job may ask to be told of a preemption with (broker.core.adapter.PREEMPT_SIGNALS).
+PreemptSignal = Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"]
+# The longest a preempted job may take to save its state: the job that preempts it waits that long.
+MAX_GRACE_SECONDS = 3600
+
+
+def parse_grace(value: Any) -> Any:
+    """Seconds from 90, "90", "90s", "2m", "1m30s" (a bare number is seconds here, unlike a
+    time limit: a grace is short)."""
+    if isinstance(value, bool):
+        raise ValueError("expected seconds (90) or a duration (2m, 1m30s)")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    if text.isdigit():
+        return int(text)
+    if (m := _DURATION_RE.match(text)) and any(m.groups()):
+        d, h, mi, s = (int(g) if g else 0 for g in m.groups())
+        return ((d * 24 + h) * 60 + mi) * 60 + s
+    raise ValueError(f"{_short(text)} is not a grace period: give seconds (90) or a duration (2m, 1m30s)")
+
+
+def _signal_name(value: Any) -> Any:
+    # USR1, usr1, SIGUSR1 all name one signal; stored as SIGUSR1, as scancel and kill print it.
+    if isinstance(value, str):
+        text = value.strip().upper()
+        return text if text.startswith("SIG") else "SIG" + text
+    return value
+
+
+class Checkpoint(BaseModel):
+    """How a job wants to be told of a preemption: ``signal`` first, then ``grace`` seconds
+    to save its state and exit before its cluster stops it. Kubernetes tells a container
+    only with its stop signal (SIGTERM unless the image says otherwise)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    signal: Annotated[PreemptSignal, BeforeValidator(_signal_name)] = Field(
+        "SIGTERM", description="SIGTERM, SIGINT, SIGHUP, SIGUSR1 or SIGUSR2 (USR1 is read as SIGUSR1)"
+    )
+    grace: Annotated[int, BeforeValidator(parse_grace)] = Field(
+        60, ge=0, le=MAX_GRACE_SECONDS, description="seconds to save state after the signal: 90, 2m, 1m30s"
+    )
+
+
 class JobSpec(BaseModel):
     """What a user asks for, independent of where it lands (DESIGN.md, "The job")."""
 
@@ -337,6 +382,12 @@ class JobSpec(BaseModel):
     tenant: Principal | None = None
     user: Principal | None = None
     priority: int = Field(0, ge=-1000, le=1000)
+    preemptible: bool | None = Field(
+        None, description="may be stopped for work of higher standing and queued again; unset: the policy's default"
+    )
+    checkpoint: Checkpoint | None = Field(
+        None, description="on preemption: {signal: SIGUSR1, grace: 2m}; unset: SIGTERM and the policy's grace"
+    )
     cluster: str | None = Field(
         None,
         pattern=_NAME,

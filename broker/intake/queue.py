@@ -67,6 +67,10 @@ _JOB_FIELDS = (
 )
 
 
+# Ids per IN (...) list (SQLite binds each one).
+_IDS_PER_QUERY = 1000
+
+
 def job_row(job: Job) -> dict[str, Any]:
     return {c: getattr(job, c) for c in _JOB_FIELDS}
 
@@ -388,17 +392,23 @@ def record_checkpoint(
     return event
 
 
-def last_checkpoints(session: Session, job_ids: Iterable[int]) -> dict[int, datetime]:
-    """When each of these jobs last reported a checkpoint (jobs that never did are left out)."""
+def last_events(
+    session: Session, job_ids: Iterable[int], type_: str, to_state: str | None = None
+) -> dict[int, datetime]:
+    """When each of these jobs last had an event of ``type_`` (``checkpoint``; a
+    ``transition`` to ``to_state``); jobs that never had one are left out."""
     ids = list(job_ids)
-    if not ids:
-        return {}
-    rows = session.execute(
-        select(JobEvent.job_id, func.max(JobEvent.at))
-        .where(JobEvent.job_id.in_(ids), JobEvent.type == "checkpoint")
-        .group_by(JobEvent.job_id)
-    )
-    return {job_id: at for job_id, at in rows}
+    out: dict[int, datetime] = {}
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        query = (
+            select(JobEvent.job_id, func.max(JobEvent.at))
+            .where(JobEvent.job_id.in_(ids[start : start + _IDS_PER_QUERY]), JobEvent.type == type_)
+            .group_by(JobEvent.job_id)
+        )
+        if to_state is not None:
+            query = query.where(JobEvent.to_state == to_state)
+        out.update({job_id: at for job_id, at in session.execute(query)})
+    return out
 
 
 def cancel_job(session: Session, job_id: int, principal: Principal, *, now: datetime) -> tuple[Job, CancelOutcome]:

@@ -62,7 +62,8 @@ class FairShare:
     def contend(self, waiting: Iterable[str]) -> None:
         """Set who shares: the tenants holding GPUs and those in ``waiting``. Fixed until
         the next call, as one scheduling cycle sees the tenants of its start."""
-        self._weight_sum = sum(self.weight(t) for t in set(self.usage) | set(waiting)) or 1.0
+        self._contending = set(self.usage) | set(waiting)
+        self._weight_sum = sum(self.weight(t) for t in self._contending) or 1.0
 
     def share(self, tenant: str) -> float:
         """The tenant's weighted share: its weight over the contending tenants' weights."""
@@ -74,6 +75,12 @@ class FairShare:
 
     def _surplus(self, tenant: str) -> float:
         return self.usage.get(tenant, 0.0) / (self.in_use or 1.0) - self.share(tenant)
+
+    def gaps(self) -> dict[str, float]:
+        """Each contending tenant's GPU-equivalents held minus its weighted share of all that
+        is held (positive: above its share; a tenant that waits holding nothing is below):
+        what fair-share reclaiming reads (broker.placement.preemption)."""
+        return {t: self.usage.get(t, 0.0) - self.in_use * self.share(t) for t in self._contending | set(self.usage)}
 
     def key(self, tenant: str, priority: int, age: Any) -> tuple:
         """Sort key of a tenant's next job: the smallest goes first (priority, then the

@@ -17,13 +17,24 @@ checkpoint (since its start when it reported none). Victims are added in that or
 until the waiting job fits (``fits``, given the victims' capacity as free), then any
 victim the fit does not need is given back, latest first: never more than the waiting
 job needs. A job that is not preemptible is never a candidate.
+
+:class:`Planner` makes one cycle's preemptions, for the live scheduler
+(:mod:`broker.scheduling.preemption`) and the replay (:mod:`broker.simulation.replay`)
+alike: the waiting jobs in the order the cycle decided them, each among the running jobs
+on its routes that no earlier job of the cycle took, its fit tried on the cycle's
+capacity with the victims' placements given back. The capacity a choice frees stays with
+the job it was freed for, so a later job of the cycle cannot count it, and the reclaim
+budget is the fleet's, shared by the cycle's choices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from broker.placement.capacity import Fit
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,7 @@ class Running:
     preemptible: bool
     started_at: datetime
     checkpointed_at: datetime | None = None  # the last checkpoint it reported, if any
+    placement: Any = field(default=None, compare=False)  # what it holds (broker.core.adapter.Placement)
 
     def work_at_risk(self, now: datetime) -> float:
         """Seconds of work lost if it stopped now: since its last checkpoint, else its start."""
@@ -64,6 +76,7 @@ class Terms:
 class Choice:
     victims: tuple[Running, ...]
     why: str  # "priority" or "reclaim": what gave the waiting job the right
+    reclaims: int = 0  # victims taken by fair-share reclaim (they count against the hourly budget)
 
     def reason(self, waiting: Waiting) -> str:
         if self.why == "priority":
@@ -121,5 +134,116 @@ def choose_victims(
         rest = [v for v, _ in victims if v is not item[0]]
         if rest and fits(rest):
             victims.remove(item)
-    why = "priority" if all(w == "priority" for _, w in victims) else "reclaim"
-    return Choice(tuple(v for v, _ in victims), why)
+    reclaims = sum(w == "reclaim" for _, w in victims)
+    return Choice(tuple(v for v, _ in victims), "reclaim" if reclaims else "priority", reclaims)
+
+
+class Capacity(Protocol):
+    """A cycle's free capacity as the planner uses it (broker.placement.capacity.CapacityView)."""
+
+    def fit_route(self, job: Any, route: Any) -> Any: ...
+    def undo(self, fit: Any) -> None: ...
+    def give_back(self, placement: Any) -> None: ...
+    def take(self, placement: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A job that waits for capacity, as the planner reads it: who asks, what is fitted
+    (``job.spec``, for :meth:`Capacity.fit_route`) and on which routes."""
+
+    waiting: Waiting
+    job: Any
+    routes: Sequence[Any]
+
+
+class Planner:
+    """One cycle's preemptions (module docstring). ``running``: the cycle's running jobs
+    that may be preempted, with their placements; ``recent_reclaims``: when the fleet's
+    reclaiming preemptions of the last hour happened."""
+
+    # At most this many waiting jobs a cycle look for victims, each among this many
+    # candidates (its fit is tried once per victim added and given back).
+    WAITING_PER_CYCLE = 8
+    CANDIDATES = 32
+
+    def __init__(
+        self,
+        running: Sequence[Running],
+        *,
+        terms: Terms,
+        share_gap: dict[str, float],
+        now: datetime,
+        recent_reclaims: Sequence[datetime] = (),
+    ) -> None:
+        self.running = [r for r in running if r.preemptible]
+        self.terms = terms
+        self.share_gap = share_gap
+        self.now = now
+        self.recent_reclaims = list(recent_reclaims)
+        self.taken: set[int] = set()
+
+    def plan(self, blocked: Sequence[Blocked], capacity: Capacity) -> list[tuple[Blocked, Choice]]:
+        """The victims for each of ``blocked`` (in the cycle's order) that only preemptible
+        work of lower standing keeps waiting; ``capacity`` ends with each choice's victims
+        given back and its job fitted."""
+        if not self.running:
+            return []
+        lowest = min(r.priority for r in self.running)
+        chosen: list[tuple[Blocked, Choice]] = []
+        tried = 0
+        for item in blocked:
+            if tried >= self.WAITING_PER_CYCLE:
+                break
+            if item.waiting.priority <= lowest and not self.terms.reclaim:
+                continue
+            clusters = {route.cluster for route in item.routes}
+            candidates = sorted(
+                (
+                    r
+                    for r in self.running
+                    if r.job_id not in self.taken
+                    and r.placement is not None
+                    and r.placement.cluster in clusters
+                    and standing(item.waiting, r, self.terms, self.share_gap)
+                ),
+                key=lambda r: (r.priority, -self.share_gap.get(r.tenant, 0.0), r.work_at_risk(self.now)),
+            )[: self.CANDIDATES]
+            if not candidates:
+                continue
+            tried += 1
+            choice = choose_victims(
+                item.waiting,
+                candidates,
+                lambda victims, item=item: self._fits(item, victims, capacity, keep=False) is not None,
+                terms=self.terms,
+                share_gap=self.share_gap,
+                now=self.now,
+                recent_reclaims=self.recent_reclaims,
+            )
+            if choice is None:
+                continue
+            self._fits(item, choice.victims, capacity, keep=True)
+            self.taken.update(v.job_id for v in choice.victims)
+            self.recent_reclaims += [self.now] * choice.reclaims
+            chosen.append((item, choice))
+        return chosen
+
+    @staticmethod
+    def _fits(item: Blocked, victims: Sequence[Running], capacity: Capacity, *, keep: bool) -> Any:
+        """The fit ``item`` gets with ``victims``' capacity free, or None. Unless ``keep``,
+        the capacity is left as it was."""
+        for victim in victims:
+            capacity.give_back(victim.placement)
+        for route in item.routes:
+            fit = capacity.fit_route(item.job, route)
+            if not isinstance(fit, Fit):
+                continue
+            if not keep:
+                capacity.undo(fit)
+                for victim in victims:
+                    capacity.take(victim.placement)
+            return fit
+        for victim in victims:
+            capacity.take(victim.placement)
+        return None

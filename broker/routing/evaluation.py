@@ -182,3 +182,18 @@ def evaluate(policy: Policy, spec: JobSpec, tenant: str | None) -> Decision:
     pinned = f" (pinned to {spec.cluster})" if spec.cluster is not None else ""
     message = f"rule {chosen + 1} {rule.name!r} routes the job to {routes[0]}{then}{pinned}"
     return Decision(chosen, rule.name, routes, trials, job, message, rule.why)
+
+
+def preemptible(policy: Policy | None, spec: JobSpec, tenant: str | None) -> bool:
+    """Whether the job may be preempted: its spec's ``preemptible``, else the first of the
+    policy's ``preemption.defaults`` that matches it, else not (nor without a
+    ``preemption`` section: then nothing is preempted)."""
+    if policy is None or policy.preemption is None:
+        return False
+    if spec.preemptible is not None:
+        return spec.preemptible
+    job = _job_facts(spec, tenant)
+    for default in policy.preemption.defaults:
+        if _try(default.match, job)[0]:
+            return default.preemptible
+    return False

@@ -45,7 +45,7 @@ from pydantic_core import PydanticCustomError
 from broker.core.adapter import Sharing
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, gpu_model
-from broker.core.schemas import Isolation, Kind
+from broker.core.schemas import MAX_GRACE_SECONDS, Isolation, Kind, parse_grace
 from broker.core.yamltext import EXCERPT_CHARS, BoundedLoader, excerpt, gc_paused, yaml_problem
 
 MIG_SHARING = frozenset({Sharing.SLURM_MIG, Sharing.K8S_MIG})
@@ -252,6 +252,42 @@ class Rule(BaseModel):
         return [self.route, *self.fallbacks]
 
 
+class PreemptibleDefault(BaseModel):
+    """Whether the jobs a match takes may be preempted when their spec does not say."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    match: Match = Field(description="which jobs: the keys of a rule's match (tenant, kind, labels...)")
+    preemptible: bool = Field(description="true: they may be stopped for work of higher standing and queued again")
+
+
+class Preemption(BaseModel):
+    """Who may preempt whom. Without this section nothing is preempted.
+
+    A waiting job preempts a running one that may be preempted (its spec's
+    ``preemptible``, else the first of ``defaults`` that matches it, else not) when its
+    priority is at least ``min_priority_gap`` higher, or, with ``reclaim``, when at equal
+    priority its tenant is below its fair share and the running job's tenant above its own
+    (at most ``reclaims_per_hour`` such preemptions an hour). A victim gets its
+    checkpoint signal and ``grace`` seconds (its spec's, else this one) before it is stopped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_priority_gap: int = Field(1, ge=1, le=2000, description="how much higher a priority must be to preempt")
+    reclaim: bool = Field(
+        False, description="equal priority: a tenant below its fair share takes back GPUs lent beyond others' shares"
+    )
+    reclaims_per_hour: int = Field(6, ge=0, le=10_000, description="fair-share reclaims a fleet may make in an hour")
+    grace: Annotated[int, BeforeValidator(parse_grace)] = Field(
+        60, ge=0, le=MAX_GRACE_SECONDS, description="seconds a victim gets to save its state when its job says none"
+    )
+    defaults: list[PreemptibleDefault] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="whether jobs that do not say may be preempted, by match; first match wins; none: not preemptible",
+    )
+
+
 # The most rules a policy may hold. Any user may ask to validate a policy, every
 # policy is read and checked whole, and routing a job tries rules in order, so each
 # queued job of each cycle may walk them all: without a cap the cost of one request
@@ -271,6 +307,9 @@ class Policy(BaseModel):
         min_length=1,
         max_length=MAX_RULES,
         description=f"tried in order; the first rule that matches routes the job; at most {MAX_RULES:,}",
+    )
+    preemption: Preemption | None = Field(
+        None, description="who may preempt whom, and which jobs may be preempted; leave out to preempt nothing"
     )
 
     # Where each node sat in the YAML it was loaded from, so that findings name a

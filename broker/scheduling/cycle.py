@@ -44,9 +44,10 @@ from broker.core.schemas import JobSpec
 from broker.core.states import JobState, set_reasons, set_states
 from broker.inventory.report_store import DriftWatch
 from broker.placement.capacity import CapacityView
-from broker.placement.decision import CycleDecisions, Held, Placed
+from broker.placement.decision import CycleDecisions, Held, Placed, WaitCause
 from broker.placement.fairshare import FairShare
 from broker.scheduling.claim import Candidate, Claim
+from broker.scheduling.preemption import Preemptions, terms_of
 from broker.scheduling.steps import CycleReport, rows_by_id, unplaced
 from broker.scheduling.submission import Submission
 from broker.scheduling.sync import StatusChanges, StatusSync
@@ -123,6 +124,7 @@ class Scheduler:
         # Units that drift findings break (broker.inventory.report_store): never placed on.
         self.drift = DriftWatch()
         self.status_sync = StatusSync(self.sessions, clock, self._adapter)
+        self.preemptions = Preemptions(self.sessions, clock, self._adapter, self._stored_spec)
         # Parsed specs by their fingerprint (jobs.spec_hash: the spec without its
         # idempotency key). Queues are full of copies of one spec (arrays, sweeps,
         # retries), and validating a stored spec again costs more than deciding it.
@@ -144,7 +146,9 @@ class Scheduler:
         sync: StatusChanges | None = None
         try:
             with report.timing("sync"):
-                sync = self.status_sync.read_statuses(clusters, report)
+                # Victims told of a preemption: their end requeues them (steps 2 and 3).
+                preempting = self.preemptions.in_flight().victims
+                sync = self.status_sync.read_statuses(clusters, report, preempting=preempting)
             # What steps 3 to 6 read of the jobs the changes touch is read now, before the
             # changes are written, and counted as if they were: then they are written
             # beside those steps.
@@ -156,6 +160,7 @@ class Scheduler:
             sync.start(self.status_sync)
             with report.timing("cancel"):
                 self.act_on_cancels(clusters, wanted, report)
+                self.preemptions.act(clusters, report)
             with report.timing("inventory"):
                 view = self.read_inventory(clusters, report, booked)
                 self.keep_tenant_quotas(clusters, ledger[2], report, skip=view.unavailable)
@@ -402,6 +407,9 @@ class Scheduler:
         submission = Submission(self, clusters, batch=batch)
         held: list[tuple[int, str]] = []
         waiting: list[tuple[Candidate, str]] = []
+        # Jobs waiting for capacity, with their routes: those that may preempt (step 8).
+        blocked: list[tuple[Candidate, list]] = []
+        preempting = terms_of(policy) is not None
         view.pinned = dict(self._pinned_waiting)
         decisions = CycleDecisions(policy, view, fair)
         try:
@@ -415,6 +423,8 @@ class Scheduler:
                     held.append((job.job_id, outcome.reason))
                 else:
                     waiting.append((job, outcome.reason))
+                    if preempting and outcome.cause is WaitCause.CAPACITY:
+                        blocked.append((job, decisions.routing(job.asked, job.tenant).routes))
         except BaseException:
             submission.close(report, abandon=True)
             raise
@@ -422,16 +432,28 @@ class Scheduler:
         claim_in_loop = report.seconds["claim"] - claim_before
         report.seconds["decide"] = time.perf_counter() - decide_begin - claim_in_loop
         submission.close(report)
+        if blocked:
+            with report.timing("preempt"):
+                told = self.preemptions.choose(clusters, policy, view, blocked, fair.gaps(), report)
+            waiting = [(job, told.get(job.job_id, reason)) for job, reason in waiting]
         with report.timing("write"):
             self._write_waits(held, waiting, report)
 
-    def _spec(self, job: Candidate) -> JobSpec:
-        spec = self._specs.get(job.spec_hash)
+    def _stored_spec(self, spec_hash: str, document: str | dict) -> JobSpec:
+        """A stored spec parsed (its JSON text, or the dict the database gave), once per fingerprint."""
+        spec = self._specs.get(spec_hash)
         if spec is None:
-            spec = JobSpec.model_validate_json(job.document)
+            if isinstance(document, str):
+                spec = JobSpec.model_validate_json(document)
+            else:
+                spec = JobSpec.model_validate(document)
             if len(self._specs) >= _SPECS_KEPT:
                 self._specs.clear()
-            self._specs[job.spec_hash] = spec
+            self._specs[spec_hash] = spec
+        return spec
+
+    def _spec(self, job: Candidate) -> JobSpec:
+        spec = self._stored_spec(job.spec_hash, job.document)
         if spec.idempotency_key != job.idempotency_key:
             spec = spec.model_copy(update={"idempotency_key": job.idempotency_key})
         return spec

@@ -29,6 +29,7 @@ class CycleReport:
     held: int = 0
     waiting: int = 0
     failed: int = 0
+    preempted: int = 0  # victims told to stop (broker.scheduling.preemption)
     errors: list[str] = field(default_factory=list)
     # Wall seconds each step took (recover, sync, cancel, inventory, claim, decide,
     # write, submit, record), for operators and benchmarks; not the injected clock's

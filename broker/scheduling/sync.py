@@ -77,9 +77,15 @@ class StatusSync:
         self.sessions = sessions
         self.clock = clock
         self._adapter = adapter_of
+        self._preempting: dict[int, str] = {}
 
-    def read_statuses(self, clusters: dict[str, ClusterInfo], report: CycleReport) -> StatusChanges:
-        """Each cluster's status changes since its cursor, as the transitions they make."""
+    def read_statuses(
+        self, clusters: dict[str, ClusterInfo], report: CycleReport, *, preempting: dict[int, str] | None = None
+    ) -> StatusChanges:
+        """Each cluster's status changes since its cursor, as the transitions they make.
+        ``preempting``: victims told of a preemption, with the reason they are requeued with
+        (broker.scheduling.preemption): their end, however it comes, requeues them."""
+        self._preempting = preempting or {}
         changes = StatusChanges()
         for name, info in clusters.items():
             with self.sessions() as session:
@@ -148,6 +154,15 @@ class StatusSync:
             target = _BACKEND_TARGETS.get(backend.state)
             if target is None or target == state or state not in (S.SUBMITTED, S.RUNNING):
                 continue
+            preempted = self._preempting.get(backend.job_id)
+            if preempted and state == S.RUNNING and target in _FINISHED and not row.cancel_requested:
+                # Told to stop for another job: however it ended, it runs again later.
+                chains[backend.job_id] += [
+                    (S.RUNNING, S.REQUEUED, f"{preempted}; ended {_ended(target, backend)}"),
+                    (S.REQUEUED, S.QUEUED, "queued again after its preemption: routing places it afresh"),
+                ]
+                current[backend.job_id] = S.QUEUED
+                continue
             chains[backend.job_id].append((state, target, _status_reason(target, cluster, row, backend)))
             current[backend.job_id] = target
         return chains, pending
@@ -196,6 +211,14 @@ _BACKEND_TARGETS = {
     BackendState.FAILED: S.FAILED,
     BackendState.CANCELLED: S.CANCELLED,
 }
+
+
+def _ended(target: JobState, backend) -> str:
+    if target == S.SUCCEEDED:
+        return "after saving its state (exit 0)"
+    if target == S.FAILED:
+        return backend.reason or f"exit {backend.exit_code}"
+    return "stopped by its cluster"
 
 
 def _status_reason(target: JobState, cluster: str, row, backend) -> str:

@@ -44,8 +44,10 @@ How a simulated cluster behaves (what a broker or a test may rely on):
   that, an API replica's health check overwrote the leader's jobs and a new leader
   never learnt of the jobs the old one had submitted (they stayed ``submitted`` for
   good, holding their tenant's share).
+- **Preemption.** A simulated job told of a preemption (:meth:`SimulatedCluster.preempt`)
+  saves its state and exits 0 at once, as a program that checkpoints on its signal does.
 - **Not simulated:** CPU and host memory on nodes (reported in the file, not enforced),
-  partitions, node failures, preemption.
+  partitions, node failures.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from broker.core.adapter import (
     LogReader,
     Owner,
     Placement,
+    Preemptor,
     Rejected,
     Scaler,
     StatusPage,
@@ -119,7 +122,7 @@ class SimulatedCluster:
     # Of the optional ones (broker.core.adapter): the job output and scaling a running
     # job's replicas (as a Kubernetes Deployment scales). Calls are in-process and take
     # microseconds, so one submit after another is as fast as a batch; nothing to close.
-    capabilities: ClassVar[frozenset[type]] = frozenset({LogReader, Scaler})
+    capabilities: ClassVar[frozenset[type]] = frozenset({LogReader, Preemptor, Scaler})
 
     def __init__(self, name: str, config: Mapping[str, Any], *, clock: Clock) -> None:
         unknown = set(config) - {"fleet", "fleet_yaml", "cluster", "state_file", "kind"}
@@ -268,6 +271,20 @@ class SimulatedCluster:
                 else:
                     job.unit_class.waiting_count -= 1
                     self._drain_classes([job.unit_class], t)
+            self._save()
+
+    def preempt(self, job_id: int, signal: str, grace_seconds: int) -> None:
+        """A simulated job is a program that checkpoints: told of a preemption, it saves
+        its state and exits 0 at once (a job not running yet is left waiting)."""
+        with self._shared():
+            self._answer()
+            job = self._jobs.get(job_id)
+            if job is None or job.state is not BackendState.RUNNING:
+                return
+            pool = job.pool
+            t = self._now_us
+            self._finish(job, t, BackendState.SUCCEEDED, f"saved its state on {signal} and exited", 0)
+            self._dispatch([pool], t)
             self._save()
 
     def find(self, job_id: int) -> BackendJob | None:

@@ -35,13 +35,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace as _replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from broker.core.adapter import BackendState, Rejected, Sharing
-from broker.placement.capacity import CapacityView, Fit
+from broker.placement.capacity import CapacityView
 from broker.placement.decision import CycleDecisions, Placed
 from broker.placement.fairshare import FairShare
-from broker.placement.preemption import Running, Terms, Waiting, choose_victims
+from broker.placement.preemption import Blocked, Planner, Running, Terms, Waiting
 from broker.routing.policy import Policy
 from broker.simulation.cluster import SimulatedCluster
 from broker.simulation.fleet import Fleet
@@ -93,6 +93,7 @@ class _FleetReplay(ReplayLoop):
         self.whole = whole
         self.preemption = preemption
         self.preempted: set[int] = set()  # seqs stopped by a preemption (their end is not a finish)
+        self.reclaims: list[datetime] = []  # when fair-share reclaims happened (the hourly budget)
         self.requeues = 0
         self.gpu_seconds_lost = 0.0
         self.observe = observe
@@ -178,71 +179,37 @@ class _FleetReplay(ReplayLoop):
             self._collect()
             self._cycle(t, preempting=False)
 
-    # At most this many waiting jobs a cycle look for victims, each among this many
-    # candidates: every fit tried rebuilds the capacity.
-    PREEMPTING_PER_CYCLE = 8
-    CANDIDATES = 32
-
     def _preempt(self, t: float, decisions: CycleDecisions) -> bool:
         """Stop preemptible running jobs of lower standing for waiting jobs that only they
-        block (broker.placement.preemption), as the scheduler would: each victim loses the
-        work since its last checkpoint and is queued again for the rest. Victims stop at
-        once here (no grace: the replay's capacity frees when the cluster reads the cancel)."""
-        running = [e for e in self.holding.values() if e.record.state == "running" and e.arrival.preemptible]
+        block, by the planner the scheduler uses (broker.placement.preemption.Planner):
+        each victim loses the work since its last checkpoint and is queued again for the
+        rest. Victims stop at once here (no grace: the replay's capacity frees when the
+        cluster reads the cancel)."""
+        running = [
+            self._as_running(e)
+            for e in self.holding.values()
+            if e.record.state == "running" and e.arrival.preemptible and e.seq not in self.preempted
+        ]
         if not running:
             return False
-        stopped = len(self.preempted)
-        lowest = min(e.spec.priority for e in running)
-        waiting = [e for e in self.queue if e.seq not in self.at_quota and e.spec.priority > lowest and e.routes][
-            : self.PREEMPTING_PER_CYCLE
-        ]
-        gap = self._share_gaps()
-        for entry in waiting:
-            candidates = sorted(
-                (e for e in running if e.seq not in self.preempted and e.spec.priority < entry.spec.priority),
-                key=lambda e: (e.spec.priority, e.record.start or 0),
-            )[: self.CANDIDATES]
-            if not candidates:
-                continue
-            by_seq = {e.seq: e for e in candidates}
-
-            def fits(victims: Sequence[Running], entry: ReplayJob = entry, by_seq: dict = by_seq) -> bool:
-                view = self._capacity()
-                for victim in victims:
-                    view.give_back(by_seq[victim.job_id].placement)
-                return any(
-                    isinstance(
-                        view.fit(
-                            entry.spec, r.cluster, Sharing(r.sharing), partition=r.partition, gpu_model=r.gpu_model
-                        ),
-                        Fit,
-                    )
-                    for r in entry.routes
-                )
-
-            asking = Waiting(entry.seq, entry.tenant, entry.spec.priority)
-            choice = choose_victims(
-                asking,
-                [self._as_running(e) for e in candidates],
-                fits,
-                terms=self.preemption,
-                share_gap=gap,
-                now=self.clock(),
-            )
-            if choice is None:
-                continue
+        planner = Planner(
+            running,
+            terms=self.preemption,
+            share_gap=self.fair.gaps(),
+            now=self.clock(),
+            recent_reclaims=[at for at in self.reclaims if self.clock() - at < timedelta(hours=1)],
+        )
+        blocked = (
+            Blocked(Waiting(e.seq, e.tenant, e.spec.priority), e, e.routes)
+            for e in self.queue
+            if e.seq not in self.at_quota and e.routes
+        )
+        chosen = planner.plan(blocked, self._capacity())
+        self.reclaims = planner.recent_reclaims
+        for item, choice in chosen:
             for victim in choice.victims:
-                self._stop(t, by_seq[victim.job_id], choice.reason(asking))
-            running = [e for e in running if e.seq not in self.preempted]
-        return len(self.preempted) > stopped
-
-    def _share_gaps(self) -> dict[str, float]:
-        """Each tenant's GPU-equivalents held minus its weighted share of all that is held."""
-        usage = self._usage()
-        total = sum(usage.values()) or 1.0
-        weights = {t: self.weights.get(t, 1.0) for t in usage}
-        weight_sum = sum(weights.values()) or 1.0
-        return {t: usage[t] - total * weights[t] / weight_sum for t in usage}
+                self._stop(t, self.by_id[victim.job_id], choice.reason(item.waiting))
+        return bool(chosen)
 
     @staticmethod
     def _saved_at(entry: ReplayJob, t: float) -> float:
@@ -256,7 +223,9 @@ class _FleetReplay(ReplayLoop):
         start = entry.record.start or 0.0
         saved = self._saved_at(entry, self.clock.seconds(self.clock()))
         checkpoint = self.clock.at(saved) if saved > start else None
-        return Running(entry.seq, entry.tenant, entry.spec.priority, True, self.clock.at(start), checkpoint)
+        return Running(
+            entry.seq, entry.tenant, entry.spec.priority, True, self.clock.at(start), checkpoint, entry.placement
+        )
 
     def _stop(self, t: float, entry: ReplayJob, reason: str) -> None:
         """Preempt ``entry``: cancel it on its cluster, count the work lost, queue the rest."""

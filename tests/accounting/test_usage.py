@@ -198,9 +198,9 @@ def test_a_running_job_reports_checkpoints_which_usage_ignores(http, sessions, h
     said = gpush("--database-url", database_url, "checkpoint", sliced, "--note", "epoch 3")
     assert said.code == 0 and f"job {sliced}: checkpoint recorded" in said.out
     with sessions() as session:
-        from broker.intake.queue import last_checkpoints
+        from broker.intake.queue import last_events
 
-        assert set(last_checkpoints(session, [sliced, history["whole"]])) == {sliced}
+        assert set(last_events(session, [sliced, history["whole"]], "checkpoint")) == {sliced}
         usage = {u.job_id: u for u in job_usage(session, ADMIN, since=None, until=T0 + timedelta(hours=2))}
     assert usage[sliced].gpu_seconds / 3600 == pytest.approx(0.25 * 2 + 0.25 * 4)  # as before the checkpoints
 

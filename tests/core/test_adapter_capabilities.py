@@ -41,7 +41,7 @@ def test_the_real_adapters_declare_what_the_broker_uses():
         ChangeNotifier,
         TenantQuotaKeeper,
     }
-    assert declared(adapter_class("sim")) == frozenset({LogReader, Scaler})
+    assert declared(adapter_class("sim")) == frozenset({LogReader, Preemptor, Scaler})
 
 
 class Plain:

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from broker.core.adapter import BackendJob, BackendState, Sharing, StatusPage
 from broker.core.auth import Principal
-from broker.core.clusters import AdapterPool, add_cluster, list_clusters
+from broker.core.clusters import AdapterPool, list_clusters
 from broker.core.models import Job
 from broker.core.schemas import JobSpec, Role
 from broker.intake import queue
@@ -23,17 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 FLEET = (ROOT / "examples" / "fleet.yaml").read_text()
 DEFAULT_POLICY = (ROOT / "policies" / "default.yaml").read_text()
 ADMIN = Principal(user="root", tenant="ops", role=Role.ADMIN)
-
-
-@pytest.fixture
-def fleet(sessions, clock):
-    """slurm-a and k8s-a of examples/fleet.yaml registered, the default policy active."""
-    pool = AdapterPool(clock)
-    with sessions() as session, session.begin():
-        for name in ("slurm-a", "k8s-a"):
-            add_cluster(session, name=name, kind="sim", config={"fleet_yaml": FLEET}, actor="root", now=clock())
-    apply_policy(sessions, pool, clock, DEFAULT_POLICY)
-    return pool
 
 
 def apply_policy(sessions, pool, clock, text, base=None):

@@ -1,0 +1,208 @@
+"""Preemption in the live cycle, on the simulated fleet: who is preempted, how they are
+told, what their end means, and the limits (never the non-preemptible, never more than
+needed, fair-share reclaims rate-limited)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from broker.core.models import JobEvent, Preemption
+from broker.intake import queue
+from broker.simulation.cluster import SimulatedCluster
+from tests.scheduling.test_cycle import ADMIN, DEFAULT_POLICY, apply_policy, job, scheduler, submit
+
+# slurm-a's whole GPUs: 8 A100-80GB on gpu-01 and gpu-02, where training of 1-4 GPUs goes.
+PREEMPTING = (
+    DEFAULT_POLICY
+    + """
+preemption:
+  min_priority_gap: 5
+  reclaim: true
+  reclaims_per_hour: 2
+  grace: 30s
+  defaults:
+    - match: {tenant: research}
+      preemptible: true
+"""
+)
+
+
+@pytest.fixture
+def preempting(fleet, sessions, clock):
+    apply_policy(sessions, fleet, clock, PREEMPTING)
+    return fleet
+
+
+def fill(sessions, clock, n=2, tenant="research", **fields) -> list[int]:
+    """``n`` jobs of 4 whole GPUs each (n=2 fills gpu-01 and gpu-02)."""
+    fields = {"kind": "training", "gpus": 4, "labels": {"sim-duration": "36000"}} | fields
+    return [submit(sessions, clock, tenant=tenant, **fields) for _ in range(n)]
+
+
+def events(sessions, job_id) -> list[tuple[str, str, str]]:
+    with sessions() as session:
+        rows = session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars()
+        return [(e.type, e.to_state, e.reason or "") for e in rows]
+
+
+def test_a_job_of_higher_priority_preempts_and_starts_the_next_cycle(engine, sessions, clock, preempting):
+    victims = fill(sessions, clock)
+    cycle = scheduler(engine, preempting, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    assert [job(sessions, v).state for v in victims] == ["running", "running"]
+    clock.advance(600)
+    with sessions() as session, session.begin():  # the second victim saved its state 5 minutes ago
+        queue.record_checkpoint(session, victims[1], ADMIN, now=clock() - timedelta(minutes=5))
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
+
+    report = cycle.run_cycle()
+    assert report.preempted == 1
+    waiting = job(sessions, urgent)
+    # The victim that loses the least: the one with a checkpoint 5 minutes old, not 10.
+    assert waiting.state == "queued"
+    assert waiting.state_reason.startswith(f"waiting for job {victims[1]} to stop: preempted for it (priority)")
+    assert job(sessions, victims[0]).state == "running"
+
+    report = cycle.run_cycle()  # the victim saved and exited: requeued, and the urgent job placed
+    requeued = job(sessions, victims[1])
+    assert requeued.state == "queued" and requeued.placement is None
+    assert job(sessions, urgent).state == "submitted"
+    story = events(sessions, victims[1])
+    assert (
+        "preemption",
+        "running",
+        f"preempted by job {urgent} (priority 10, tenant prod): to be told with SIGTERM",
+    ) in story
+    assert ("preemption", "running", "preemption: told with SIGTERM; 30 s to save its state") in story
+    transition = [r for t, s, r in story if t == "transition" and s == "requeued"]
+    assert transition == [
+        f"preempted by job {urgent} (priority 10, tenant prod); ended after saving its state (exit 0)"
+    ]
+    assert any(t == "preemption" and r.startswith(f"preempts job {victims[1]}") for t, _, r in events(sessions, urgent))
+    cycle.run_cycle()
+    with sessions() as session:
+        (row,) = session.execute(select(Preemption)).scalars()
+    assert row.ended_at is not None and row.why == "priority"
+    assert row.lost_gpu_seconds == pytest.approx(5 * 60 * 4)  # 5 minutes since its checkpoint, 4 GPUs
+
+
+def test_a_job_not_preemptible_is_never_touched(engine, sessions, clock, preempting):
+    fill(sessions, clock, tenant="research", preemptible=False)  # its spec says no
+    fill(sessions, clock, n=0)
+    other = fill(sessions, clock, n=1, tenant="vision")  # no default matches: not preemptible
+    cycle = scheduler(engine, preempting, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=100)
+    for _ in range(3):
+        report = cycle.run_cycle()
+        assert report.preempted == 0
+    assert job(sessions, urgent).state_reason.startswith("waiting for 4 whole GPUs")
+    assert job(sessions, other[0]).state in ("running", "submitted", "queued")
+    with sessions() as session:
+        assert session.execute(select(Preemption)).first() is None
+
+
+def test_no_more_victims_than_the_job_needs_and_none_without_a_fit(engine, sessions, clock, preempting):
+    small = [
+        submit(sessions, clock, tenant="research", kind="training", gpus=1, labels={"sim-duration": "36000"})
+        for _ in range(8)
+    ]
+    cycle = scheduler(engine, preempting, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    submit(sessions, clock, tenant="prod", kind="training", gpus=2, priority=10)
+    cycle.run_cycle()
+    with sessions() as session:
+        chosen = session.execute(select(Preemption.victim_id)).scalars().all()
+    assert len(chosen) == 2 and set(chosen) <= set(small)
+    # The two are on one node: a 2-GPU job needs both GPUs on the same node.
+    nodes = {job(sessions, v).placement["node"] for v in chosen}
+    assert len(nodes) == 1
+    # A job no set of victims could hold (more GPUs than a node has) preempts nothing.
+    huge = submit(sessions, clock, tenant="prod", kind="training", gpus=5, priority=10)
+    cycle.run_cycle()
+    with sessions() as session:
+        assert len(session.execute(select(Preemption)).all()) == 2
+    assert job(sessions, huge).state in ("held", "queued")
+
+
+def test_a_victim_that_ignores_its_signal_is_stopped_after_the_grace(engine, sessions, clock, preempting, monkeypatch):
+    monkeypatch.setattr(SimulatedCluster, "preempt", lambda self, job_id, signal, grace: None)
+    victims = fill(sessions, clock)
+    cycle = scheduler(engine, preempting, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
+    cycle.run_cycle()
+    clock.advance(20)  # inside the 30 s grace: still running
+    cycle.run_cycle()
+    told = [v for v in victims if any(t == "preemption" for t, _, _ in events(sessions, v))]
+    assert len(told) == 1 and job(sessions, told[0]).state == "running"
+    clock.advance(11)
+    cycle.run_cycle()  # grace over: cancelled on its cluster
+    assert ("preemption", "running", "preemption: its 30 s of grace are over: stopped") in events(sessions, told[0])
+    cycle.run_cycle()  # the cluster says cancelled: requeued all the same, not cancelled
+    victim = job(sessions, told[0])
+    assert victim.state == "queued"
+    assert any(s == "requeued" and r.endswith("ended stopped by its cluster") for t, s, r in events(sessions, told[0]))
+    # Placed in the cycle that stopped the victim: step 3 stops, step 4 reads the GPUs free.
+    assert job(sessions, urgent).state in ("submitted", "running")
+
+
+def test_a_user_cancel_of_a_victim_still_cancels_it(engine, sessions, clock, preempting, monkeypatch):
+    monkeypatch.setattr(SimulatedCluster, "preempt", lambda self, job_id, signal, grace: None)
+    victims = fill(sessions, clock)
+    cycle = scheduler(engine, preempting, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
+    cycle.run_cycle()
+    with sessions() as session:
+        (victim,) = session.execute(select(Preemption.victim_id)).scalars()
+    with sessions() as session, session.begin():
+        queue.cancel_job(session, victim, ADMIN, now=clock())
+    cycle.run_cycle()
+    cycle.run_cycle()
+    assert job(sessions, victim).state == "cancelled"
+    assert set(victims) - {victim}
+
+
+def test_fair_share_reclaim_is_rate_limited(engine, sessions, clock, preempting):
+    # research holds all 8 GPUs, one job each; vision (same priority, holding nothing)
+    # is below its share and reclaims, at most 2 an hour however many of its jobs wait.
+    held = [
+        submit(sessions, clock, tenant="research", kind="training", gpus=1, labels={"sim-duration": "360000"})
+        for _ in range(8)
+    ]
+    cycle = scheduler(engine, preempting, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    assert all(job(sessions, h).state == "running" for h in held)
+    storm = [submit(sessions, clock, tenant="vision", kind="training", gpus=1) for _ in range(6)]
+    for _ in range(5):
+        cycle.run_cycle()
+        clock.advance(60)
+    with sessions() as session:
+        rows = session.execute(select(Preemption)).scalars().all()
+    assert len(rows) == 2 and {r.why for r in rows} == {"reclaim"}
+    assert "reclaims its fair share" in rows[0].reason
+    assert sum(job(sessions, s).state == "submitted" or job(sessions, s).state == "running" for s in storm) == 2
+    clock.advance(3600)
+    cycle.run_cycle()
+    with sessions() as session:
+        assert len(session.execute(select(Preemption)).all()) == 4
+
+
+def test_without_a_preemption_section_nothing_is_preempted(engine, sessions, clock, fleet):
+    fill(sessions, clock, preemptible=True)
+    cycle = scheduler(engine, fleet, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=100)
+    assert cycle.run_cycle().preempted == 0
+    assert job(sessions, urgent).state == "queued"
