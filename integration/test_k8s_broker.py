@@ -159,3 +159,42 @@ def test_the_pod_watch_wakes_the_scheduler_when_a_job_of_its_changes(broker: Bro
         "gpush", {"metadata": {"name": "not-ours"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
     )
     assert not woken.wait(2)
+
+
+def test_a_protected_job_preempts_a_preemptible_one_which_is_queued_again(broker: Broker):
+    with broker.sessions() as session, session.begin():
+        policystore.apply(
+            session,
+            POLICY + "preemption: {min_priority_gap: 5, grace: 45s}\n",
+            comment="preemption",
+            author="root",
+            now=now(),
+            views=cluster_views(session, broker.pool),
+            base_version=policystore.active_version(session),
+        )
+    # The h100 pool's node has 2 whole GPUs: the victim holds both.
+    victim = broker.submit(
+        kind="training",
+        gpus=2,
+        preemptible=True,
+        checkpoint={"signal": "SIGTERM", "grace": 3},
+    )
+    broker.cycle_until(lambda: broker.job(victim).state == "running")
+    (pod,) = broker.pods(victim)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 3  # the kubelet's grace on the deletion
+    urgent = broker.submit(tenant="prod", kind="training", gpus=2, priority=10)
+    broker.cycle_until(lambda: broker.job(urgent).state in ("submitted", "running"))
+    with broker.sessions() as session:
+        story = [(e.type, e.to_state, e.reason) for e in queue.job_events(session, victim, ADMIN)]
+    told = f"preempted by job {urgent} (priority 10, tenant prod): to be told with SIGTERM"
+    assert ("preemption", "running", told) in story
+    assert ("preemption", "running", "preemption: told with SIGTERM; 3 s to save its state") in story
+    assert [r for t, s, r in story if s == "requeued"] == [
+        f"preempted by job {urgent} (priority 10, tenant prod); ended stopped by its cluster"
+    ]
+    # Queued again; it runs once the protected job is done (cancelled here: the simulator's
+    # containers run until stopped), as a new Job of the same name.
+    with broker.sessions() as session, session.begin():
+        queue.cancel_job(session, urgent, ADMIN, now=now())
+    broker.cycle_until(lambda: broker.job(victim).state == "running", timeout=30)
+    assert broker.job(victim).placement["sharing"] == "k8s/exclusive"

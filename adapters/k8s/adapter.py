@@ -116,6 +116,7 @@ from adapters.k8s.timeslice import (
 from adapters.settings import key_value_pairs, load_settings
 from broker.core.adapter import (
     MAX_LOG_CHUNK,
+    PREEMPT_SIGNALS,
     AdapterError,
     BackendJob,
     BackendState,
@@ -128,6 +129,7 @@ from broker.core.adapter import (
     LogReader,
     Owner,
     Placement,
+    Preemptor,
     Rejected,
     Scaler,
     StatusPage,
@@ -302,7 +304,16 @@ class KubernetesAdapter:
     """gpush's adapter for one Kubernetes cluster (see the module docstring)."""
 
     capabilities: ClassVar[frozenset[type]] = frozenset(
-        {BatchSubmitter, Scaler, TimesliceConfigurator, Closable, LogReader, ChangeNotifier, TenantQuotaKeeper}
+        {
+            BatchSubmitter,
+            Scaler,
+            TimesliceConfigurator,
+            Closable,
+            LogReader,
+            ChangeNotifier,
+            TenantQuotaKeeper,
+            Preemptor,
+        }
     )
 
     def __init__(
@@ -494,13 +505,25 @@ class KubernetesAdapter:
         return [refused[i] if i in refused else next(results) for i in range(len(items))]
 
     def cancel(self, job_id: int) -> None:
+        self._delete(job_id, grace=None)
+
+    def preempt(self, job_id: int, signal: str, grace_seconds: int) -> None:
+        """Kubernetes tells a container to stop only with its stop signal (SIGTERM unless the
+        image sets another), so ``signal`` is not sent: the job's Job or Deployment and its
+        Pods are deleted with ``grace_seconds`` as the Pods' grace period, in which the
+        kubelet waits for the container to exit before it kills it."""
+        if signal not in PREEMPT_SIGNALS:
+            raise Rejected(f"signal {signal!r} is not one a job may be told of a preemption with: {PREEMPT_SIGNALS}")
+        self._delete(job_id, grace=grace_seconds)
+
+    def _delete(self, job_id: int, grace: int | None) -> None:
         with self._lock:
             self._cancelled.add(job_id)
         for kind in ("jobs", "deployments", "pods"):
             # Pods too: a Job's are removed by the garbage collector in its own time, and
             # they hold their GPUs until then.
             for obj in self._owned(kind, job_id):
-                self.client.delete(kind, self._namespace_of(obj), obj["metadata"]["name"])
+                self.client.delete(kind, self._namespace_of(obj), obj["metadata"]["name"], grace=grace)
 
     def find(self, job_id: int) -> BackendJob | None:
         seen = Observed()

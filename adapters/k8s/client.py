@@ -367,9 +367,13 @@ class KubeClient:
         path = object_path(kind, namespace, name) + (f"/{subresource}" if subresource else "")
         return self._json("PATCH", path, body=body, content_type=content_type, what=f"patch {kind}/{name}")
 
-    def delete(self, kind: str, namespace: str | None, name: str, *, propagation: str = "Background") -> bool:
-        """Delete one object; False when it was not there."""
+    def delete(
+        self, kind: str, namespace: str | None, name: str, *, propagation: str = "Background", grace: int | None = None
+    ) -> bool:
+        """Delete one object (``grace``: its pods' grace period in seconds); False when it was not there."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
         try:
             self._json("DELETE", object_path(kind, namespace, name), body=body, what=f"delete {kind}/{name}")
         except NotFound:

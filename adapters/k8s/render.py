@@ -365,6 +365,10 @@ def pod_template(
         "automountServiceAccountToken": bool(options.service_account),
         "containers": [container],
     }
+    if spec.checkpoint is not None:
+        # What the kubelet gives the container between SIGTERM and SIGKILL, on a
+        # preemption's deletion and on any other: the time the job said it needs to save.
+        pod["terminationGracePeriodSeconds"] = spec.checkpoint.grace
     if options.service_account:
         pod["serviceAccountName"] = options.service_account
     if options.priority_class:

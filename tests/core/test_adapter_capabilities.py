@@ -40,6 +40,7 @@ def test_the_real_adapters_declare_what_the_broker_uses():
         LogReader,
         ChangeNotifier,
         TenantQuotaKeeper,
+        Preemptor,
     }
     assert declared(adapter_class("sim")) == frozenset({LogReader, Preemptor, Scaler})
 
