@@ -705,7 +705,7 @@ def test_a_protected_job_preempts_a_checkpointing_job_that_resumes_where_it_stop
     told = [e.reason for e in rows if e.type == "preemption"]
     assert told == [
         f"preempted by job {urgent} (priority 10, tenant prod): to be told with SIGUSR1",
-        "preemption: told with SIGUSR1; 20 s to save its state",
+        "told with SIGUSR1; 20 s to save its state",
     ], broker.summary()
     (requeued,) = [e.reason for e in rows if e.to_state == "requeued"]
     assert requeued == f"preempted by job {urgent} (priority 10, tenant prod); ended after saving its state (exit 0)"

@@ -159,7 +159,7 @@ class Preemptions:
                 .where(PreemptionRow.id == p.id)
                 .values(signalled_at=now, stopped_at=None if teller is not None else now)
             )
-            session.add(_event(p.victim_id, S.RUNNING, f"preemption: {told}", now))
+            session.add(_event(p.victim_id, S.RUNNING, told, now))
         report.preempted += 1
 
     def _stop(self, info: ClusterInfo, p: PreemptionRow, report: CycleReport) -> None:
@@ -171,7 +171,7 @@ class Preemptions:
         now = self.clock()
         with self.sessions() as session, session.begin():
             session.execute(update(PreemptionRow).where(PreemptionRow.id == p.id).values(stopped_at=now))
-            over = f"preemption: its {_seconds(p.grace_seconds)} of grace are over: stopped"
+            over = f"its {_seconds(p.grace_seconds)} of grace are over: stopped"
             session.add(_event(p.victim_id, S.RUNNING, over, now))
 
     def _close(self, rows: Sequence[PreemptionRow], now: datetime) -> None:
@@ -260,7 +260,10 @@ class Preemptions:
                     f"waiting for {names} to stop: preempted for it ({choice.why}), "
                     f"{_seconds(longest)} to save {'its' if len(choice.victims) == 1 else 'their'} state"
                 )
-                session.add(_event(waiting.job_id, S.QUEUED, f"preempts {names}: only their GPUs could hold it", now))
+                theirs = "its" if len(choice.victims) == 1 else "their"
+                session.add(
+                    _event(waiting.job_id, S.QUEUED, f"preempts {names}: only {theirs} GPUs could hold it", now)
+                )
         self.act(clusters, report)
         return reasons
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
+from broker.core.adapter import Unreachable
 from broker.core.models import JobEvent, Preemption
 from broker.intake import queue
 from broker.simulation.cluster import SimulatedCluster
@@ -77,7 +78,7 @@ def test_a_job_of_higher_priority_preempts_and_starts_the_next_cycle(engine, ses
         "running",
         f"preempted by job {urgent} (priority 10, tenant prod): to be told with SIGTERM",
     ) in story
-    assert ("preemption", "running", "preemption: told with SIGTERM; 30 s to save its state") in story
+    assert ("preemption", "running", "told with SIGTERM; 30 s to save its state") in story
     transition = [r for t, s, r in story if t == "transition" and s == "requeued"]
     assert transition == [
         f"preempted by job {urgent} (priority 10, tenant prod); ended after saving its state (exit 0)"
@@ -145,7 +146,7 @@ def test_a_victim_that_ignores_its_signal_is_stopped_after_the_grace(engine, ses
     assert len(told) == 1 and job(sessions, told[0]).state == "running"
     clock.advance(11)
     cycle.run_cycle()  # grace over: cancelled on its cluster
-    assert ("preemption", "running", "preemption: its 30 s of grace are over: stopped") in events(sessions, told[0])
+    assert ("preemption", "running", "its 30 s of grace are over: stopped") in events(sessions, told[0])
     cycle.run_cycle()  # the cluster says cancelled: requeued all the same, not cancelled
     victim = job(sessions, told[0])
     assert victim.state == "queued"
@@ -206,3 +207,35 @@ def test_without_a_preemption_section_nothing_is_preempted(engine, sessions, clo
     urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=100)
     assert cycle.run_cycle().preempted == 0
     assert job(sessions, urgent).state == "queued"
+
+
+def test_a_preemption_survives_a_failed_signal_and_a_broker_restart(engine, sessions, clock, preempting, monkeypatch):
+    """The choice is written before the cluster is asked: a signal that fails is sent by the
+    next cycle, and a new scheduler (a restart) stops the victim when the grace runs out."""
+    calls = []
+
+    def flaky(self, job_id, signal, grace):
+        calls.append(job_id)
+        if len(calls) == 1:
+            raise Unreachable("slurmctld did not answer")
+
+    monkeypatch.setattr(SimulatedCluster, "preempt", flaky)
+    fill(sessions, clock)
+    cycle = scheduler(engine, preempting, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
+    report = cycle.run_cycle()
+    assert report.preempted == 0 and any("slurmctld did not answer" in e for e in report.errors)
+    with sessions() as session:
+        (row,) = session.execute(select(Preemption)).scalars()
+    assert row.signalled_at is None
+    restarted = scheduler(engine, preempting, clock)  # a new broker process
+    assert restarted.run_cycle().preempted == 1 and calls == [row.victim_id, row.victim_id]
+    assert job(sessions, urgent).state == "queued"  # the victim ignored it (this fake does nothing)
+    clock.advance(31)
+    scheduler(engine, preempting, clock).run_cycle()  # another restart, after the grace: stopped
+    again = scheduler(engine, preempting, clock)
+    again.run_cycle()
+    assert job(sessions, row.victim_id).state == "queued"
+    assert job(sessions, urgent).state in ("submitted", "running")
