@@ -32,13 +32,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from broker.core.auth import Principal
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import gpu_model
-from broker.core.models import Job, JobEvent
+from broker.core.models import Job, JobEvent, Preemption
 from broker.intake.queue import job_filters
 
 RUNNING = "running"
@@ -143,43 +144,80 @@ def job_usage(
     if scope is None:
         return []
     ran = select(JobEvent.job_id).where(JobEvent.to_state == RUNNING, JobEvent.at < until)
-    query = select(Job).where(*scope, Job.id.in_(ran), Job.placement.is_not(None))
+    # A job queued again after a preemption has no placement of its own until it is placed
+    # again: its preemption keeps the placement of the run it stopped.
+    placed = or_(Job.placement.is_not(None), Job.id.in_(select(Preemption.victim_id)))
+    query = select(Job).where(*scope, Job.id.in_(ran), placed)
     if since is not None:  # a job that ended before the window began used none of it
         query = query.where(or_(Job.updated_at >= since, Job.state == RUNNING))
     jobs = list(session.execute(query.order_by(Job.id)).scalars())
     out = []
     for start in range(0, len(jobs), _CHUNK):
         chunk = jobs[start : start + _CHUNK]
+        ids = [j.id for j in chunk]
         events: dict[int, list[JobEvent]] = defaultdict(list)
         rows = session.execute(
             select(JobEvent)
-            .where(JobEvent.job_id.in_([j.id for j in chunk]))
+            .where(JobEvent.job_id.in_(ids))
             .where(or_(JobEvent.to_state == RUNNING, JobEvent.from_state == RUNNING))
             .order_by(JobEvent.job_id, JobEvent.at, JobEvent.id)
         ).scalars()
         for event in rows:
             events[event.job_id].append(event)
+        stopped = preempted_runs(session, ids)
         for job in chunk:
-            placement = job.placement or {}
-            intervals = run_intervals(events[job.id], int(placement.get("replicas") or 1))
-            share = per_replica(placement)
-            run = [(seconds_within(i, since, until), i.replicas) for i in intervals]
-            seconds = sum(s for s, _ in run)
-            if seconds <= 0:
-                continue
-            out.append(
-                JobUsage(
-                    job.id,
-                    job.tenant,
-                    job.user,
-                    job.cluster,
-                    placement.get("sharing"),
-                    job.kind,
-                    sum(s * r * share for s, r in run),
-                    seconds,
+            current = job.placement or {}
+            intervals = run_intervals(events[job.id], int(current.get("replicas") or 1))
+            # Each run is charged to the placement it ran on: its preemption's, else the job's.
+            by_run: dict[str, list[tuple[float, int, float]]] = defaultdict(list)
+            runs: dict[str, dict] = {}
+            for interval in intervals:
+                placement = run_placement(interval, stopped.get(job.id, ()), current)
+                if not placement:
+                    continue
+                key = orjson.dumps(placement, option=orjson.OPT_SORT_KEYS).decode()
+                runs[key] = placement
+                by_run[key].append((seconds_within(interval, since, until), interval.replicas, per_replica(placement)))
+            for key, run in by_run.items():
+                seconds = sum(s for s, _, _ in run)
+                if seconds <= 0:
+                    continue
+                placement = runs[key]
+                out.append(
+                    JobUsage(
+                        job.id,
+                        job.tenant,
+                        job.user,
+                        placement.get("cluster") or job.cluster,
+                        placement.get("sharing"),
+                        job.kind,
+                        sum(s * r * share for s, r, share in run),
+                        seconds,
+                    )
                 )
-            )
     return out
+
+
+def preempted_runs(session: Session, job_ids: Sequence[int]) -> dict[int, list[tuple[datetime, dict]]]:
+    """When each of these jobs was chosen for a preemption, with the placement of the run it
+    stopped, oldest first."""
+    out: dict[int, list[tuple[datetime, dict]]] = defaultdict(list)
+    for victim, at, placement in session.execute(
+        select(Preemption.victim_id, Preemption.requested_at, Preemption.placement)
+        .where(Preemption.victim_id.in_(list(job_ids)))
+        .order_by(Preemption.requested_at)
+    ):
+        out[victim].append((at, placement))
+    return out
+
+
+def run_placement(interval: Interval, stopped: Sequence[tuple[datetime, dict]], current: dict) -> dict:
+    """The placement a run of a job had: that of a preemption chosen while it ran (the run
+    it stopped), else the job's own (its latest run's)."""
+    for at, placement in stopped:
+        if interval.start <= at and (interval.end is None or at <= interval.end):
+            return placement
+    return current
 
 
 def parse_groups(text: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -196,16 +234,17 @@ def parse_groups(text: str | Iterable[str] | None) -> tuple[str, ...]:
 
 def summarize(usages: Iterable[JobUsage], groups: Sequence[str]) -> list[dict[str, Any]]:
     """GPU-hours (and jobs, run hours) per group, largest first."""
-    totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
+    totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    jobs: dict[tuple, set[int]] = defaultdict(set)  # a job whose runs ran in two places is one job
     for usage in usages:
         key = tuple(getattr(usage, g) or "" for g in groups)
         total = totals[key]
         total[0] += usage.gpu_seconds
-        total[1] += 1
-        total[2] += usage.run_seconds
+        total[1] += usage.run_seconds
+        jobs[key].add(usage.job_id)
     rows = [
-        {**dict(zip(groups, key)), "gpu_hours": gpu / 3600, "jobs": jobs, "run_hours": run / 3600}
-        for key, (gpu, jobs, run) in totals.items()
+        {**dict(zip(groups, key)), "gpu_hours": gpu / 3600, "jobs": len(jobs[key]), "run_hours": run / 3600}
+        for key, (gpu, run) in totals.items()
     ]
     rows.sort(key=lambda r: (-r["gpu_hours"], *(r[g] for g in groups)))
     return rows
@@ -283,12 +322,17 @@ class UsageLedger:
             match = _SCALED.search(reason or "")
             if match:
                 later_scales[job_id].append((event_id, int(match.group(1))))
+        stopped = preempted_runs(session, [j.id for j in jobs.values() if not j.placement])
         for event in events:
             job = jobs.get(event.job_id)
-            if job is None or not job.placement:
+            if job is None:
                 continue
             placement = job.placement
-            labels = (job.tenant, job.cluster or "", str(placement.get("sharing") or ""))
+            if not placement:  # queued again after a preemption: the run it stopped
+                placement = run_placement(Interval(event.at, None, 1), stopped.get(job.id, ()), {})
+                if not placement:
+                    continue
+            labels = (job.tenant, placement.get("cluster") or job.cluster or "", str(placement.get("sharing") or ""))
             if event.type == "scaled":
                 match = _SCALED.search(event.reason or "")
                 if match and event.job_id in self.open:

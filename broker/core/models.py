@@ -167,6 +167,9 @@ class Preemption(Base):
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     gpu_equivalents: Mapped[float] = mapped_column(Float)  # what the victim held
+    # The victim's placement in the run it stopped (the job's own is cleared when it is
+    # queued again): accounting charges that run to it (broker.accounting.usage).
+    placement: Mapped[dict[str, Any]] = mapped_column(Document)
     # GPU-equivalent seconds of work since the victim's last checkpoint (its start if none), at its end.
     lost_gpu_seconds: Mapped[float | None] = mapped_column(Float)
 

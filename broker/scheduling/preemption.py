@@ -251,6 +251,7 @@ class Preemptions:
                             signal=signal,
                             grace_seconds=grace,
                             gpu_equivalents=victim.placement.gpu_equivalents,
+                            placement=victim.placement.to_dict(),
                             requested_at=now,
                         )
                     )

@@ -12,12 +12,14 @@ Create Date: 2026-12-06
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
 
+Document = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 Timestamp = sa.DateTime(timezone=True)
 
@@ -37,6 +39,7 @@ def upgrade() -> None:
         sa.Column("stopped_at", Timestamp, nullable=True),
         sa.Column("ended_at", Timestamp, nullable=True),
         sa.Column("gpu_equivalents", sa.Float(), nullable=False),
+        sa.Column("placement", Document, nullable=False),
         sa.Column("lost_gpu_seconds", sa.Float(), nullable=True),
         sa.ForeignKeyConstraint(
             ["victim_id"], ["jobs.id"], name=op.f("fk_preemptions_victim_id_jobs"), ondelete="CASCADE"

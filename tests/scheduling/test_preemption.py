@@ -239,3 +239,27 @@ def test_a_preemption_survives_a_failed_signal_and_a_broker_restart(engine, sess
     again.run_cycle()
     assert job(sessions, row.victim_id).state == "queued"
     assert job(sessions, urgent).state in ("submitted", "running")
+
+
+def test_a_preempted_run_is_charged_where_it_ran_while_the_job_waits_to_run_again(engine, sessions, clock, preempting):
+    from broker.accounting.usage import job_usage, summarize
+
+    victims = fill(sessions, clock)
+    cycle = scheduler(engine, preempting, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    clock.advance(600)
+    submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    with sessions() as session:
+        (victim,) = session.execute(select(Preemption.victim_id)).scalars()
+    assert job(sessions, victim).state == "queued" and job(sessions, victim).placement is None
+    clock.advance(60)
+    with sessions() as session:
+        usage = {u.job_id: u for u in job_usage(session, ADMIN, since=None, until=clock())}
+    ran = usage[victim]
+    assert (ran.cluster, ran.sharing) == ("slurm-a", "slurm/exclusive")
+    assert ran.gpu_seconds == pytest.approx(600 * 4, abs=8)  # 10 minutes on 4 whole GPUs, then queued
+    assert [r["jobs"] for r in summarize(usage.values(), ["tenant"]) if r["tenant"] == "research"] == [2]
+    assert set(victims) >= {victim}
