@@ -8,9 +8,11 @@ migrated template, so the same API and state tests run on both.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,9 +41,21 @@ def _isolated_environment(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GPUSH_LOCAL_SERVER", "0")
 
 
+@pytest.fixture(scope="session")
+def _migrated_sqlite(tmp_path_factory) -> Path:
+    """One SQLite file migrated to head, made once a session: each test's database is a copy
+    (copying a file costs far less than running every migration again, test after test)."""
+    path = tmp_path_factory.mktemp("template") / "gpush.db"
+    open_database(f"sqlite:///{path}", auto_upgrade=True).dispose()
+    return path
+
+
 @pytest.fixture
-def database_url(tmp_path) -> str:
-    return f"sqlite:///{tmp_path / 'gpush.db'}"
+def database_url(tmp_path, _migrated_sqlite) -> str:
+    """A fresh database of the test's own, at the head revision."""
+    path = tmp_path / "gpush.db"
+    shutil.copyfile(_migrated_sqlite, path)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture

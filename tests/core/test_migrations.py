@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -12,6 +13,13 @@ from sqlalchemy import inspect
 
 from broker.core.db import alembic_config, current_revision, downgrade, head_revision, make_engine, upgrade
 from broker.core.models import Base
+
+
+@pytest.fixture
+def database_url(tmp_path) -> str:
+    """An empty database: these tests run the migrations themselves (the shared fixture's
+    is migrated already)."""
+    return f"sqlite:///{tmp_path / 'empty.db'}"
 
 
 def test_upgrade_head_equals_the_orm_metadata(database_url):
