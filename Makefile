@@ -37,7 +37,7 @@ define run_pytest
 endef
 
 test-fast: venv
-	$(call run_pytest,tests -q)
+	$(call run_pytest,tests -q -n 2)
 
 # Debian's chromium for the dashboard's browser tests (Playwright drives it).
 .PHONY: browser

@@ -34,7 +34,9 @@ def _isolated_environment(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("gpush-home")
     monkeypatch.setenv("GPUSH_DATA_DIR", str(home / "data"))
     monkeypatch.setenv("GPUSH_CONFIG_DIR", str(home / "config"))
-    for name in ("GPUSH_URL", "GPUSH_TOKEN", "GPUSH_DATABASE_URL"):
+    # COLUMNS and LINES too: pytest-xdist's workers set them (80x24), and a piped command's
+    # tables are as wide as their content unless COLUMNS says otherwise (broker.cli.console).
+    for name in ("GPUSH_URL", "GPUSH_TOKEN", "GPUSH_DATABASE_URL", "COLUMNS", "LINES"):
         monkeypatch.delenv(name, raising=False)
     # Commands run the API in the test's process unless a test asks for the local server
     # (tests/cli/test_local_server.py), so no test leaves a server behind.
