@@ -104,7 +104,8 @@ CYCLES_FAILED = Counter(
 CYCLE_JOBS = Counter(
     "gpush_scheduler_jobs",
     "Jobs each cycle decided or repaired, by outcome: placed (committed for submission), "
-    "held, failed (a cluster refused it), recovered (found or requeued after a crash).",
+    "held, failed (a cluster refused it), recovered (found or requeued after a crash), "
+    "preempted (running jobs told to stop for a job of higher standing).",
     ["outcome"],
     registry=REGISTRY,
 )
@@ -128,7 +129,7 @@ ADAPTER_ERRORS = Counter(
     registry=REGISTRY,
 )
 
-_OUTCOMES = ("placed", "held", "failed", "recovered")
+_OUTCOMES = ("placed", "held", "failed", "recovered", "preempted")
 
 
 # -- scheduling cycles -------------------------------------------------------------------
