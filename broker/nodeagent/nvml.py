@@ -49,6 +49,18 @@ RECORDING_FORMAT = "gpush-nvml-recording/1"
 # from the installed pynvml, so recordings do not change with the bindings' version.
 GPU_INSTANCE_PROFILE_INDEXES = range(0x12)
 
+# (compute slices, memory slots) -> (NVML profile index, profile id); the same on every MIG GPU.
+PROFILE_SHAPES: dict[tuple[int, int], tuple[int, int]] = {
+    (1, 1): (0, 19),
+    (2, 2): (1, 14),
+    (3, 4): (2, 9),
+    (4, 4): (3, 5),
+    (7, 8): (4, 0),
+    (1, 2): (9, 15),
+}
+# NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE: the compute instance of a whole n-slice GPU instance.
+COMPUTE_PROFILES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+
 # NVML reports "not applicable" in an unsigned field as all ones (NVML_VALUE_NOT_AVAILABLE_uint):
 # a process's gpuInstanceId on a GPU that is not in MIG mode, for one.
 VALUE_NOT_AVAILABLE_UINT = 0xFFFFFFFF

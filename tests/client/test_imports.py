@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_SIDE = ("broker.api", "broker.scheduling", "broker.client.embedded", "broker.simulation", "fastapi", "uvicorn")
 
 
-@pytest.mark.parametrize("module", ["broker.client.sdk", "broker.nodeagent.agent", "broker.jobenv.budget"])
+@pytest.mark.parametrize(
+    "module", ["broker.client.sdk", "broker.nodeagent.agent", "broker.nodeagent.mig_apply", "broker.jobenv.budget"]
+)
 def test_what_runs_outside_the_broker_imports_nothing_of_the_server(module: str) -> None:
     """The SDK (laptops, jobs), the node agent (GPU nodes) and the budget helper (inside
     jobs) run where the broker does not."""
