@@ -290,6 +290,7 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("Image", spec.get("image") or "-"),
         ("Tenant / user", f"{job.tenant} / {job.user}"),
         ("Priority", str(job.priority)),
+        ("Preemptible", _preemptible_text(spec)),
         ("Labels", ", ".join(f"{k}={v}" for k, v in spec.get("labels", {}).items()) or "-"),
         ("Idempotency key", spec.get("idempotency_key") or "-"),
         ("Created", local_time(job.created_at)),
@@ -298,6 +299,16 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def _preemptible_text(spec: dict) -> str:
+    """What the job said of preemption: yes/no and how it is told, or the policy's default."""
+    said = spec.get("preemptible")
+    text = "the policy's default" if said is None else "yes" if said else "no"
+    checkpoint = spec.get("checkpoint")
+    if checkpoint:
+        text += f" (told with {checkpoint.get('signal', 'SIGTERM')}, {checkpoint.get('grace', 60)} s to save)"
+    return text
 
 
 def _quote(arg: str) -> str:
