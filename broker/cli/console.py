@@ -304,9 +304,9 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
 def _preemptible_text(spec: dict) -> str:
     """What the job said of preemption: yes/no and how it is told, or the policy's default."""
     said = spec.get("preemptible")
-    text = "the policy's default" if said is None else "yes" if said else "no"
+    text = "as the policy's defaults say" if said is None else "yes" if said else "no"
     checkpoint = spec.get("checkpoint")
-    if checkpoint:
+    if checkpoint and said is not False:
         text += f" (told with {checkpoint.get('signal', 'SIGTERM')}, {checkpoint.get('grace', 60)} s to save)"
     return text
 

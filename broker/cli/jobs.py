@@ -97,9 +97,6 @@ def submit(
             output(json_mode), ray_address, list(command), submission_id=fields.get("idempotency_key")
         )
 
-    if fields.get("checkpoint"):
-        signal, _, grace = fields["checkpoint"].partition("@")
-        fields["checkpoint"] = {"signal": signal} | ({"grace": grace} if grace else {})
     fields["env"] = parse_pairs(env, option="--env")
     fields["labels"] = parse_pairs(labels, option="--label")
     if min_replicas is not None or max_replicas is not None:

@@ -312,7 +312,8 @@ class Preemptor(Protocol):
     def preempt(self, job_id: int, signal: str, grace_seconds: int) -> None:
         """Send ``signal`` (one of :data:`PREEMPT_SIGNALS`) to job ``job_id`` now; it has
         ``grace_seconds`` to save its state and exit before the broker cancels it. A job
-        that has already ended is no error."""
+        that has already ended is no error. The broker queues the job again afterwards:
+        its next ``submit`` is a new run, not the one preempted (idempotency holds per run)."""
 
 
 class RenderedConfig(Protocol):

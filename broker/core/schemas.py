@@ -317,18 +317,36 @@ MAX_GRACE_SECONDS = 3600
 
 def parse_grace(value: Any) -> Any:
     """Seconds from 90, "90", "90s", "2m", "1m30s" (a bare number is seconds here, unlike a
-    time limit: a grace is short)."""
+    time limit: a grace is short), at most MAX_GRACE_SECONDS."""
     if isinstance(value, bool):
         raise ValueError("expected seconds (90) or a duration (2m, 1m30s)")
     if isinstance(value, int):
+        seconds = value
+    else:
+        text = str(value).strip().lower()
+        if text.isdigit():
+            seconds = int(text)
+        elif (m := _DURATION_RE.match(text)) and any(m.groups()):
+            d, h, mi, s = (int(g) if g else 0 for g in m.groups())
+            seconds = ((d * 24 + h) * 60 + mi) * 60 + s
+        else:
+            raise ValueError(f"{_short(text)} is not a grace period: give seconds (90) or a duration (2m, 1m30s)")
+    if seconds > MAX_GRACE_SECONDS:
+        raise ValueError(
+            f"a grace of {seconds:,} s is longer than the most, {MAX_GRACE_SECONDS // 60} minutes: the job that "
+            "preempts waits that long; save state more often, or ask for a shorter grace"
+        )
+    return seconds
+
+
+def _checkpoint_text(value: Any) -> Any:
+    """``USR1@2m`` (as the CLI's --checkpoint and sbatch --signal write it) as {signal, grace}."""
+    if not isinstance(value, str):
         return value
-    text = str(value).strip().lower()
-    if text.isdigit():
-        return int(text)
-    if (m := _DURATION_RE.match(text)) and any(m.groups()):
-        d, h, mi, s = (int(g) if g else 0 for g in m.groups())
-        return ((d * 24 + h) * 60 + mi) * 60 + s
-    raise ValueError(f"{_short(text)} is not a grace period: give seconds (90) or a duration (2m, 1m30s)")
+    signal, at, grace = value.strip().partition("@")
+    if not signal:
+        raise ValueError(f"{_short(value)}: name the signal first: SIGNAL[@GRACE], such as USR1@2m or TERM")
+    return {"signal": signal} | ({"grace": grace} if at and grace else {})
 
 
 def _signal_name(value: Any) -> Any:
@@ -385,8 +403,9 @@ class JobSpec(BaseModel):
     preemptible: bool | None = Field(
         None, description="may be stopped for work of higher standing and queued again; unset: the policy's default"
     )
-    checkpoint: Checkpoint | None = Field(
-        None, description="on preemption: {signal: SIGUSR1, grace: 2m}; unset: SIGTERM and the policy's grace"
+    checkpoint: Annotated[Checkpoint | None, BeforeValidator(_checkpoint_text)] = Field(
+        None,
+        description="on preemption: {signal: SIGUSR1, grace: 2m} or USR1@2m; unset: SIGTERM and the policy's grace",
     )
     cluster: str | None = Field(
         None,

@@ -200,6 +200,7 @@ class SimulatedCluster:
         self._next_seq = 1
         # The status log: (job_id, state, reason, node, exit_code, at); a cursor is an index into it.
         self._log: list[tuple[int, BackendState, str | None, str | None, int | None, int]] = []
+        self._rerun: set[int] = set()  # jobs told of a preemption: their next submission is a new run
         # A cursor from another incarnation of this cluster (its state lost) must not be
         # read as an index into this one's log.
         self._epoch = secrets.token_hex(4)
@@ -238,7 +239,11 @@ class SimulatedCluster:
         # A simulated cluster runs no one's processes: whose job it is changes nothing.
         with self._shared():
             self._answer()
-            if job_id not in self._jobs:
+            known = self._jobs.get(job_id)
+            # Idempotent by job id, but a job told of a preemption runs again when the
+            # broker queues it again: that submission is a new run, as on Slurm.
+            if known is None or (known.state in _FINISHED and job_id in self._rerun):
+                self._rerun.discard(job_id)
                 job = self._admission.admit(job_id, spec, placement)
                 job.seq = self._next_seq
                 self._next_seq += 1
@@ -281,6 +286,7 @@ class SimulatedCluster:
             job = self._jobs.get(job_id)
             if job is None or job.state is not BackendState.RUNNING:
                 return
+            self._rerun.add(job_id)
             pool = job.pool
             t = self._now_us
             self._finish(job, t, BackendState.SUCCEEDED, f"saved its state on {signal} and exited", 0)
@@ -689,6 +695,7 @@ class SimulatedCluster:
             "next_seq": self._next_seq,
             "jobs": [self._job_state(job) for job in self._jobs.values()],
             "log": [[job_id, state.value, *rest] for job_id, state, *rest in self._log],
+            "rerun": sorted(self._rerun),
         }
         tmp = self._state_file.with_name(self._state_file.name + ".tmp")
         tmp.write_text(json.dumps(state, separators=(",", ":")))
@@ -738,6 +745,7 @@ class SimulatedCluster:
             self._now_us = state["now_us"]
             self._next_seq = state["next_seq"]
             self._log = [(e[0], BackendState(e[1]), *e[2:]) for e in state["log"]]
+            self._rerun = set(state.get("rerun", []))
             records = sorted(state["jobs"], key=lambda r: r["seq"])
             jobs = [self._restore(record) for record in records]
         except InvalidRequest:

@@ -263,3 +263,22 @@ def test_a_preempted_run_is_charged_where_it_ran_while_the_job_waits_to_run_agai
     assert ran.gpu_seconds == pytest.approx(600 * 4, abs=8)  # 10 minutes on 4 whole GPUs, then queued
     assert [r["jobs"] for r in summarize(usage.values(), ["tenant"]) if r["tenant"] == "research"] == [2]
     assert set(victims) >= {victim}
+
+
+def test_a_preempted_job_runs_again_as_a_new_run(engine, sessions, clock, preempting):
+    fill(sessions, clock)
+    cycle = scheduler(engine, preempting, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10, labels={"sim-duration": "60"})
+    cycle.run_cycle()
+    cycle.run_cycle()
+    with sessions() as session:
+        (victim,) = session.execute(select(Preemption.victim_id)).scalars()
+    clock.advance(61)  # the urgent job ends; the victim is placed again and starts
+    for _ in range(3):
+        cycle.run_cycle()
+    assert job(sessions, urgent).state == "succeeded"
+    assert job(sessions, victim).state == "running"
+    runs = [r for t, s, r in events(sessions, victim) if t == "transition" and s == "running"]
+    assert len(runs) == 2
