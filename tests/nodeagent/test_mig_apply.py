@@ -113,3 +113,24 @@ def test_the_fake_refuses_what_nvml_refuses():
         "NVML_ERROR_INVALID_ARGUMENT",
         "NVML_ERROR_INSUFFICIENT_RESOURCES",
     )
+
+
+def test_the_real_gpu_dry_run_only_reads(tmp_path, capsys):
+    """integration/gpu/mig_dry_run.py, for a lent GPU machine: on a recording it prints
+    the calls it would make and refuses any call that changes a GPU."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("mig_dry_run", root / "integration" / "gpu" / "mig_dry_run.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recording = str(root / "tests" / "data" / "nvml" / "mig01.json")
+    assert script.main(["--recording", recording, "--gpu", "0", "--layout", "3g.20gb@0,2g.10gb@4,1g.5gb@6"]) == 0
+    out = capsys.readouterr().out
+    assert "keep:    1g.5gb@6" in out and "would create 2g.10gb at slot 4" in out
+    assert script.main(["--recording", recording, "--gpu", "1", "--layout", "3g.20gb@2"]) == 2
+    assert "cannot start at memory slot 2" in capsys.readouterr().out
+    guarded = script.ReadOnly(FakeNvml.with_layouts("A100-40GB", [[]]))
+    with pytest.raises(PermissionError, match="only reads"):
+        guarded.nvmlDeviceCreateGpuInstanceWithPlacement(None, 9, None)
