@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from broker.core.gpus import GpuModel, model_of_nvml_product
+from broker.core.gpus import GpuModel, MigProfile, model_of_nvml_product
 from broker.inventory.agent_report import GpuReport
 from broker.mig.layouts import Layout, MigSlot, layout_problem
 from broker.nodeagent.nvml import COMPUTE_PROFILES, PROFILE_SHAPES
@@ -86,8 +86,7 @@ def apply_layout_change(library: Any, change: LayoutChange, *, dry_run: bool = F
     lines: list[str] = []
     device = library.nvmlDeviceGetHandleByIndex(change.index)
     for gi_id, slot in change.destroy:
-        profile = change.model.profile(slot.profile)
-        profile_id = PROFILE_SHAPES[(profile.compute_slices, profile.memory_slots)][1]
+        profile, profile_id = _profile(change.model, slot)
         lines.append(f"GPU {change.index}: destroy {slot.profile} at slot {slot.start} (GPU instance {gi_id})")
         if dry_run:
             continue
@@ -101,8 +100,7 @@ def apply_layout_change(library: Any, change: LayoutChange, *, dry_run: bool = F
             library.nvmlComputeInstanceDestroy(compute_instance)
         library.nvmlGpuInstanceDestroy(gpu_instance)
     for slot in change.create:
-        profile = change.model.profile(slot.profile)
-        profile_id = PROFILE_SHAPES[(profile.compute_slices, profile.memory_slots)][1]
+        profile, profile_id = _profile(change.model, slot)
         lines.append(f"GPU {change.index}: create {slot.profile} at slot {slot.start}")
         if dry_run:
             continue
@@ -110,3 +108,9 @@ def apply_layout_change(library: Any, change: LayoutChange, *, dry_run: bool = F
         gpu_instance = library.nvmlDeviceCreateGpuInstanceWithPlacement(device, profile_id, placement)
         library.nvmlGpuInstanceCreateComputeInstance(gpu_instance, COMPUTE_PROFILES[profile.compute_slices])
     return lines
+
+
+def _profile(model: GpuModel, slot: MigSlot) -> tuple[MigProfile, int]:
+    """The slot's MIG profile and NVML's id for it."""
+    profile = model.profile(slot.profile)
+    return profile, PROFILE_SHAPES[(profile.compute_slices, profile.memory_slots)][1]

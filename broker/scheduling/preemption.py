@@ -65,8 +65,8 @@ def how_told(spec: JobSpec, policy) -> tuple[str, int]:
     return DEFAULT_SIGNAL, policy.preemption.grace
 
 
-def _seconds(text: int) -> str:
-    return f"{text} s" if text < 120 else f"{text // 60} min" + (f" {text % 60} s" if text % 60 else "")
+def _seconds(seconds: int) -> str:
+    return f"{seconds} s" if seconds < 120 else f"{seconds // 60} min" + (f" {seconds % 60} s" if seconds % 60 else "")
 
 
 @dataclass
@@ -122,12 +122,10 @@ class Preemptions:
                 .join(Job, Job.id == PreemptionRow.victim_id)
                 .where(PreemptionRow.ended_at.is_(None))
             ).all()
-        ended = [p for p, state, _ in rows if state not in (S.RUNNING.value, S.SUBMITTED.value)]
-        if ended:
-            self._close(ended, now)
-        for p, state, cluster in rows:
-            if state not in (S.RUNNING.value, S.SUBMITTED.value):
-                continue
+        live = [(p, cluster) for p, state, cluster in rows if state in (S.RUNNING.value, S.SUBMITTED.value)]
+        if len(live) < len(rows):
+            self._close([p for p, state, _ in rows if state not in (S.RUNNING.value, S.SUBMITTED.value)], now)
+        for p, cluster in live:
             info = clusters.get(cluster or "")
             if info is None:
                 continue
@@ -257,11 +255,11 @@ class Preemptions:
                     )
                     session.add(_event(victim.job_id, S.RUNNING, f"{why}: to be told with {signal}", now))
                 longest = max(v.told[1] for v in choice.victims)
+                theirs = "its" if len(choice.victims) == 1 else "their"
                 reasons[waiting.job_id] = (
                     f"waiting for {names} to stop: preempted for it ({choice.why}), "
-                    f"{_seconds(longest)} to save {'its' if len(choice.victims) == 1 else 'their'} state"
+                    f"{_seconds(longest)} to save {theirs} state"
                 )
-                theirs = "its" if len(choice.victims) == 1 else "their"
                 session.add(
                     _event(waiting.job_id, S.QUEUED, f"preempts {names}: only {theirs} GPUs could hold it", now)
                 )

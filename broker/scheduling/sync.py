@@ -77,7 +77,6 @@ class StatusSync:
         self.sessions = sessions
         self.clock = clock
         self._adapter = adapter_of
-        self._preempting: dict[int, str] = {}
 
     def read_statuses(
         self, clusters: dict[str, ClusterInfo], report: CycleReport, *, preempting: dict[int, str] | None = None
@@ -85,7 +84,7 @@ class StatusSync:
         """Each cluster's status changes since its cursor, as the transitions they make.
         ``preempting``: victims told of a preemption, with the reason they are requeued with
         (broker.scheduling.preemption): their end, however it comes, requeues them."""
-        self._preempting = preempting or {}
+        preempting = preempting or {}
         changes = StatusChanges()
         for name, info in clusters.items():
             with self.sessions() as session:
@@ -95,7 +94,7 @@ class StatusSync:
             except AdapterError as exc:
                 report.errors.append(f"statuses of {name}: {exc}")
                 continue
-            chains, pending = self._chains(name, page.jobs) if page.jobs else ({}, {})
+            chains, pending = self._chains(name, page.jobs, preempting) if page.jobs else ({}, {})
             changes.pages.append((name, chains, pending, page.cursor))
             for job_id, chain in chains.items():
                 if chain[0][0] == S.SUBMITTED:
@@ -123,7 +122,9 @@ class StatusSync:
                 session.execute(Cluster.__table__.update().where(Cluster.name == name).values(status_cursor=cursor))
         return synced
 
-    def _chains(self, cluster: str, changes) -> tuple[dict[int, list[tuple[JobState, JobState, str]]], dict[int, str]]:
+    def _chains(
+        self, cluster: str, changes, preempting: dict[int, str]
+    ) -> tuple[dict[int, list[tuple[JobState, JobState, str]]], dict[int, str]]:
         """A cluster's status changes replayed, in order, over its jobs' states: per job, the
         chain of transitions they make; and what jobs still waiting in the cluster wait for."""
         ids = list(dict.fromkeys(b.job_id for b in changes))
@@ -154,7 +155,7 @@ class StatusSync:
             target = _BACKEND_TARGETS.get(backend.state)
             if target is None or target == state or state not in (S.SUBMITTED, S.RUNNING):
                 continue
-            preempted = self._preempting.get(backend.job_id)
+            preempted = preempting.get(backend.job_id)
             if preempted and state == S.RUNNING and target in _FINISHED and not row.cancel_requested:
                 # Told to stop for another job: however it ended, it runs again later.
                 chains[backend.job_id] += [

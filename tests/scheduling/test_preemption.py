@@ -43,6 +43,14 @@ def fill(sessions, clock, n=2, tenant="research", **fields) -> list[int]:
     return [submit(sessions, clock, tenant=tenant, **fields) for _ in range(n)]
 
 
+def started(engine, pool, clock):
+    """A scheduler that has run the jobs submitted so far: placed, then seen running."""
+    cycle = scheduler(engine, pool, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    return cycle
+
+
 def events(sessions, job_id) -> list[tuple[str, str, str]]:
     with sessions() as session:
         rows = session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars()
@@ -51,9 +59,7 @@ def events(sessions, job_id) -> list[tuple[str, str, str]]:
 
 def test_a_job_of_higher_priority_preempts_and_starts_the_next_cycle(engine, sessions, clock, preempting):
     victims = fill(sessions, clock)
-    cycle = scheduler(engine, preempting, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, preempting, clock)
     assert [job(sessions, v).state for v in victims] == ["running", "running"]
     clock.advance(600)
     with sessions() as session, session.begin():  # the second victim saved its state 5 minutes ago
@@ -95,9 +101,7 @@ def test_a_job_not_preemptible_is_never_touched(engine, sessions, clock, preempt
     fill(sessions, clock, tenant="research", preemptible=False)  # its spec says no
     fill(sessions, clock, n=0)
     other = fill(sessions, clock, n=1, tenant="vision")  # no default matches: not preemptible
-    cycle = scheduler(engine, preempting, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, preempting, clock)
     urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=100)
     for _ in range(3):
         report = cycle.run_cycle()
@@ -113,9 +117,7 @@ def test_no_more_victims_than_the_job_needs_and_none_without_a_fit(engine, sessi
         submit(sessions, clock, tenant="research", kind="training", gpus=1, labels={"sim-duration": "36000"})
         for _ in range(8)
     ]
-    cycle = scheduler(engine, preempting, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, preempting, clock)
     submit(sessions, clock, tenant="prod", kind="training", gpus=2, priority=10)
     cycle.run_cycle()
     with sessions() as session:
@@ -135,9 +137,7 @@ def test_no_more_victims_than_the_job_needs_and_none_without_a_fit(engine, sessi
 def test_a_victim_that_ignores_its_signal_is_stopped_after_the_grace(engine, sessions, clock, preempting, monkeypatch):
     monkeypatch.setattr(SimulatedCluster, "preempt", lambda self, job_id, signal, grace: None)
     victims = fill(sessions, clock)
-    cycle = scheduler(engine, preempting, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, preempting, clock)
     urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
     cycle.run_cycle()
     clock.advance(20)  # inside the 30 s grace: still running
@@ -158,9 +158,7 @@ def test_a_victim_that_ignores_its_signal_is_stopped_after_the_grace(engine, ses
 def test_a_user_cancel_of_a_victim_still_cancels_it(engine, sessions, clock, preempting, monkeypatch):
     monkeypatch.setattr(SimulatedCluster, "preempt", lambda self, job_id, signal, grace: None)
     victims = fill(sessions, clock)
-    cycle = scheduler(engine, preempting, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, preempting, clock)
     submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
     cycle.run_cycle()
     with sessions() as session:
@@ -180,9 +178,7 @@ def test_fair_share_reclaim_is_rate_limited(engine, sessions, clock, preempting)
         submit(sessions, clock, tenant="research", kind="training", gpus=1, labels={"sim-duration": "360000"})
         for _ in range(8)
     ]
-    cycle = scheduler(engine, preempting, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, preempting, clock)
     assert all(job(sessions, h).state == "running" for h in held)
     storm = [submit(sessions, clock, tenant="vision", kind="training", gpus=1) for _ in range(6)]
     for _ in range(5):
@@ -201,9 +197,7 @@ def test_fair_share_reclaim_is_rate_limited(engine, sessions, clock, preempting)
 
 def test_without_a_preemption_section_nothing_is_preempted(engine, sessions, clock, fleet):
     fill(sessions, clock, preemptible=True)
-    cycle = scheduler(engine, fleet, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, fleet, clock)
     urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=100)
     assert cycle.run_cycle().preempted == 0
     assert job(sessions, urgent).state == "queued"
@@ -221,9 +215,7 @@ def test_a_preemption_survives_a_failed_signal_and_a_broker_restart(engine, sess
 
     monkeypatch.setattr(SimulatedCluster, "preempt", flaky)
     fill(sessions, clock)
-    cycle = scheduler(engine, preempting, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, preempting, clock)
     urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
     report = cycle.run_cycle()
     assert report.preempted == 0 and any("slurmctld did not answer" in e for e in report.errors)
@@ -245,9 +237,7 @@ def test_a_preempted_run_is_charged_where_it_ran_while_the_job_waits_to_run_agai
     from broker.accounting.usage import job_usage, summarize
 
     victims = fill(sessions, clock)
-    cycle = scheduler(engine, preempting, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, preempting, clock)
     clock.advance(600)
     submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
     cycle.run_cycle()
@@ -267,9 +257,7 @@ def test_a_preempted_run_is_charged_where_it_ran_while_the_job_waits_to_run_agai
 
 def test_a_preempted_job_runs_again_as_a_new_run(engine, sessions, clock, preempting):
     fill(sessions, clock)
-    cycle = scheduler(engine, preempting, clock)
-    cycle.run_cycle()
-    cycle.run_cycle()
+    cycle = started(engine, preempting, clock)
     urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10, labels={"sim-duration": "60"})
     cycle.run_cycle()
     cycle.run_cycle()

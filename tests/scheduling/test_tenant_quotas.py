@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from broker.core.adapter import Rejected, TenantQuotaKeeper, declared
-from broker.core.clusters import AdapterPool, add_cluster, list_clusters
+from broker.core.clusters import list_clusters
 from broker.core.errors import InvalidRequest, NotAllowed, NotFound
 from broker.placement import tenants
 from broker.scheduling.cycle import Scheduler
-from tests.scheduling.test_cycle import DEFAULT_POLICY, apply_policy, job, submit
+from tests.scheduling.test_cycle import job, submit
 
 FLEET = (Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml").read_text()
 
@@ -54,13 +54,9 @@ class KeepsQuotas:
 
 
 @pytest.fixture
-def keeper(sessions, clock):
-    """slurm-a and k8s-a of examples/fleet.yaml; k8s-a keeps tenants' quotas."""
-    pool = AdapterPool(clock)
-    with sessions() as session, session.begin():
-        for name in ("slurm-a", "k8s-a"):
-            add_cluster(session, name=name, kind="sim", config={"fleet_yaml": FLEET}, actor="root", now=clock())
-    apply_policy(sessions, pool, clock, DEFAULT_POLICY)
+def keeper(fleet, sessions):
+    """slurm-a and k8s-a of examples/fleet.yaml (the fleet fixture); k8s-a keeps tenants' quotas."""
+    pool = fleet
     with sessions() as session:
         infos = {c.name: c for c in list_clusters(session)}
     kept = KeepsQuotas(pool.get(infos["k8s-a"]).adapter)
