@@ -18,6 +18,13 @@ share placed 92.0% against 95.2% one by one (the measure pairs a task with the h
 the earlier ones left, and all the large shares first leave holes nothing fills). A
 window never reaches past the arrival at which the arrived demand reaches the capacity,
 so the allocation at 100% counts the same arrivals as one-by-one placement.
+
+**The offline ceiling** (:func:`offline_ceiling`): what a placement that knew every
+arrival up to 100% arrived demand in advance and ignored CPU and host memory would place,
+by best fit in decreasing order of GPU demand (near-optimal for bin packing; GPU models
+still honoured). It is an optimistic reference, not a proof: no online rule that must also
+fit CPU gets there, and the room between it and the better of best and first fit is all
+that fragmentation-aware placement can win on a list.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.core.errors import InvalidRequest
@@ -188,6 +195,25 @@ def inflate(
     )
 
 
+def offline_ceiling(nodes: Sequence[SharedNode], arrivals: Sequence[Task]) -> float:
+    """The allocation of the offline ceiling (see the module docstring) for ``arrivals``."""
+    relaxed = [replace(node, cpu_milli=None, memory_mib=None) for node in nodes]
+    capacity = sum(node.gpus for node in nodes) * MILLI
+    arrived = 0
+    known: list[TaskShape] = []
+    for task in arrivals:
+        if arrived >= capacity:
+            break
+        arrived += task.demand_milli
+        if not isinstance(task, CpuTask):
+            known.append(task)
+    # Largest first; among equals, pinned work first (it has the fewest places to go).
+    known.sort(key=lambda t: (-t.demand_milli, -t.gpu_milli, not t.models))
+    cluster = SharedGpuNodes(relaxed, placement="best-fit", shapes=sorted(set(known)))
+    placed = sum(task.demand_milli for task in known if cluster.place(task) is not None)
+    return placed / capacity
+
+
 # The window of gpush's joint placement in the experiment: about a cycle's worth of
 # arrivals at a busy broker.
 JOINT_WINDOW = 256
@@ -215,17 +241,22 @@ def inflation_experiment(
     coverage: float = 1.0,
     variants: Sequence[tuple[str, bool, int]] = INFLATION_VARIANTS,
     progress: Callable[[InflationRun], None] | None = None,
+    ceiling: bool = False,
 ) -> dict[str, Any]:
     """The FGD paper's experiment: for each seed one arrival sequence, placed by each
     variant (placement, whole GPUs); medians over seeds of the allocation at 100%
     arrived demand and at the first failure. FGD measures fragmentation against the
     distribution of ``tasks`` (all of it, or the most frequent shapes covering
-    ``coverage``, as FGD's typical pods)."""
+    ``coverage``, as FGD's typical pods). With ``ceiling``, also the median of each
+    seed's :func:`offline_ceiling`."""
     distribution = WorkloadDistribution.of([t for t in tasks if not isinstance(t, CpuTask)], coverage)
     capacity = sum(n.gpus for n in nodes) * MILLI
     runs: dict[str, list[InflationRun]] = defaultdict(list)
+    ceilings: list[float] = []
     for seed in seeds:
         arrivals = inflation_arrivals(tasks, seed=seed, capacity_milli=capacity, ratio=ratio)
+        if ceiling:
+            ceilings.append(offline_ceiling(nodes, arrivals))
         for placement, whole, joint in variants:
             run = inflate(
                 nodes,
@@ -259,5 +290,6 @@ def inflation_experiment(
         "pinned_tasks": sum(bool(t.models) for t in tasks),
         "distribution_shapes": len(distribution.shapes),
         "medians": medians,
+        "offline_ceiling": statistics.median(ceilings) if ceilings else None,
         "runs": {name: [r.to_dict() for r in group] for name, group in runs.items()},
     }

@@ -20,7 +20,11 @@ What it measures, on the trace's GPU node list (1,213 nodes, 6,212 GPUs):
     (``broker.simulation.inflation``: what a scheduler that claims many jobs a cycle can do);
   - **best fit** and **first fit** on the same GPU-sharing nodes (FGD's BestFit baseline
     for CPU-only pods: the node left with the least free CPU and GPU);
-  - **whole GPUs**: every pod one whole GPU per GPU it touches, best fit.
+  - **whole GPUs**: every pod one whole GPU per GPU it touches, best fit;
+  - **ceil**, the offline ceiling (``broker.simulation.inflation.offline_ceiling``): every
+    arrival up to 100% known in advance, CPU and memory ignored, best fit largest first. No
+    online rule reaches it; the room between it and the better of best and first fit is
+    what fragmentation-aware placement can win on the list.
 
   Reported per list: the GPU allocation (GPU demand placed over capacity) when the arrived
   demand reaches 100% of capacity, median over the seeds; gpush's lead over the better of
@@ -101,17 +105,20 @@ def measure_list(
     nodes = trace.shared_nodes()
     began = time.perf_counter()
     runs: dict[str, list[float]] = {name: [] for name in COLUMNS}
+    ceilings: list[float] = []
     for seed in seeds:
         pods = trace.pods if family is None else variants.generate(family, share, trace.pods, trace.nodes, seed)
-        result = inflation_experiment(nodes, tasks_of(pods), seeds=[seed])
+        result = inflation_experiment(nodes, tasks_of(pods), seeds=[seed], ceiling=True)
         for name in COLUMNS:
             runs[name].append(result["medians"][name]["at_full"])
+        ceilings.append(result["offline_ceiling"])
     leads = [g - max(b, f) for g, b, f in zip(runs[GPUSH], runs[BEST_FIT], runs[FIRST_FIT], strict=True)]
     return {
         "list": label,
         "family": family or "default",
-        "medians": {COLUMNS[name]: statistics.median(values) for name, values in runs.items()},
-        "runs": {COLUMNS[name]: values for name, values in runs.items()},
+        "medians": {COLUMNS[name]: statistics.median(values) for name, values in runs.items()}
+        | {"ceiling": statistics.median(ceilings)},
+        "runs": {COLUMNS[name]: values for name, values in runs.items()} | {"ceiling": ceilings},
         "lead": statistics.median(g - max(b, f) for g, b, f in zip(runs[GPUSH], runs[BEST_FIT], runs[FIRST_FIT])),
         "worst_lead": min(leads),
         "joint_lead": statistics.median(j - g for j, g in zip(runs[JOINT], runs[GPUSH], strict=True)),
@@ -119,7 +126,7 @@ def measure_list(
     }
 
 
-_NAMES = ("gpush", "joint", "best", "first", "whole", "FGD", "lead", "worst")
+_NAMES = ("gpush", "joint", "best", "first", "whole", "ceil", "FGD", "lead", "worst")
 HEADER = f"{'list':<12}" + "".join(f"{name:>6}" for name in _NAMES) + f"{'s':>5}  ok"
 
 
@@ -131,7 +138,7 @@ def row(result: dict[str, Any]) -> str:
         ok = ok and m["gpush"] >= DEFAULT_TARGET
     return (
         f"{result['list']:<12}"
-        + "".join(f"{_pct(m[c]):>6}" for c in ("gpush", "joint", "best", "first", "whole"))
+        + "".join(f"{_pct(m[c]):>6}" for c in ("gpush", "joint", "best", "first", "whole", "ceiling"))
         + f"{_pct(paper) if paper else '-':>6}{100 * result['lead']:>+6.1f}{100 * result['worst_lead']:>+6.1f}"
         + f"{result['seconds']:>5.0f}  {'yes' if ok else 'NO'}"
     )
@@ -198,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.skip_inflation:
         print("\nGPU allocation (%) at 100% arrived demand, median of the seeds; lead: gpush minus the better")
-        print("of best and first fit (median; worst: the smallest over the seeds); s: seconds for the list")
+        print("of best and first fit (median; worst: the smallest over the seeds); ceil: the offline")
+        print("ceiling (every arrival known, CPU and memory ignored); s: seconds for the list")
         print(HEADER)
         results = []
         family = None
