@@ -47,6 +47,10 @@ none declared means none offered):
 - :class:`ChangeNotifier`: ``notify_changes(callback)``: the cluster pushes events (the
   Kubernetes watch), and the adapter calls ``callback()`` when one of the broker's jobs
   changes, so the scheduler reads statuses at once rather than at its next cycle.
+- :class:`NodeFencer`: ``fence(node, reason)``/``unfence(node)``/``fenced()``: stop new
+  work landing on a node and let it land again (a MIG layout change drains its GPU first).
+- :class:`MigPublisher`: ``publish_mig(node, gpu, instances)``/``mig_published(node, gpu)``:
+  the cluster offers a GPU's new MIG layout (broker.mig.reconfigure).
 - :class:`TenantQuotaKeeper`: ``tenant_quotas(quotas)`` renders the cluster's own limits for
   the tenants' GPU quotas (Kubernetes: a ResourceQuota in each tenant's namespace) and
   ``apply_tenant_quotas(plan)`` applies what changed. The broker's ledger enforces the
@@ -73,7 +77,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from broker.core.schemas import JobSpec
 
@@ -316,6 +320,41 @@ class Preemptor(Protocol):
         its next ``submit`` is a new run, not the one preempted (idempotency holds per run)."""
 
 
+class NodeFencer(Protocol):
+    """Stops new work landing on a node, and lets it land again (Slurm: drain and resume;
+    Kubernetes: cordon and uncordon; the simulator: its own flag). Work already running
+    there is not touched."""
+
+    def fence(self, node: str, reason: str) -> None:
+        """No new job starts on ``node`` from now on; ``reason`` is shown where the
+        cluster shows one (Slurm's drain reason). Fencing a fenced node is no error."""
+
+    def unfence(self, node: str) -> None:
+        """New jobs may start on ``node`` again. Unfencing a node not fenced is no error."""
+
+    def fenced(self) -> dict[str, str]:
+        """The nodes fenced now, with their reasons."""
+
+
+class MigPublisher(Protocol):
+    """Makes the cluster offer a GPU's new MIG layout once the GPU has it (Slurm: the
+    node's gres.conf and a reconfigure; Kubernetes: the ``nvidia.com/mig.config`` label
+    and the MIG manager's ``nvidia.com/mig.config.state``). ``changes_gpus``: the adapter
+    is the GPU too (the simulator), so no node agent has to change it first."""
+
+    changes_gpus: ClassVar[bool]
+
+    def publish_mig(self, node: str, gpu: int, instances: Sequence[str]) -> None:
+        """Offer GPU ``gpu`` of ``node`` as ``instances`` (profile names with their first
+        memory slot, ``"3g.20gb@0"``; empty: MIG mode on, no instance). The GPU must hold
+        no job on an instance that is not in ``instances`` (:class:`Rejected` otherwise)."""
+
+    def mig_published(self, node: str, gpu: int) -> tuple[str, ...] | None:
+        """The instances the cluster offers on that GPU now (as ``publish_mig`` takes
+        them), or None while it is still taking a change in (Kubernetes' MIG manager
+        ``pending``)."""
+
+
 class RenderedConfig(Protocol):
     """A configuration an adapter rendered and may apply; shown to the admin as YAML."""
 
@@ -420,6 +459,8 @@ CAPABILITIES: dict[type, tuple[str, ...]] = {
     ChangeNotifier: ("notify_changes",),
     TenantQuotaKeeper: ("tenant_quotas", "apply_tenant_quotas"),
     Preemptor: ("preempt",),
+    NodeFencer: ("fence", "unfence", "fenced"),
+    MigPublisher: ("publish_mig", "mig_published"),
 }
 
 _C = TypeVar("_C")

@@ -51,6 +51,8 @@ from broker.core.adapter import (
     Health,
     JobOutput,
     LogReader,
+    MigPublisher,
+    NodeFencer,
     Owner,
     Placement,
     Preemptor,
@@ -303,8 +305,37 @@ class _Preempts:
         return self._call("preempt", self.adapter.preempt, job_id, signal, grace_seconds)
 
 
+class _Fences:
+    __slots__ = ()
+
+    def fence(self: Any, node: str, reason: str) -> None:
+        return self._call("fence", self.adapter.fence, node, reason)
+
+    def unfence(self: Any, node: str) -> None:
+        return self._call("unfence", self.adapter.unfence, node)
+
+    def fenced(self: Any) -> dict[str, str]:
+        return self._call("fenced", self.adapter.fenced)
+
+
+class _PublishesMig:
+    __slots__ = ()
+
+    @property
+    def changes_gpus(self: Any) -> bool:
+        return bool(getattr(self.adapter, "changes_gpus", False))
+
+    def publish_mig(self: Any, node: str, gpu: int, instances: Sequence[str]) -> None:
+        return self._call("publish_mig", self.adapter.publish_mig, node, gpu, instances)
+
+    def mig_published(self: Any, node: str, gpu: int) -> tuple[str, ...] | None:
+        return self._call("mig_published", self.adapter.mig_published, node, gpu)
+
+
 _FORWARDERS: dict[type, type] = {
     Preemptor: _Preempts,
+    NodeFencer: _Fences,
+    MigPublisher: _PublishesMig,
     BatchSubmitter: _SubmitsMany,
     Scaler: _Scales,
     TimesliceConfigurator: _ConfiguresTimeslicing,
