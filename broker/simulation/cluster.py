@@ -46,6 +46,16 @@ How a simulated cluster behaves (what a broker or a test may rely on):
   good, holding their tenant's share).
 - **Preemption.** A simulated job told of a preemption (:meth:`SimulatedCluster.preempt`)
   saves its state and exits 0 at once, as a program that checkpoints on its signal does.
+- **Fencing.** A fenced node (:meth:`SimulatedCluster.fence`, Slurm's drain) starts no
+  new job: jobs pinned to it wait there, saying so, and the others go to other nodes or
+  wait; its running jobs go on, and its inventory is unchanged. Unfenced, it takes the
+  jobs that wait for it at once.
+- **MIG layouts.** The simulator is the GPU too: :meth:`SimulatedCluster.publish_mig`
+  gives a GPU in MIG mode a new layout at once, and waiting jobs may start on the new
+  instances. As MIG instances are counted per node and profile (see Node choice), a
+  change is refused while the node's running jobs hold more instances of a profile than
+  the node would have, or while jobs wait for a profile no node would have any more.
+  Published layouts and fences are kept in the state file, so they outlive a restart.
 - **Not simulated:** CPU and host memory on nodes (reported in the file, not enforced),
   partitions, node failures.
 """
@@ -60,7 +70,7 @@ import os
 import secrets
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -74,6 +84,8 @@ from broker.core.adapter import (
     Health,
     JobOutput,
     LogReader,
+    MigPublisher,
+    NodeFencer,
     Owner,
     Placement,
     Preemptor,
@@ -86,8 +98,9 @@ from broker.core.clock import Clock
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import gpu_model
 from broker.core.schemas import JobSpec, format_duration
+from broker.mig.layouts import MigSlot, layout_problem, place_instances, same_layout
 from broker.simulation.admission import Admission
-from broker.simulation.fleet import Fleet, FleetCluster, load_fleet, load_fleet_file
+from broker.simulation.fleet import Fleet, FleetCluster, FleetGpu, FleetNode, load_fleet, load_fleet_file
 from broker.simulation.pools import SHARED_SHARINGS, Pool, SimJob, UnitClass, UnitKey, gpu_pins, pools_of
 
 # What a job killed for over-committing a time-sliced GPU exits with: the code a
@@ -119,10 +132,12 @@ class SimulatedCluster:
     simulator persists to and reloads from). See the module docstring for behaviour.
     """
 
-    # Of the optional ones (broker.core.adapter): the job output and scaling a running
-    # job's replicas (as a Kubernetes Deployment scales). Calls are in-process and take
-    # microseconds, so one submit after another is as fast as a batch; nothing to close.
-    capabilities: ClassVar[frozenset[type]] = frozenset({LogReader, Preemptor, Scaler})
+    # Of the optional ones (broker.core.adapter): the job output, scaling a running
+    # job's replicas (as a Kubernetes Deployment scales), fencing nodes and changing MIG
+    # layouts. Calls are in-process and take microseconds, so one submit after another is
+    # as fast as a batch; nothing to close.
+    capabilities: ClassVar[frozenset[type]] = frozenset({LogReader, MigPublisher, NodeFencer, Preemptor, Scaler})
+    changes_gpus: ClassVar[bool] = True  # the simulator is the GPU too: no node agent changes it first
 
     def __init__(self, name: str, config: Mapping[str, Any], *, clock: Clock) -> None:
         unknown = set(config) - {"fleet", "fleet_yaml", "cluster", "state_file", "kind"}
@@ -158,7 +173,10 @@ class SimulatedCluster:
 
     def _setup(self, name: str, layout: FleetCluster, clock: Clock, state_file: str | os.PathLike[str] | None) -> None:
         self.name = name
-        self.layout = layout
+        self._file_layout = layout  # as the fleet file has it; self.layout has the MIG layouts published since
+        self._file_nodes = {node.name: node for node in layout.nodes}
+        # (node, GPU index) -> the instances published there, where they differ from the fleet file.
+        self._mig_overrides: dict[tuple[str, int], tuple[str, ...]] = {}
         self._clock = clock
         self._lock = threading.RLock()
         self._state_file = Path(state_file) if state_file else None
@@ -168,15 +186,19 @@ class SimulatedCluster:
         # to tell two quick saves apart).
         self._seen: str | None = None
         self._lock_fd: int | None = None
-        self._fresh()
         if self._state_file is not None and self._state_file.exists():
             self._load(self._state_file)
+        else:
+            self._fresh()
 
     def _fresh(self) -> None:
-        """The cluster empty, as its fleet file lays it out (state is loaded on top)."""
-        layout, name, clock = self.layout, self.name, self._clock
+        """The cluster empty, as its fleet file lays it out with the MIG layouts published
+        since (state is loaded on top)."""
+        self.layout = layout = self._laid_out(self._mig_overrides)
+        name, clock = self.name, self._clock
         self._pools: list[Pool] = []
-        node_pools: dict[str, list[Pool]] = {}
+        self._node_pools: dict[str, list[Pool]] = {}
+        node_pools = self._node_pools
         for node in layout.nodes:
             pools = pools_of(node, layout.flavor)
             self._pools.extend(pools)
@@ -201,6 +223,7 @@ class SimulatedCluster:
         # The status log: (job_id, state, reason, node, exit_code, at); a cursor is an index into it.
         self._log: list[tuple[int, BackendState, str | None, str | None, int | None, int]] = []
         self._rerun: set[int] = set()  # jobs told of a preemption: their next submission is a new run
+        self._fenced: dict[str, str] = {}  # node -> why it takes no new job
         # A cursor from another incarnation of this cluster (its state lost) must not be
         # read as an index into this one's log.
         self._epoch = secrets.token_hex(4)
@@ -224,7 +247,6 @@ class SimulatedCluster:
                 self._lock_fd = fd
                 version = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or None
                 if version is not None and version != self._seen and self._state_file.exists():
-                    self._fresh()
                     self._load(self._state_file)
                     self._seen = version
                 yield
@@ -302,7 +324,8 @@ class SimulatedCluster:
 
     def scale(self, job_id: int, replicas: int) -> int:
         """Give a job ``replicas`` replicas on the node it runs on (replicas stay together,
-        as the simulator places them): Rejected when the node has no room for them."""
+        as the simulator places them): Rejected when the node has no room for more, or is
+        fenced (a job may always shrink)."""
         with self._shared():
             self._answer()
             job = self._jobs.get(job_id)
@@ -319,12 +342,13 @@ class SimulatedCluster:
             old_pins, old_placement = job.pins, job.placement
             self._set_replicas(job, replicas, pool)
             if pool is not None:
-                if not pool.fits(job) or self._would_overcommit(pool, job):
+                if replicas > old and (not pool.fits(job) or self._would_overcommit(pool, job)):
                     self._set_replicas(job, old, None)
                     job.pins, job.placement = old_pins, old_placement
                     pool.take(job)
+                    why = f" (fenced: {pool.fenced})" if pool.fenced is not None else ""
                     raise Rejected(
-                        f"node {job.node} of {self.name} has no room for {replicas} replicas of job {job_id} "
+                        f"node {job.node} of {self.name}{why} has no room for {replicas} replicas of job {job_id} "
                         f"(it runs {old}); its replicas stay together on one node"
                     )
                 pool.take(job)
@@ -448,6 +472,154 @@ class SimulatedCluster:
                 f"{self.layout.gpu_count} GPUs; {self._running} jobs running, {self._pending} pending",
                 "sim",
             )
+
+    # -- fencing and MIG layouts -------------------------------------------------------
+
+    def fence(self, node: str, reason: str) -> None:
+        """Start no new job on ``node`` (its pools report no room); its running jobs go on.
+        Fencing a fenced node only changes the reason."""
+        with self._shared():
+            self._answer()
+            pools = self._node_pools[self._fleet_node(node).name]
+            if self._fenced.get(node) != reason:
+                self._fenced[node] = reason
+                for pool in pools:
+                    pool.fenced = reason
+                    pool.refresh()
+                self._dirty = True
+            self._save()
+
+    def unfence(self, node: str) -> None:
+        """Let new jobs start on ``node`` again: those waiting for it start at once if it
+        has room. Unfencing a node not fenced is no error."""
+        with self._shared():
+            self._answer()
+            pools = self._node_pools[self._fleet_node(node).name]
+            if self._fenced.pop(node, None) is not None:
+                for pool in pools:
+                    pool.fenced = None
+                    pool.refresh()
+                self._dispatch(pools, self._now_us)
+                self._dirty = True
+            self._save()
+
+    def fenced(self) -> dict[str, str]:
+        """The nodes fenced now, with their reasons."""
+        with self._shared():
+            self._answer()
+            self._save()
+            return dict(self._fenced)
+
+    def publish_mig(self, node: str, gpu: int, instances: Sequence[str]) -> None:
+        """Give GPU ``gpu`` of ``node`` the MIG layout ``instances`` (``"3g.20gb@0"``) at
+        once: the node's pools and inventory change, and jobs waiting for the new
+        instances start. Rejected when the layout is not one the GPU can hold, the GPU is
+        not in MIG mode, or the change would take instances from running or waiting jobs
+        (see the module docstring). Publishing the layout the GPU has is no error."""
+        with self._shared():
+            self._answer()
+            fleet_gpu = self._mig_gpu(node, gpu)
+            slots = sorted((_mig_slot(text) for text in instances), key=lambda s: (s.start, s.profile))
+            problem = layout_problem(fleet_gpu.model, slots)
+            if problem:
+                raise Rejected(f"GPU {gpu} of node {node} cannot hold {', '.join(instances)}: {problem}")
+            if same_layout(slots, map(_mig_slot, self._published(node, fleet_gpu))):
+                self._save()
+                return
+            overrides = dict(self._mig_overrides)
+            overrides.pop((node, gpu), None)
+            if not same_layout(slots, map(_mig_slot, _placed(fleet_gpu))):
+                overrides[(node, gpu)] = tuple(map(str, slots))
+            problem = self._mig_change_problem(node, overrides)
+            if problem:
+                raise Rejected(f"cannot change the MIG layout of GPU {gpu} of node {node} now: {problem}")
+            # Rebuild the pools with the new layout and put every job back where it was.
+            state = self._state()
+            self._mig_overrides = overrides
+            self._fresh()
+            self._restore_state(state)
+            self._dirty = True
+            self._save()
+
+    def mig_published(self, node: str, gpu: int) -> tuple[str, ...] | None:
+        """The instances GPU ``gpu`` of ``node`` offers now: never None, the simulator
+        takes a change in at once."""
+        with self._shared():
+            self._answer()
+            self._save()
+            return self._published(node, self._mig_gpu(node, gpu))
+
+    def _published(self, node: str, gpu: FleetGpu) -> tuple[str, ...]:
+        """The instances ``gpu`` of ``node`` offers now: as published, else as the fleet file has them."""
+        published = self._mig_overrides.get((node, gpu.index))
+        return _placed(gpu) if published is None else published
+
+    def _fleet_node(self, node: str) -> FleetNode:
+        """The fleet file's node ``node``, or Rejected naming it."""
+        found = self._file_nodes.get(node)
+        if found is None:
+            names = list(self._file_nodes)
+            shown = ", ".join(names[:8]) + (f" ... ({len(names)} nodes)" if len(names) > 8 else "")
+            raise Rejected(f"simulated cluster {self.name} has no node {node}: its nodes are {shown}")
+        return found
+
+    def _mig_gpu(self, node: str, gpu: int) -> FleetGpu:
+        """GPU ``gpu`` of ``node`` as the fleet file has it, or Rejected unless it is in MIG mode."""
+        gpus = self._fleet_node(node).gpus
+        if not 0 <= gpu < len(gpus):
+            raise Rejected(f"node {node} of {self.name} has no GPU {gpu}: its GPUs are 0 to {len(gpus) - 1}")
+        if gpus[gpu].mode != "mig":
+            raise Rejected(
+                f"GPU {gpu} of node {node} is not in MIG mode ({gpus[gpu].mode}, {gpus[gpu].model.name}): "
+                "only a GPU the fleet file gives a mig layout can change it"
+            )
+        return gpus[gpu]
+
+    def _mig_change_problem(self, node: str, overrides: Mapping[tuple[str, int], tuple[str, ...]]) -> str | None:
+        """What the MIG layouts ``overrides`` would take from jobs on ``node``, or None:
+        instances its running jobs hold (counted per pool, as the simulator counts them),
+        or the last instances of a kind that jobs wait for."""
+        laid_out = self._laid_out(overrides)
+        new_node = next(n for n in laid_out.nodes if n.name == node)
+        capacity = {(p.sharing, p.profile, p.model.name): p.capacity for p in pools_of(new_node, laid_out.flavor)}
+        for pool in self._node_pools[node]:
+            if pool.profile is None:
+                continue
+            left = capacity.get((pool.sharing, pool.profile, pool.model.name), 0)
+            held = pool.capacity - pool.free
+            if held > left:
+                return (
+                    f"its running jobs hold {held} {pool.profile} instance(s) there, and the node would have {left}; "
+                    "wait for them to end, or keep enough of them"
+                )
+            if left:
+                continue
+            if pool.waiting_count:
+                return f"{pool.waiting_count} job(s) wait there for {pool.profile}, and the node would have none"
+            for unit_class, _slot in pool.slots:
+                others = [p for p in unit_class.pools if p.node != node]
+                if unit_class.waiting_count and not others:
+                    return f"{unit_class.waiting_count} job(s) wait for {pool.profile}, and no node would have any"
+        return None
+
+    def _laid_out(self, overrides: Mapping[tuple[str, int], tuple[str, ...]]) -> FleetCluster:
+        """The fleet file's cluster with the MIG layouts ``overrides`` in place of its
+        GPUs' own; one its GPU cannot take (the fleet file changed since) is left out."""
+        layout = self._file_layout
+        if not overrides:
+            return layout
+        nodes = []
+        for node in layout.nodes:
+            gpus = []
+            for gpu in node.gpus:
+                instances = overrides.get((node.name, gpu.index))
+                if instances is not None and gpu.mode == "mig":
+                    slots = [_mig_slot(text) for text in instances]
+                    if layout_problem(gpu.model, slots) is None:
+                        gpu = dataclasses.replace(gpu, mig=tuple(s.profile for s in slots))
+                gpus.append(gpu)
+            nodes.append(dataclasses.replace(node, gpus=tuple(gpus)))
+        return dataclasses.replace(layout, nodes=tuple(nodes))
 
     # -- virtual time and test hooks ---------------------------------------------------
 
@@ -687,18 +859,8 @@ class SimulatedCluster:
     def _save(self) -> None:
         if self._state_file is None or not self._dirty:
             return
-        state = {
-            "format": STATE_FORMAT,
-            "cluster": self.name,
-            "epoch": self._epoch,
-            "now_us": self._now_us,
-            "next_seq": self._next_seq,
-            "jobs": [self._job_state(job) for job in self._jobs.values()],
-            "log": [[job_id, state.value, *rest] for job_id, state, *rest in self._log],
-            "rerun": sorted(self._rerun),
-        }
         tmp = self._state_file.with_name(self._state_file.name + ".tmp")
-        tmp.write_text(json.dumps(state, separators=(",", ":")))
+        tmp.write_text(json.dumps(self._state(), separators=(",", ":")))
         if self._lock_fd is not None:
             # A new version for the other instances (see _shared), before the file: killed
             # in between, they reload the old file, which is then still the truth.
@@ -707,6 +869,21 @@ class SimulatedCluster:
             os.pwrite(self._lock_fd, self._seen.encode("ascii"), 0)
         os.replace(tmp, self._state_file)  # a crash mid-write leaves the previous state whole
         self._dirty = False
+
+    def _state(self) -> dict[str, Any]:
+        """The cluster's state as the state file holds it (JSON-ready)."""
+        return {
+            "format": STATE_FORMAT,
+            "cluster": self.name,
+            "epoch": self._epoch,
+            "now_us": self._now_us,
+            "next_seq": self._next_seq,
+            "jobs": [self._job_state(job) for job in self._jobs.values()],
+            "log": [[job_id, state.value, *rest] for job_id, state, *rest in self._log],
+            "rerun": sorted(self._rerun),
+            "fenced": dict(self._fenced),
+            "mig": [[node, gpu, list(instances)] for (node, gpu), instances in self._mig_overrides.items()],
+        }
 
     def _job_state(self, job: SimJob) -> dict[str, Any]:
         pool = job.pool
@@ -730,6 +907,7 @@ class SimulatedCluster:
         }
 
     def _load(self, path: Path) -> None:
+        """The cluster rebuilt as the state file at ``path`` has it: its MIG layouts, then its jobs."""
         try:
             state = json.loads(path.read_text())
             if state.get("format") != STATE_FORMAT:
@@ -739,23 +917,36 @@ class SimulatedCluster:
                     f"state file {path} holds the jobs of simulated cluster {state['cluster']}, not {self.name}: "
                     "give each simulated cluster its own state_file"
                 )
-            self._epoch = state["epoch"]
-            # The saved virtual time, not the clock's: jobs that ended while the broker was
-            # down end on the next call, at their own end times, as on a real cluster.
-            self._now_us = state["now_us"]
-            self._next_seq = state["next_seq"]
-            self._log = [(e[0], BackendState(e[1]), *e[2:]) for e in state["log"]]
-            self._rerun = set(state.get("rerun", []))
-            records = sorted(state["jobs"], key=lambda r: r["seq"])
-            jobs = [self._restore(record) for record in records]
+            self._mig_overrides = {(node, gpu): tuple(instances) for node, gpu, instances in state.get("mig", [])}
+            self._fresh()
+            self._restore_state(state)
         except InvalidRequest:
             raise
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise InvalidRequest(
                 f"cannot read the simulator's state file {path}: {exc}; delete it to start the cluster empty"
             ) from None
+
+    def _restore_state(self, state: Mapping[str, Any]) -> None:
+        """Put the jobs, status log and fences of ``state`` (what :meth:`_state` gave) into
+        the freshly built cluster, and start the waiting jobs that have room now."""
+        self._epoch = state["epoch"]
+        # The saved virtual time, not the clock's: jobs that ended while the broker was
+        # down end on the next call, at their own end times, as on a real cluster.
+        self._now_us = state["now_us"]
+        self._next_seq = state["next_seq"]
+        self._log = [(e[0], BackendState(e[1]), *e[2:]) for e in state["log"]]
+        self._rerun = set(state.get("rerun", []))
+        records = sorted(state["jobs"], key=lambda r: r["seq"])
+        jobs = [self._restore(record) for record in records]
         self._running = sum(job.state is BackendState.RUNNING for job in jobs)
         self._pending = sum(job.state is BackendState.PENDING for job in jobs)
+        for node, reason in state.get("fenced", {}).items():
+            if node in self._node_pools:  # a node gone from the fleet file is fenced no more
+                self._fenced[node] = reason
+                for pool in self._node_pools[node]:
+                    pool.fenced = reason
+                    pool.refresh()
         # The fleet file may have grown since: let waiting jobs take what is free now.
         self._dispatch(self._pools, self._now_us)
 
@@ -801,3 +992,17 @@ class SimulatedCluster:
         job.holdings = ()
         job.at_us = self._now_us
         self._record(job)
+
+
+def _mig_slot(text: str) -> MigSlot:
+    """A MIG instance as publish_mig takes it, ``"3g.20gb@0"``: the profile at its first memory slot."""
+    try:
+        return MigSlot.parse(text)
+    except ValueError as exc:
+        raise Rejected(str(exc)) from None
+
+
+def _placed(gpu: FleetGpu) -> tuple[str, ...]:
+    """The instances of a GPU as the fleet file lays it out (profiles only), placed where
+    they fit: largest first, lowest start first."""
+    return tuple(map(str, place_instances(gpu.model, [MigSlot(profile) for profile in gpu.mig])))

@@ -9,6 +9,9 @@ decides when a job starts; this module decides where it fits and what it holds:
 - **Node choice.** Without a node in the placement, a job takes the first node, in
   fleet-file order, with room (:class:`_FirstFit` finds it without scanning every node).
   Replicas (``placement.replicas``) are placed together on one node.
+- **Fencing.** A fenced pool (its node fenced) reports no room to its unit classes and
+  fits no job, so nothing new starts there; the jobs it holds run on, and its inventory
+  is unchanged.
 - **Inventory.** Whole GPUs and MIG instances: one unit per node and kind. MPS and
   time-slicing: one unit per physical GPU (``gpus=(index,)``, capacity 100 or the GPU's
   replicas), time-sliced ones with the memory their jobs asked (``memory_allocated_gb``).
@@ -170,6 +173,7 @@ class Pool:
         "gpu_room",
         "gpu_memory",
         "labels",
+        "fenced",
         "waiting",
         "waiting_count",
         "slots",
@@ -198,6 +202,7 @@ class Pool:
         self.gpu_room = [per_gpu] * len(gpus) if shared else None
         self.gpu_memory = [0.0] * len(gpus) if sharing is Sharing.K8S_TIMESLICE else None
         self.labels = node.labels
+        self.fenced: str | None = None  # why its node takes no new job, while it is fenced
         self.waiting: deque[SimJob] = deque()
         self.waiting_count = 0
         self.slots: list[tuple[UnitClass, int]] = []
@@ -256,8 +261,9 @@ class Pool:
 
     def refresh(self) -> None:
         """Tell the unit classes this pool serves how much room unpinned jobs may use
-        here now: none while jobs pinned to this pool wait, so they are not starved."""
-        if self.waiting_count:
+        here now: none while jobs pinned to this pool wait, so they are not starved, and
+        none while its node is fenced."""
+        if self.waiting_count or self.fenced is not None:
             room = 0
         elif self.gpu_room is not None and self.sharing is Sharing.SLURM_MPS:
             room = max(self.gpu_room)
@@ -289,6 +295,8 @@ class Pool:
         return job.need <= self.capacity
 
     def fits(self, job: SimJob) -> bool:
+        if self.fenced is not None:
+            return False
         if job.pins is not None:
             room = self.gpu_room
             if len(job.pins) == 1:
@@ -362,6 +370,8 @@ class Pool:
             f"waiting for {describe_request(job.sharing, p.mig_profile, self.model.name, job.units, job.replicas)} "
             f"on {self.node}"
         )
+        if self.fenced is not None:
+            return f"{head}: the node is fenced ({self.fenced})"
         if self.fits(job) and self.waiting_count:
             return f"{head}: {self.waiting_count} earlier job(s) waiting first"
         if job.pins is not None:

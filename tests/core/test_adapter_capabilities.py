@@ -11,6 +11,8 @@ from broker.core.adapter import (
     ChangeNotifier,
     Closable,
     LogReader,
+    MigPublisher,
+    NodeFencer,
     Preemptor,
     Scaler,
     TenantQuotaKeeper,
@@ -42,7 +44,7 @@ def test_the_real_adapters_declare_what_the_broker_uses():
         TenantQuotaKeeper,
         Preemptor,
     }
-    assert declared(adapter_class("sim")) == frozenset({LogReader, Preemptor, Scaler})
+    assert declared(adapter_class("sim")) == frozenset({LogReader, MigPublisher, NodeFencer, Preemptor, Scaler})
 
 
 class Plain:
