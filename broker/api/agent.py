@@ -1,5 +1,6 @@
 """The route node agents (``gpush agent``) report their GPUs to; only an agent or an
-admin token may call it. Reading the reports back is broker.api.inventory's.
+admin token may call it. The answer carries the MIG layouts the broker wants on the node's
+GPUs now (``mig``). Reading the reports back is broker.api.inventory's.
 """
 
 from typing import Any
@@ -11,6 +12,7 @@ from broker.api.responses import AUTH, BODY, errors
 from broker.core import auth
 from broker.inventory import report_store as nodereports
 from broker.inventory.agent_report import NodeReport
+from broker.mig import reconfigure
 
 router = APIRouter(tags=["inventory"], responses=errors(*AUTH))
 
@@ -21,4 +23,7 @@ def agent_report(report: NodeReport, session: Db, who: Agent, clock: AppClock) -
     auth.check_may_report(who, report.node)  # an agent token reports for its own nodes only
     with session.begin():
         row = nodereports.save_report(session, report, by=who.user, now=clock())
-        return {"node": row.node, "collected_at": row.collected_at, "received_at": row.received_at}
+        # MIG layouts the broker wants on this node's GPUs now (broker.mig.reconfigure):
+        # an agent started with --allow-mig-changes makes them and reports again.
+        wanted = reconfigure.wanted_by_agent(session, report.node)
+        return {"node": row.node, "collected_at": row.collected_at, "received_at": row.received_at, "mig": wanted}

@@ -3,21 +3,24 @@ nodes, GPUs and slices as the clusters and the node agents see them, the drift
 between the two, the gres.conf that matches a node, and MIG layouts for the queue.
 """
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.api.deps import Adapters, AppClock, Clock, Db, Who
-from broker.api.responses import AUTH, JSONBytes, errors
+from broker.api.deps import Adapters, Admin, AppClock, Clock, Db, Wake, Who
+from broker.api.responses import AUTH, BODY, JSONBytes, errors
 from broker.core import clusters
 from broker.core.clusters import AdapterPool
 from broker.core.errors import InvalidRequest, NotFound
-from broker.core.models import Cluster
+from broker.core.models import Cluster, MigChange, MigChangeEvent
 from broker.inventory import occupancy as holders
 from broker.inventory import report_store as nodereports
 from broker.inventory.view import Inventory
 from broker.mig import queue as migqueue
+from broker.mig import reconfigure
 from broker.mig.config import GRES_STYLES, render_gres_conf
 
 router = APIRouter(tags=["inventory"], responses=errors(*AUTH, 403, 404, 422))
@@ -51,8 +54,14 @@ def inventory_occupancy(session: Db, who: Who, cluster: str | None = None) -> li
 def inventory_drift(
     session: Db, _who: Who, adapters: Adapters, clock: AppClock, cluster: str | None = None
 ) -> list[dict[str, Any]]:
-    """Every disagreement between the clusters and the GPUs, worst first, with its fix."""
-    return [f.to_dict() for f in _inventory_of(session, cluster, adapters, clock).findings]
+    """Every disagreement between the clusters and the GPUs, worst first, with its fix;
+    MIG layout changes that ended badly in the last day among them."""
+    findings = _inventory_of(session, cluster, adapters, clock).findings
+    with session.begin():
+        findings += [
+            f for f in reconfigure.change_findings(session, clock()) if cluster is None or f.cluster == cluster
+        ]
+    return [f.to_dict() for f in sorted(findings, key=lambda f: f.sort_key())]
 
 
 @router.get("/v1/nodes/{node}/gres-conf")
@@ -96,3 +105,99 @@ def mig_plan(
             session, reports, inventory, cluster=info, repartition_busy=repartition_busy, enable_mig=enable_mig
         )
     return result.to_dict()
+
+
+class MigApply(BaseModel):
+    """What ``gpush mig apply`` asks for: the plan's changes (of one cluster, one node)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cluster: str | None = Field(default=None, max_length=64)
+    node: str | None = Field(default=None, max_length=253)
+    dry_run: bool = False
+    repartition_busy: bool = False
+
+
+@router.post("/v1/mig/changes", status_code=201, responses=errors(*BODY))
+def mig_apply(
+    body: MigApply, session: Db, who: Admin, adapters: Adapters, clock: AppClock, wake: Wake
+) -> dict[str, Any]:
+    """Change the GPUs the MIG plan re-cuts, one recorded change per GPU (broker.mig.reconfigure);
+    the scheduler moves each through its steps. ``dry_run``: say what would change."""
+    with session.begin():
+        info = None
+        if body.cluster is not None:
+            row = session.get(Cluster, body.cluster)
+            if row is None:
+                raise NotFound(f"no cluster {body.cluster!r} is registered (gpush cluster list shows them)")
+            info = clusters.ClusterInfo.of(row)
+        infos, reports = nodereports.read_sources(session, body.cluster)
+    if body.node is not None and body.node not in reports:
+        raise NotFound(f"no agent reports node {body.node!r}, so gpush does not know its GPUs: run `gpush agent` on it")
+    inventory = nodereports.reconciled(infos, reports, adapters, now=clock())
+    cluster_of = {node.name: c.name for c in inventory.clusters for node in c.nodes}
+    with session.begin():
+        result = migqueue.plan_for(session, reports, inventory, cluster=info, repartition_busy=body.repartition_busy)
+        requested = reconfigure.request_changes(
+            session,
+            result.plan,
+            cluster_of,
+            lambda name: adapters.get(infos[name]),
+            reports,
+            by=who.user,
+            now=clock(),
+            node=body.node,
+            dry_run=body.dry_run,
+        )
+    if any(r.change is not None for r in requested):
+        wake.set()
+    return {
+        "dry_run": body.dry_run,
+        "summary": result.to_dict()["summary"],
+        "gpus": [r.to_dict() for r in requested],
+    }
+
+
+@router.get("/v1/mig/changes")
+def mig_changes(
+    session: Db, _who: Admin, all: bool = False, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+) -> list[dict[str, Any]]:
+    """MIG layout changes, newest first: those under way (``all``: those that ended too), with their steps."""
+    with session.begin():
+        query = select(MigChange).order_by(MigChange.id.desc()).limit(limit)
+        if not all:
+            query = query.where(MigChange.ended_at.is_(None))
+        rows = list(session.execute(query).scalars())
+        events = reconfigure.events_of(session, [c.id for c in rows])
+        return [_change(c, events[c.id]) for c in rows]
+
+
+@router.get("/v1/mig/changes/{change_id}")
+def mig_change(change_id: int, session: Db, _who: Admin) -> dict[str, Any]:
+    """One MIG layout change with every step it went through."""
+    with session.begin():
+        change = session.get(MigChange, change_id)
+        if change is None:
+            raise NotFound(f"no MIG change {change_id} (gpush mig changes --all lists them)")
+        return _change(change, reconfigure.events_of(session, [change_id])[change_id])
+
+
+def _change(c: MigChange, events: list[MigChangeEvent]) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "cluster": c.cluster,
+        "node": c.node,
+        "gpu": c.gpu,
+        "model": c.model,
+        "from": c.from_layout,
+        "to": c.to_layout,
+        "target": c.target,
+        "step": c.step,
+        "rolling_back": c.rolling_back,
+        "reason": c.reason,
+        "requested_by": c.requested_by,
+        "created_at": c.created_at,
+        "deadline": c.deadline,
+        "ended_at": c.ended_at,
+        "events": [{"at": e.at, "step": e.step, "note": e.note} for e in events],
+    }

@@ -227,5 +227,40 @@ def mig_plan(
     )
 
 
+@mig.command("apply", context_settings=CONTEXT)
+@click.option("--cluster", help="Only this cluster's nodes.")
+@click.option("--node", help="Only this node's GPUs.")
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@click.option("--repartition-busy", is_flag=True, help="Also re-cut GPUs with work on some instances (kept in place).")
+@json_option
+@click.pass_obj
+def mig_apply(
+    settings: Settings, cluster: str | None, node: str | None, dry_run: bool, repartition_busy: bool, json_mode: bool
+) -> int:
+    """Change the MIG layouts `gpush mig plan` proposes, one recorded change per GPU.
+
+    Each GPU's node is fenced, the instances that go are emptied, the node agent re-cuts
+    the GPU, the cluster is told, and new work lands once all agree; `gpush mig changes`
+    follows each step. Admins only."""
+    return commands.mig_apply(
+        settings.client(),
+        output(json_mode),
+        cluster=cluster,
+        node=node,
+        dry_run=dry_run,
+        repartition_busy=repartition_busy,
+    )
+
+
+@mig.command("changes", context_settings=CONTEXT)
+@click.argument("change_id", type=int, required=False)
+@click.option("--all", "show_all", is_flag=True, help="Also the changes that ended.")
+@json_option
+@click.pass_obj
+def mig_changes(settings: Settings, change_id: int | None, show_all: bool, json_mode: bool) -> int:
+    """MIG layout changes under way (--all: every one), or one change's steps."""
+    return commands.mig_changes(settings.client(), output(json_mode), change_id=change_id, show_all=show_all)
+
+
 # Registered on the root group by broker.cli.main.
 COMMANDS = (cluster, k8s, inventory, slurm, mig)

@@ -9,6 +9,7 @@ call these; tests and other front ends call them directly.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -932,7 +933,84 @@ def mig_plan(
     return EXIT_OK
 
 
-def agent(settings: Any, out: Output, *, node: str | None, interval: float, once: bool, recording: str | None) -> int:
+def mig_apply(
+    client: GpushClient,
+    out: Output,
+    *,
+    cluster: str | None,
+    node: str | None,
+    dry_run: bool,
+    repartition_busy: bool,
+) -> int:
+    """The plan's MIG changes, recorded (or, with ``dry_run``, only shown)."""
+    result = client.mig_apply(cluster=cluster, node=node, dry_run=dry_run, repartition_busy=repartition_busy)
+    if out.json_mode:
+        out.json(result)
+        return EXIT_OK
+    gpus = result["gpus"]
+    if not gpus:
+        out.note("nothing to change: the MIG layouts already serve the waiting work as well as any (gpush mig plan)")
+        return EXIT_OK
+    for g in gpus:
+        layouts = f"{', '.join(g['today']) or 'no instance'} -> {', '.join(g['planned'])}"
+        if g["refused"]:
+            out.line(f"{g['node']} GPU {g['gpu']}: not changed: {g['refused']}")
+        elif dry_run:
+            out.line(f"{g['node']} GPU {g['gpu']} ({g['cluster']}): would change {layouts}")
+        else:
+            out.line(f"{g['node']} GPU {g['gpu']} ({g['cluster']}): change {g['change']}: {layouts}")
+    started = [g for g in gpus if g["change"] is not None]
+    if dry_run:
+        out.note("dry run: nothing changed (run it again without --dry-run)")
+    elif started:
+        out.note("each node is fenced, emptied, re-cut and confirmed in turn: `gpush mig changes` follows them")
+    return EXIT_OK if started or dry_run else EXIT_ERROR
+
+
+def mig_changes(client: GpushClient, out: Output, *, change_id: int | None, show_all: bool) -> int:
+    """The MIG changes under way, or one change with its steps."""
+    if change_id is not None:
+        change = client.mig_change(change_id)
+        if out.json_mode:
+            out.json(change)
+            return EXIT_OK
+        _print_change(out, change)
+        for event in change["events"]:
+            at = console.local_time(datetime.fromisoformat(event["at"]))
+            out.line(f"  {at}  {event['step']:<11} {event['note']}")
+        return EXIT_OK
+    changes = client.mig_changes(all=show_all)
+    if out.json_mode:
+        out.json(changes)
+        return EXIT_OK
+    if not changes:
+        out.note("no MIG change under way" + ("" if show_all else " (--all also lists those that ended)"))
+        return EXIT_OK
+    for change in changes:
+        _print_change(out, change)
+        if change["events"]:
+            last = change["events"][-1]
+            out.line(f"  last: {last['step']}: {last['note']}")
+    return EXIT_OK
+
+
+def _print_change(out: Output, change: dict[str, Any]) -> None:
+    layouts = f"{', '.join(change['from']) or 'no instance'} -> {', '.join(change['to'])}"
+    back = " (rolling back)" if change["rolling_back"] and not change["ended_at"] else ""
+    out.line(f"change {change['id']}  {change['cluster']}/{change['node']} GPU {change['gpu']}  {change['step']}{back}")
+    out.line(f"  {layouts}")
+
+
+def agent(
+    settings: Any,
+    out: Output,
+    *,
+    node: str | None,
+    interval: float,
+    once: bool,
+    recording: str | None,
+    allow_mig_changes: bool = False,
+) -> int:
     """``gpush agent``: report this node's GPUs to the broker until stopped (or once).
 
     With ``--url`` it posts to that broker with ``--token`` (an agent token); without, into
@@ -943,6 +1021,10 @@ def agent(settings: Any, out: Output, *, node: str | None, interval: float, once
     from broker.nodeagent.nvml import RecordedLibrary
 
     node = node or socket.gethostname().split(".")[0]
+    if recording and allow_mig_changes:
+        raise InvalidRequest(
+            "--allow-mig-changes needs real GPUs: a recording replays what NVML said and cannot change"
+        )
     library = RecordedLibrary(Path(recording)) if recording else None
     if settings.url:
         if not settings.token:
@@ -951,10 +1033,21 @@ def agent(settings: Any, out: Output, *, node: str | None, interval: float, once
                 "`gpush admin token create --role agent --user <node> --tenant agents --nodes <node>`; "
                 "set it as GPUSH_TOKEN"
             )
-        delivered = run_agent(settings.url, settings.token, node, interval, library, once)
+        delivered = run_agent(
+            settings.url, settings.token, node, interval, library, once, allow_mig_changes=allow_mig_changes
+        )
     else:
         client = settings.client()
-        delivered = run_agent(client.url, client.token, node, interval, library, once, client=client.http)
+        delivered = run_agent(
+            client.url,
+            client.token,
+            node,
+            interval,
+            library,
+            once,
+            client=client.http,
+            allow_mig_changes=allow_mig_changes,
+        )
     if once:
         if not delivered:
             out.note(f"node {node}: the broker did not take the report (see the messages above)")

@@ -171,10 +171,25 @@ def db_current(settings: Settings, json_mode: bool) -> int:
     type=click.Path(exists=True, dir_okay=False),
     help="Replay a recorded NVML (tests/data/nvml/*.json) instead of reading this machine's GPUs.",
 )
+@click.option(
+    "--allow-mig-changes",
+    is_flag=True,
+    help="Make the MIG layouts the broker asks for (gpush mig apply): destroy and create instances, never busy ones.",
+)
 @click.pass_obj
-def agent(settings: Settings, node: str | None, interval: float, once: bool, recording: str | None) -> int:
+def agent(
+    settings: Settings, node: str | None, interval: float, once: bool, recording: str | None, allow_mig_changes: bool
+) -> int:
     """Report this node's GPUs (NVML) to the broker every --interval seconds, with an agent token."""
-    return commands.agent(settings, output(), node=node, interval=interval, once=once, recording=recording)
+    return commands.agent(
+        settings,
+        output(),
+        node=node,
+        interval=interval,
+        once=once,
+        recording=recording,
+        allow_mig_changes=allow_mig_changes,
+    )
 
 
 @click.command(context_settings=CONTEXT)

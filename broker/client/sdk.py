@@ -290,6 +290,23 @@ class GpushClient:
         params = _params(cluster=cluster, repartition_busy=repartition_busy or None, enable_mig=enable_mig or None)
         return self._request("GET", "/v1/mig/plan", params=params)
 
+    def mig_apply(
+        self,
+        *,
+        cluster: str | None = None,
+        node: str | None = None,
+        dry_run: bool = False,
+        repartition_busy: bool = False,
+    ) -> dict[str, Any]:
+        body = {"cluster": cluster, "node": node, "dry_run": dry_run, "repartition_busy": repartition_busy}
+        return self._request("POST", "/v1/mig/changes", json=body)
+
+    def mig_changes(self, *, all: bool = False) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/mig/changes", params=_params(all=all or None))
+
+    def mig_change(self, change_id: int) -> dict[str, Any]:
+        return self._request("GET", f"/v1/mig/changes/{change_id}")
+
     def whoami(self) -> Whoami:
         return Whoami.model_validate(self._request("GET", "/v1/whoami"))
 

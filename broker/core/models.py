@@ -274,3 +274,54 @@ class NodeReport(Base):
     # the scheduler reconciles again when this moves, not on every report.
     changed_at: Mapped[datetime] = mapped_column(UTCDateTime)
     reported_by: Mapped[str] = mapped_column(String(64))
+
+
+class MigChange(Base):
+    """One GPU's MIG layout change (broker.mig.reconfigure): from ``from_layout`` to
+    ``to_layout`` (instances as ``"3g.20gb@0"``), one step at a time, each step an event
+    (:class:`MigChangeEvent`). ``target`` is the layout the GPU is being brought to now:
+    ``to_layout``, or ``from_layout`` once a step ran out of time and the change rolls back.
+    ``step`` is where it is (``planned`` ... ``admitting``) or how it ended (``done``,
+    ``rolled-back``, ``failed``, ``cancelled``); ``deadline`` is when the step runs out."""
+
+    __tablename__ = "mig_changes"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    cluster: Mapped[str] = mapped_column(String(128))
+    node: Mapped[str] = mapped_column(String(253))
+    gpu: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(64))
+    from_layout: Mapped[list[str]] = mapped_column(Document)
+    to_layout: Mapped[list[str]] = mapped_column(Document)
+    target: Mapped[list[str]] = mapped_column(Document)
+    step: Mapped[str] = mapped_column(String(16))
+    rolling_back: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str] = mapped_column(Text)  # why it was asked (the plan's gain)
+    requested_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    step_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    deadline: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        # The changes in flight: the few rows each cycle reads.
+        Index(
+            "ix_mig_changes_open",
+            "id",
+            postgresql_where=sql_text("ended_at IS NULL"),
+            sqlite_where=sql_text("ended_at IS NULL"),
+        ),
+        Index("ix_mig_changes_node", "node", "gpu"),
+    )
+
+
+class MigChangeEvent(Base):
+    """A step of a :class:`MigChange`, with what happened in the user's words."""
+
+    __tablename__ = "mig_change_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    change_id: Mapped[int] = mapped_column(BigId, ForeignKey("mig_changes.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    step: Mapped[str] = mapped_column(String(16))
+    note: Mapped[str] = mapped_column(Text)

@@ -30,6 +30,14 @@ class MigSlot:
     def __str__(self) -> str:
         return self.profile if self.start is None else f"{self.profile}@{self.start}"
 
+    @classmethod
+    def parse(cls, text: str) -> MigSlot:
+        """``"3g.20gb@4"`` (a profile at its first memory slot), as ``str`` writes it."""
+        profile, at, start = str(text).strip().partition("@")
+        if not profile or not at or not start.isdigit():
+            raise ValueError(f"MIG instance {text!r}: write it as PROFILE@SLOT, such as 3g.20gb@0")
+        return cls(profile, int(start))
+
 
 Layout = tuple[MigSlot, ...]  # sorted by start
 _LAYOUTS: dict[str, tuple[tuple[Layout, ...], tuple[Layout, ...]]] = {}

@@ -368,6 +368,7 @@ def run_agent(
     max_backoff: float = 60.0,
     process_name: Callable[[int], str | None] | None = proc_comm,
     mps_control: Callable[[], bool] | None = mps_control_pipe,
+    allow_mig_changes: bool = False,
 ) -> int:
     """Collect and post a report every ``interval`` seconds until ``should_stop()`` (or once).
 
@@ -380,7 +381,11 @@ def run_agent(
        the report: the next round's report supersedes it;
     3. 401/403: raise :class:`AgentTokenRejected` (stops the agent); any other 4xx: log
        the broker's message and carry on;
-    4. sleep ``interval`` (or stop after one round when ``once``).
+    4. the broker's answer may carry MIG layouts it wants on this node's GPUs (a ``gpush
+       mig apply`` under way, broker.mig.reconfigure): with ``allow_mig_changes`` the agent
+       makes them (:func:`change_mig_layouts`) and reports again at once; without, it logs
+       that it leaves them (the change then rolls back when its step runs out of time);
+    5. sleep ``interval`` (or stop after one round when ``once``).
 
     ``sleep`` and ``should_stop`` are injectable (a ``threading.Event``'s ``wait`` and
     ``is_set`` make a stoppable agent); so is the HTTP ``client``.
@@ -390,13 +395,32 @@ def run_agent(
     own_client = client is None
     http = client or httpx.Client(timeout=httpx.Timeout(10.0))
     delivered = 0
+
+    def post(report: NodeReport) -> dict[str, Any] | None:
+        return _deliver(http, url, headers, report, interval, sleep, should_stop, first_backoff, max_backoff)
+
     try:
         while not should_stop():
             report = collect(library, node, process_name=process_name, mps_control=mps_control)
             if report.error:
                 log.warning("node %s: %s", node, report.error)
-            if _deliver(http, url, headers, report, interval, sleep, should_stop, first_backoff, max_backoff):
+            answer = post(report)
+            if answer is not None:
                 delivered += 1
+                wanted = answer.get("mig") or []
+                if wanted and not allow_mig_changes:
+                    log.warning(
+                        "the broker wants MIG layouts changed on %s (GPUs %s); this agent does not change them: "
+                        "start it with --allow-mig-changes",
+                        node,
+                        ", ".join(str(w.get("gpu")) for w in wanted),
+                    )
+                elif wanted and change_mig_layouts(library, report, wanted):
+                    report = collect(library, node, process_name=process_name, mps_control=mps_control)
+                    again = _deliver(
+                        http, url, headers, report, interval, sleep, should_stop, first_backoff, max_backoff
+                    )
+                    delivered += again is not None
             if once or should_stop():
                 break
             sleep(interval)
@@ -404,6 +428,42 @@ def run_agent(
         if own_client:
             http.close()
     return delivered
+
+
+def change_mig_layouts(library: NvmlLibrary | None, report: NodeReport, wanted: list[dict[str, Any]]) -> bool:
+    """Make the MIG layouts the broker asked for (``[{"change", "gpu", "layout"}]``, layout
+    as ``"3g.20gb@0"``) through NVML (broker.nodeagent.mig_apply): instances in both layouts
+    stay, a busy one is never destroyed. True when some GPU changed. Refusals and NVML errors
+    are logged; the broker sees the layout the next report shows."""
+    from broker.mig.layouts import MigSlot
+    from broker.nodeagent.mig_apply import LayoutRefused, apply_layout_change, layout_change
+
+    pynvml = import_pynvml()
+    library = library if library is not None else PynvmlLibrary()
+    gpus = {gpu.index: gpu for gpu in report.gpus}
+    changed = False
+    library.nvmlInit()
+    try:
+        for item in wanted:
+            index, layout = item.get("gpu"), item.get("layout") or []
+            gpu = gpus.get(index)
+            if gpu is None:
+                log.error("MIG change %s: this node has no GPU %s", item.get("change"), index)
+                continue
+            try:
+                target = [MigSlot.parse(text) for text in layout]
+                change = layout_change(gpu, target)
+                for line in apply_layout_change(library, change):
+                    log.info("MIG change %s: %s", item.get("change"), line)
+                changed = changed or not change.empty
+            except (LayoutRefused, ValueError) as exc:
+                log.error("MIG change %s refused on GPU %s: %s", item.get("change"), index, exc)
+            except pynvml.NVMLError as exc:
+                log.error("MIG change %s on GPU %s: NVML failed: %s", item.get("change"), index, _describe(exc))
+                changed = True  # part of it may be done: report what is
+    finally:
+        library.nvmlShutdown()
+    return changed
 
 
 def _deliver(
@@ -416,8 +476,8 @@ def _deliver(
     should_stop: Callable[[], bool],
     first_backoff: float,
     max_backoff: float,
-) -> bool:
-    """Post one report; True when the broker took it (see run_agent for the rules)."""
+) -> dict[str, Any] | None:
+    """Post one report; the broker's answer when it took it, else None (see run_agent for the rules)."""
     payload = report.model_dump(mode="json")
     backoff, waited = first_backoff, 0.0
     while True:
@@ -428,7 +488,11 @@ def _deliver(
         else:
             status = response.status_code
             if status < 300:
-                return True
+                try:
+                    answer = response.json()
+                except ValueError:
+                    answer = None
+                return answer if isinstance(answer, dict) else {}
             if status in (401, 403):
                 raise AgentTokenRejected(
                     f"the broker at {url} refused the agent's token ({status}: {_broker_message(response)}); "
@@ -439,11 +503,11 @@ def _deliver(
                 log.error(
                     "the broker rejected the report of %s (%s): %s", report.node, status, _broker_message(response)
                 )
-                return False
+                return None
             problem = f"the broker answered {status}: {_broker_message(response)}"
         if should_stop() or (waited >= interval and waited > 0):
             log.error("giving up on this report after %.0f s: %s", waited, problem)
-            return False
+            return None
         log.warning("%s; retrying in %.1f s", problem, backoff)
         sleep(backoff)
         waited += backoff

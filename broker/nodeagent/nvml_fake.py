@@ -32,6 +32,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from broker.core.gpus import GpuModel, MigProfile, gpu_model
+from broker.mig.layouts import MigSlot
 from broker.nodeagent.nvml import COMPUTE_PROFILES, PROFILE_SHAPES, nvml_error
 
 MIB = 1024 * 1024
@@ -92,9 +93,9 @@ class FakeNvml:
         for index, layout in enumerate(layouts):
             gpu = FakeGpu(spec, index, mig=layout is not None)
             for n, text in enumerate(layout or [], 1):
-                name, _, start = text.partition("@")
-                profile = spec.profile(name)
-                gpu.instances[n] = _GpuInstance(n, profile, int(start), {0: _ComputeInstance(0, _mig_uuid(index, n))})
+                slot = MigSlot.parse(text)
+                profile = spec.profile(slot.profile)
+                gpu.instances[n] = _GpuInstance(n, profile, slot.start, {0: _ComputeInstance(0, _mig_uuid(index, n))})
             gpus.append(gpu)
         return cls(gpus)
 

@@ -18,6 +18,7 @@ is made before its job is committed in ``submitting``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import DateTime, Engine, func, select, type_coerce
+from sqlalchemy.orm import Session
 
 from broker.core.adapter import (
     AdapterError,
@@ -33,6 +35,7 @@ from broker.core.adapter import (
     Placement,
     Sharing,
     TenantQuotaKeeper,
+    Unreachable,
     capability,
 )
 from broker.core.clock import Clock
@@ -42,7 +45,9 @@ from broker.core.metrics import observe_cycle
 from broker.core.models import Job, Tenant
 from broker.core.schemas import JobSpec
 from broker.core.states import JobState, set_reasons, set_states
-from broker.inventory.report_store import DriftWatch
+from broker.inventory.report_store import DriftWatch, load_reports, reconciled
+from broker.inventory.view import Finding
+from broker.mig.reconfigure import Reconfigurations
 from broker.placement.capacity import CapacityView
 from broker.placement.decision import CycleDecisions, Held, Placed, WaitCause
 from broker.placement.fairshare import FairShare
@@ -125,6 +130,12 @@ class Scheduler:
         self.drift = DriftWatch()
         self.status_sync = StatusSync(self.sessions, clock, self._adapter)
         self.preemptions = Preemptions(self.sessions, clock, self._adapter, self._stored_spec)
+        # MIG layout changes under way (gpush mig apply): moved on each cycle; their nodes
+        # take no new work meanwhile.
+        self._clusters: dict[str, ClusterInfo] = {}
+        self.reconfigurations = Reconfigurations(
+            self.sessions, clock, self._adapter_named, findings_of=self._findings_on
+        )
         # Parsed specs by their fingerprint (jobs.spec_hash: the spec without its
         # idempotency key). Queues are full of copies of one spec (arrays, sweeps,
         # retries), and validating a stored spec again costs more than deciding it.
@@ -141,6 +152,10 @@ class Scheduler:
             clusters = {c.name: c for c in list_clusters(session, enabled_only=True)}
         with report.timing("recover"):
             self.recover(clusters, report)
+        self._clusters = clusters
+        with report.timing("mig"):
+            for line in self.reconfigurations.advance():
+                log.info("%s", line)
         # Steps 2 to 4 never touch queued jobs: the claim (step 5) reads them meanwhile.
         claim = Claim(self.sessions, self.claim_limit)
         sync: StatusChanges | None = None
@@ -180,6 +195,21 @@ class Scheduler:
 
     def _adapter(self, info: ClusterInfo) -> ClusterAdapter:
         return self.adapters.get(info)
+
+    def _adapter_named(self, name: str) -> ClusterAdapter:
+        info = self._clusters.get(name)
+        if info is None:
+            raise Unreachable(f"cluster {name} is not registered or is disabled")
+        return self._adapter(info)
+
+    def _findings_on(self, session: Session, cluster: str, node: str) -> list[Finding]:
+        """The inventory's findings on ``node`` now (a MIG change's drift check)."""
+        info = self._clusters.get(cluster)
+        if info is None:
+            return []
+        reports = load_reports(session)
+        inventory = reconciled({cluster: info}, reports, self.adapters, now=self.clock())
+        return [f for f in inventory.findings if f.node == node]
 
     # 1 ------------------------------------------------------------------------------
 
@@ -334,6 +364,7 @@ class Scheduler:
         if inventory:
             with self.sessions() as session:
                 inventory = self.drift.apply(session, inventory, clusters, now=self.clock())
+            inventory = fence(inventory, self.reconfigurations.fenced())
         pending = _beyond_backlog(booked.pending, clusters)
         return CapacityView.build(inventory, pending, booked.memory, unavailable=unavailable)
 
@@ -504,6 +535,23 @@ class _Booked:
 
     pending: list[Placement]  # placements made that clusters have not started yet
     memory: dict[tuple[str, str], float]  # GPU memory of time-sliced jobs per (cluster, node)
+
+
+def fence(
+    inventory: dict[str, list[CapacityUnit]], fenced: Mapping[tuple[str, str], str]
+) -> dict[str, list[CapacityUnit]]:
+    """``inventory`` with the units of fenced nodes (a MIG change under way) marked unavailable."""
+    if not fenced:
+        return inventory
+    return {
+        name: [
+            unit
+            if unit.broken or (name, unit.node) not in fenced
+            else dataclasses.replace(unit, broken=fenced[(name, unit.node)])
+            for unit in units
+        ]
+        for name, units in inventory.items()
+    }
 
 
 def _beyond_backlog(pending: list[Placement], clusters: dict[str, ClusterInfo]) -> list[Placement]:

@@ -55,10 +55,10 @@ class ReadOnly:
 def parse_layout(text: str) -> list[MigSlot]:
     slots = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        profile, at, start = part.partition("@")
-        if not at or not start.isdigit():
-            raise SystemExit(f"--layout {part!r}: write each instance as PROFILE@SLOT, such as 3g.20gb@0")
-        slots.append(MigSlot(profile, int(start)))
+        try:
+            slots.append(MigSlot.parse(part))
+        except ValueError as exc:
+            raise SystemExit(f"--layout: {exc}") from None
     return slots
 
 

@@ -1,0 +1,521 @@
+"""MIG layout changes, one GPU at a time, recorded and resumable (``gpush mig apply``).
+
+This module owns the broker's half of changing a GPU's MIG layout; the node agent's half
+(the NVML calls) is broker.nodeagent.mig_apply. A change is a :class:`MigChange` row,
+written before anything is touched, that moves through these steps, each an event
+(:class:`MigChangeEvent`) with what happened:
+
+1. ``planned``: asked for (``gpush mig apply``), from the plan of broker.mig.plan. It waits
+   while ``max_at_once`` other GPUs are changing.
+2. ``draining``: no new work lands on the GPU's node: the scheduler places nothing there
+   (:meth:`Reconfigurations.fenced`, its units marked unavailable) and a cluster that can
+   fence a node (:class:`broker.core.adapter.NodeFencer`: Slurm drains, Kubernetes cordons)
+   is asked to.
+3. ``emptying``: the instances the change destroys must be idle: no gpush job running on
+   the node with their profile, and no process on them in the agent's report. Instances
+   the change keeps go on running their work.
+4. ``changing``: the node's agent, in the answer to its next report, is handed the layout
+   (:func:`wanted_by_agent`); it destroys and creates the instances and reports again. The
+   step ends when a report received after the step began shows the target layout. A
+   cluster that is the GPU too (the simulator: ``MigPublisher.changes_gpus``) changes it
+   itself when no agent reports the node.
+5. ``publishing``: the tier is told (:class:`broker.core.adapter.MigPublisher`: Slurm's
+   gres.conf and a reconfigure, Kubernetes' ``nvidia.com/mig.config``, the simulator's pools).
+6. ``confirming``: the tier offers the target layout, the agent's report shows it, and the
+   inventory has no critical finding for the GPU.
+7. ``admitting``: the node is unfenced (unless another change holds it): ``done``.
+
+Every step has a deadline (:class:`StepLimits`). ``emptying`` running out ends the change
+``cancelled``: nothing was touched. A later step running out rolls back: the target becomes
+the layout the GPU had (the last good one) and the change goes through ``changing`` again;
+if the rollback runs out too, the change ends ``failed`` and the node stays fenced until an
+admin looks (a critical finding, :func:`change_findings`). A broker that stops mid-way
+resumes from the step the row holds: every step reads what is, not what it did before.
+
+Never touched: a GPU a non-preemptible job uses on an instance the change destroys (the
+change waits in ``emptying``; preempting preemptible work there is not done yet), and the
+lent GPU machines of the device tool (integration/gpu only reads).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.core.adapter import AdapterError, ClusterAdapter, MigPublisher, NodeFencer, capability
+from broker.core.clock import Clock
+from broker.core.models import Job, MigChange, MigChangeEvent
+from broker.core.models import NodeReport as NodeReportRow
+from broker.core.states import JobState
+from broker.inventory.agent_report import GpuReport, NodeReport
+from broker.inventory.view import CRITICAL, WARNING, Finding
+from broker.mig.layouts import MigSlot
+from broker.mig.plan import MigPlan
+
+STEPS = ("planned", "draining", "emptying", "changing", "publishing", "confirming", "admitting")
+ENDINGS = ("done", "rolled-back", "cancelled", "failed")
+# Jobs that hold their units on the node until they end.
+_HOLDING = (JobState.SUBMITTED.value, JobState.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """How long each step may take before the change rolls back (see the module docstring)."""
+
+    emptying: timedelta = timedelta(hours=1)
+    changing: timedelta = timedelta(minutes=10)
+    publishing: timedelta = timedelta(minutes=10)
+    confirming: timedelta = timedelta(minutes=10)
+
+    def of(self, step: str) -> timedelta | None:
+        return getattr(self, step, None)
+
+
+def same_instances(a: Iterable[str], b: Iterable[str]) -> bool:
+    return Counter(a) == Counter(b)
+
+
+def reported_layout(gpu: GpuReport) -> list[str]:
+    """The GPU's instances as the agent read them, as a change writes them."""
+    return sorted(f"{m.profile}@{m.placement_start}" for m in gpu.mig_instances)
+
+
+# -- asking for changes -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requested:
+    """One GPU of ``gpush mig apply``: the change written (``change`` its id), or why not."""
+
+    node: str
+    gpu: int
+    cluster: str | None
+    today: list[str]
+    planned: list[str]
+    change: int | None = None
+    refused: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def request_changes(
+    session: Session,
+    plan: MigPlan,
+    cluster_of: Mapping[str, str],
+    adapter_of: Callable[[str], ClusterAdapter],
+    reports: Mapping[str, NodeReport],
+    *,
+    by: str,
+    now: datetime,
+    node: str | None = None,
+    dry_run: bool = False,
+) -> list[Requested]:
+    """A change for each GPU ``plan`` re-cuts (on ``node`` only, when given), written as
+    ``planned`` unless ``dry_run``; GPUs that cannot be changed say why (an open change,
+    MIG mode to switch on, a cluster that cannot take a new layout, no way to change it)."""
+    busy = {(c.node, c.gpu) for c in open_changes(session)}
+    out: list[Requested] = []
+    for gpu in plan.changed:
+        if node is not None and gpu.node != node:
+            continue
+        today = sorted(str(s) for s in gpu.today)
+        planned = sorted(str(s) for s in gpu.planned)
+        cluster = cluster_of.get(gpu.node)
+        refused = _refusal(gpu.node, gpu.index, gpu.action, cluster, adapter_of, reports, busy)
+        if refused or dry_run:
+            out.append(Requested(gpu.node, gpu.index, cluster, today, planned, refused=refused))
+            continue
+        change = MigChange(
+            cluster=cluster,
+            node=gpu.node,
+            gpu=gpu.index,
+            model=gpu.model.name,
+            from_layout=today,
+            to_layout=planned,
+            target=planned,
+            step="planned",
+            rolling_back=False,
+            reason=gpu.reason,
+            requested_by=by,
+            created_at=now,
+            step_at=now,
+        )
+        session.add(change)
+        session.flush()
+        _event(
+            session,
+            change,
+            now,
+            f"asked by {by}: {', '.join(today) or 'no instance'} -> {', '.join(planned)} ({gpu.reason})",
+        )
+        out.append(Requested(gpu.node, gpu.index, cluster, today, planned, change=change.id))
+    return out
+
+
+def _refusal(
+    node: str,
+    index: int,
+    action: str,
+    cluster: str | None,
+    adapter_of: Callable[[str], ClusterAdapter],
+    reports: Mapping[str, NodeReport],
+    busy: set[tuple[str, int]],
+) -> str | None:
+    if (node, index) in busy:
+        return "a change of this GPU is already under way (gpush mig changes)"
+    if action == "enable-mig":
+        return (
+            "MIG mode is off: switching it on resets the GPU, which gpush leaves to an administrator "
+            f"(nvidia-smi -i {index} -mig 1 on {node}, with the GPU idle)"
+        )
+    if cluster is None:
+        return f"no cluster lists node {node}: register its cluster (gpush cluster add) first"
+    try:
+        adapter = adapter_of(cluster)
+    except AdapterError as exc:
+        return f"cluster {cluster} cannot be reached: {exc}"
+    publisher = capability(adapter, MigPublisher)
+    if publisher is None:
+        return (
+            f"cluster {cluster} cannot take a new MIG layout from gpush yet: "
+            "apply the plan's config by hand (gpush mig plan)"
+        )
+    if node not in reports and not publisher.changes_gpus:
+        return f"no node agent reports {node}: start `gpush agent --node {node} --allow-mig-changes` there"
+    return None
+
+
+# -- the changes in flight ----------------------------------------------------------------
+
+
+def open_changes(session: Session) -> list[MigChange]:
+    return list(session.execute(select(MigChange).where(MigChange.ended_at.is_(None)).order_by(MigChange.id)).scalars())
+
+
+def wanted_by_agent(session: Session, node: str) -> list[dict[str, Any]]:
+    """What the agent of ``node`` is to change now: the GPUs in step ``changing``, each
+    with its target layout (the answer to its report)."""
+    rows = session.execute(
+        select(MigChange).where(MigChange.ended_at.is_(None), MigChange.node == node, MigChange.step == "changing")
+    ).scalars()
+    return [{"change": c.id, "gpu": c.gpu, "layout": list(c.target)} for c in rows]
+
+
+def events_of(session: Session, change_ids: Sequence[int]) -> dict[int, list[MigChangeEvent]]:
+    out: dict[int, list[MigChangeEvent]] = {i: [] for i in change_ids}
+    if change_ids:
+        rows = session.execute(
+            select(MigChangeEvent).where(MigChangeEvent.change_id.in_(change_ids)).order_by(MigChangeEvent.id)
+        ).scalars()
+        for event in rows:
+            out[event.change_id].append(event)
+    return out
+
+
+def change_findings(session: Session, now: datetime, within: timedelta = timedelta(days=1)) -> list[Finding]:
+    """Changes that ended badly lately: ``failed`` (critical: the node stays fenced) and
+    ``rolled-back`` (a warning: the GPU has its old layout)."""
+    rows = session.execute(
+        select(MigChange).where(MigChange.step.in_(("failed", "rolled-back")), MigChange.ended_at >= now - within)
+    ).scalars()
+    findings = []
+    for c in rows:
+        failed = c.step == "failed"
+        findings.append(
+            Finding(
+                kind="mig_change_failed" if failed else "mig_change_rolled_back",
+                severity=CRITICAL if failed else WARNING,
+                cluster=c.cluster,
+                node=c.node,
+                gpu=c.gpu,
+                what=f"MIG change {c.id} of {c.node} GPU {c.gpu} " + ("failed" if failed else "was rolled back"),
+                why=(
+                    "the GPU may hold neither layout, and gpush keeps the node fenced"
+                    if failed
+                    else "the GPU has its old layout; the waiting work the change was for still waits"
+                ),
+                fix=f"gpush mig changes {c.id} says which step ran out of time and why",
+            )
+        )
+    return findings
+
+
+# -- moving them on -----------------------------------------------------------------------
+
+
+class Reconfigurations:
+    """The changes in flight, moved on a step at a time by the scheduling cycle
+    (:meth:`advance`), and the nodes they fence (:meth:`fenced`)."""
+
+    def __init__(
+        self,
+        sessions: Callable[[], Session],
+        clock: Clock,
+        adapter_of: Callable[[str], ClusterAdapter],
+        *,
+        limits: StepLimits | None = None,
+        max_at_once: int = 2,
+        findings_of: Callable[[Session, str, str], list[Finding]] | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.clock = clock
+        self.adapter_of = adapter_of
+        self.limits = limits or StepLimits()
+        self.max_at_once = max_at_once
+        # (cluster, node) -> the inventory's findings there (the drift check of "confirming").
+        self.findings_of = findings_of
+
+    def fenced(self) -> dict[tuple[str, str], str]:
+        """(cluster, node) -> why the scheduler places nothing there: a change under way
+        past ``planned``, or one that failed (until an admin clears it)."""
+        with self.sessions() as session:
+            rows = session.execute(
+                select(MigChange).where(
+                    (MigChange.ended_at.is_(None) & (MigChange.step != "planned")) | (MigChange.step == "failed")
+                )
+            ).scalars()
+            return {(c.cluster, c.node): f"MIG change {c.id} of GPU {c.gpu} ({c.step})" for c in rows}
+
+    def advance(self) -> list[str]:
+        """Move every open change on as far as it can go now; returns what happened."""
+        said: list[str] = []
+        with self.sessions() as session:
+            ids = [c.id for c in open_changes(session)]
+        for change_id in ids:
+            with self.sessions() as session, session.begin():
+                change = session.get(MigChange, change_id)
+                if change is None or change.ended_at is not None:
+                    continue
+                for _ in STEPS:  # as many steps as can be taken now, one transaction
+                    before = change.step
+                    note = self._step(session, change)
+                    if note:
+                        said.append(f"MIG change {change.id}: {note}")
+                    if change.step == before or change.ended_at is not None:
+                        break
+        return said
+
+    # Each step: do what it can, move to the next step (or stay), say what happened.
+
+    def _step(self, session: Session, change: MigChange) -> str | None:
+        now = self.clock()
+        limit = self.limits.of(change.step)
+        late = limit is not None and now >= change.step_at + limit
+        try:
+            adapter = self.adapter_of(change.cluster)
+        except AdapterError as exc:
+            adapter, problem = None, str(exc)
+        else:
+            problem = None
+        if change.step == "planned":
+            return self._planned(session, change, adapter, now)
+        if adapter is None:
+            return (
+                self._late(session, change, now, f"cluster {change.cluster} cannot be reached: {problem}")
+                if late
+                else None
+            )
+        try:
+            return getattr(self, "_" + change.step)(session, change, adapter, now, late)
+        except AdapterError as exc:
+            if late:
+                return self._late(session, change, now, f"{change.cluster} refused: {exc}")
+            return None
+
+    def _planned(
+        self, session: Session, change: MigChange, adapter: ClusterAdapter | None, now: datetime
+    ) -> str | None:
+        under_way = session.scalar(
+            select(func.count()).where(
+                MigChange.ended_at.is_(None), MigChange.step != "planned", MigChange.id != change.id
+            )
+        )
+        if under_way >= self.max_at_once or adapter is None:
+            return None
+        fencer = capability(adapter, NodeFencer)
+        where = "gpush places nothing there"
+        if fencer is not None:
+            fencer.fence(change.node, f"gpush MIG change {change.id}")
+            where += f" and {change.cluster} takes no new job there"
+        return self._move(session, change, "emptying", now, f"draining {change.node}: {where}", via="draining")
+
+    def _emptying(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
+        destroyed = Counter(change.from_layout) - Counter(change.target)
+        profiles = {MigSlot.parse(text).profile for text in destroyed}
+        holders = [
+            job.id
+            for job in session.execute(
+                select(Job).where(Job.cluster == change.cluster, Job.state.in_(_HOLDING))
+            ).scalars()
+            if job.placement
+            and job.placement.get("node") == change.node
+            and job.placement.get("mig_profile") in profiles
+        ]
+        report = _report(session, change.node)
+        gpu = _gpu(report, change.gpu) if report else None
+        if gpu is not None:
+            in_use = {p.mig_uuid for p in gpu.processes if p.mig_uuid}
+            busy_slots = [f"{m.profile}@{m.placement_start}" for m in gpu.mig_instances if m.uuid in in_use]
+        else:
+            busy_slots = []
+        busy_destroyed = [s for s in busy_slots if s in destroyed]
+        if not holders and not busy_destroyed:
+            return self._move(session, change, "changing", now, "empty: no work on the instances that change")
+        if late:
+            what = ", ".join([f"job {i}" for i in holders] + [f"a process on {s}" for s in busy_destroyed])
+            return self._end(
+                session,
+                change,
+                adapter,
+                now,
+                "cancelled",
+                f"still in use after {_span(self.limits.emptying)}: {what}; nothing was changed",
+            )
+        return None
+
+    def _changing(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
+        row = session.get(NodeReportRow, change.node)
+        if row is None:
+            publisher = capability(adapter, MigPublisher)
+            if publisher is not None and publisher.changes_gpus:
+                publisher.publish_mig(change.node, change.gpu, list(change.target))
+                return self._move(
+                    session, change, "confirming", now, f"{change.cluster} changed the GPU itself", via="publishing"
+                )
+        elif row.received_at >= change.step_at:
+            gpu = _gpu(NodeReport.model_validate(row.report), change.gpu)
+            if gpu is not None and same_instances(reported_layout(gpu), change.target):
+                return self._move(
+                    session,
+                    change,
+                    "publishing",
+                    now,
+                    f"the agent of {change.node} reports the {_which(change)}",
+                )
+        if late:
+            return self._late(
+                session,
+                change,
+                now,
+                f"the agent of {change.node} did not report the {'old' if change.rolling_back else 'new'} layout "
+                f"in {_span(self.limits.changing)}",
+            )
+        return None
+
+    def _publishing(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
+        publisher = capability(adapter, MigPublisher)
+        if publisher is None:
+            return self._late(session, change, now, f"cluster {change.cluster} cannot publish a MIG layout")
+        if same_instances(publisher.mig_published(change.node, change.gpu) or (), change.target):
+            return self._move(session, change, "confirming", now, f"{change.cluster} offers that layout already")
+        publisher.publish_mig(change.node, change.gpu, list(change.target))
+        return self._move(session, change, "confirming", now, f"{change.cluster} told of the {_which(change)}")
+
+    def _confirming(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
+        publisher = capability(adapter, MigPublisher)
+        offered = publisher.mig_published(change.node, change.gpu) if publisher else None
+        problems = []
+        if offered is None or not same_instances(offered, change.target):
+            problems.append(f"{change.cluster} offers {', '.join(offered or ()) or 'nothing'} yet")
+        report = _report(session, change.node)
+        if report is not None:
+            gpu = _gpu(report, change.gpu)
+            if gpu is None or not same_instances(reported_layout(gpu), change.target):
+                problems.append(f"the agent of {change.node} reports another layout")
+        if not problems and self.findings_of is not None:
+            critical = [
+                f.what
+                for f in self.findings_of(session, change.cluster, change.node)
+                if f.severity == CRITICAL and f.gpu in (None, change.gpu) and not f.kind.startswith("mig_change")
+            ]
+            problems += critical
+        if not problems:
+            return self._move(
+                session,
+                change,
+                "admitting",
+                now,
+                f"confirmed: {change.cluster} and the agent agree, no critical finding",
+            )
+        if late:
+            return self._late(session, change, now, "not confirmed: " + "; ".join(problems))
+        return None
+
+    def _admitting(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
+        if change.rolling_back:
+            return self._end(
+                session, change, adapter, now, "rolled-back", "back on its last good layout; new work may land"
+            )
+        return self._end(session, change, adapter, now, "done", f"{', '.join(change.target)}; new work may land")
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def _late(self, session: Session, change: MigChange, now: datetime, why: str) -> str:
+        if change.rolling_back:
+            change.step, change.ended_at, change.deadline = "failed", now, None
+            _event(session, change, now, f"rollback failed: {why}; {change.node} stays fenced until an admin looks")
+            return f"failed: {why}"
+        change.rolling_back = True
+        change.target = list(change.from_layout)
+        return self._move(
+            session, change, "changing", now, f"{why}; rolling back to {', '.join(change.from_layout) or 'no instance'}"
+        )
+
+    def _move(
+        self, session: Session, change: MigChange, step: str, now: datetime, note: str, *, via: str | None = None
+    ) -> str:
+        """The step ``change`` is in (or ``via``, one it passed through at once) is over,
+        as ``note`` says; it is in ``step`` now."""
+        done = via or change.step
+        _event(session, change, now, note, step=done)
+        change.step, change.step_at = step, now
+        limit = self.limits.of(step)
+        change.deadline = now + limit if limit is not None else None
+        return f"{done}: {note}"
+
+    def _end(
+        self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, ending: str, note: str
+    ) -> str:
+        others = session.scalar(
+            select(func.count()).where(
+                MigChange.node == change.node,
+                MigChange.id != change.id,
+                MigChange.ended_at.is_(None),
+                MigChange.step != "planned",
+            )
+        )
+        fencer = capability(adapter, NodeFencer)
+        if not others and fencer is not None:
+            fencer.unfence(change.node)
+        change.step, change.ended_at, change.deadline, change.step_at = ending, now, None, now
+        _event(session, change, now, note)
+        return f"{ending}: {note}"
+
+
+def _which(change: MigChange) -> str:
+    return "old layout back" if change.rolling_back else "new layout"
+
+
+def _span(delta: timedelta) -> str:
+    minutes = int(delta.total_seconds() // 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+def _event(session: Session, change: MigChange, at: datetime, note: str, *, step: str | None = None) -> None:
+    session.add(MigChangeEvent(change_id=change.id, at=at, step=step or change.step, note=note))
+
+
+def _report(session: Session, node: str) -> NodeReport | None:
+    row = session.get(NodeReportRow, node)
+    return NodeReport.model_validate(row.report) if row is not None else None
+
+
+def _gpu(report: NodeReport, index: int) -> GpuReport | None:
+    return next((g for g in report.gpus if g.index == index), None)

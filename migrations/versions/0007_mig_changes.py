@@ -1,0 +1,74 @@
+"""MIG layout changes: each GPU's change from one layout to another, step by step.
+
+Why: ``gpush mig apply`` and the cycle change MIG layouts (broker.mig.reconfigure). Each
+change is written before anything is touched and moves one step at a time (fence the node,
+empty the GPU, change it through the node agent, publish it to the tier, confirm, admit),
+each step an event, so a broker that dies mid-way resumes from the step it reached, and a
+step that runs out of time rolls the GPU back to the layout it had.
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-06
+"""
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+Document = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
+Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+Timestamp = sa.DateTime(timezone=True)
+
+
+def upgrade() -> None:
+    op.create_table(
+        "mig_changes",
+        sa.Column("id", Id, autoincrement=True, nullable=False),
+        sa.Column("cluster", sa.String(128), nullable=False),
+        sa.Column("node", sa.String(253), nullable=False),
+        sa.Column("gpu", sa.Integer(), nullable=False),
+        sa.Column("model", sa.String(64), nullable=False),
+        sa.Column("from_layout", Document, nullable=False),
+        sa.Column("to_layout", Document, nullable=False),
+        sa.Column("target", Document, nullable=False),
+        sa.Column("step", sa.String(16), nullable=False),
+        sa.Column("rolling_back", sa.Boolean(), nullable=False),
+        sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("requested_by", sa.String(64), nullable=False),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("step_at", Timestamp, nullable=False),
+        sa.Column("deadline", Timestamp, nullable=True),
+        sa.Column("ended_at", Timestamp, nullable=True),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_mig_changes")),
+    )
+    op.create_index(
+        "ix_mig_changes_open",
+        "mig_changes",
+        ["id"],
+        postgresql_where=sa.text("ended_at IS NULL"),
+        sqlite_where=sa.text("ended_at IS NULL"),
+    )
+    op.create_index("ix_mig_changes_node", "mig_changes", ["node", "gpu"])
+    op.create_table(
+        "mig_change_events",
+        sa.Column("id", Id, autoincrement=True, nullable=False),
+        sa.Column("change_id", Id, nullable=False),
+        sa.Column("at", Timestamp, nullable=False),
+        sa.Column("step", sa.String(16), nullable=False),
+        sa.Column("note", sa.Text(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["change_id"], ["mig_changes.id"], name=op.f("fk_mig_change_events_change_id_mig_changes"), ondelete="CASCADE"
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_mig_change_events")),
+    )
+    op.create_index(op.f("ix_mig_change_events_change_id"), "mig_change_events", ["change_id"])
+
+
+def downgrade() -> None:
+    op.drop_table("mig_change_events")
+    op.drop_table("mig_changes")

@@ -1,0 +1,321 @@
+"""MIG layout changes step by step (broker.mig.reconfigure): fence, empty, change through the
+node agent (a stateful fake NVML), publish, confirm, admit; deadlines, rollback, resuming."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+from sqlalchemy import select
+
+from broker.core.adapter import MigPublisher, NodeFencer, Rejected
+from broker.core.gpus import gpu_model
+from broker.core.models import Job, MigChange
+from broker.inventory.report_store import save_report
+from broker.mig.layouts import MigSlot
+from broker.mig.plan import GpuPlan, MigPlan, Outcome
+from broker.mig.reconfigure import (
+    Reconfigurations,
+    StepLimits,
+    change_findings,
+    events_of,
+    request_changes,
+    wanted_by_agent,
+)
+from broker.nodeagent.agent import change_mig_layouts, collect
+from broker.nodeagent.nvml_fake import FakeNvml
+
+A100 = "A100-SXM4-40GB"
+TODAY = ["3g.20gb@0", "3g.20gb@4"]
+PLANNED = ["1g.5gb@0", "1g.5gb@1", "1g.5gb@2", "1g.5gb@3", "1g.5gb@4", "1g.5gb@5", "1g.5gb@6"]
+
+
+class Tier:
+    """A cluster that fences nodes and takes MIG layouts (what Slurm and Kubernetes will do)."""
+
+    capabilities: ClassVar[frozenset[type]] = frozenset({NodeFencer, MigPublisher})
+    changes_gpus: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.fences: dict[str, str] = {}
+        self.layouts: dict[tuple[str, int], tuple[str, ...]] = {("mig-01", 0): tuple(TODAY)}
+        self.refuse = False
+
+    def fence(self, node: str, reason: str) -> None:
+        self.fences[node] = reason
+
+    def unfence(self, node: str) -> None:
+        self.fences.pop(node, None)
+
+    def fenced(self) -> dict[str, str]:
+        return dict(self.fences)
+
+    def publish_mig(self, node: str, gpu: int, instances) -> None:
+        if self.refuse:
+            raise Rejected("the tier refuses")
+        self.layouts[(node, gpu)] = tuple(instances)
+
+    def mig_published(self, node: str, gpu: int):
+        return self.layouts.get((node, gpu))
+
+
+def plan(today=TODAY, planned=PLANNED, node="mig-01", index=0, action="repartition") -> MigPlan:
+    model = gpu_model(A100)
+    gpu = GpuPlan(
+        node,
+        index,
+        model,
+        tuple(MigSlot.parse(s) for s in today),
+        tuple(MigSlot.parse(s) for s in planned),
+        True,
+        True,
+        action,
+        "7 waiting 1g.5gb jobs",
+    )
+    return MigPlan((gpu,), 7, Outcome(()), Outcome(()), ())
+
+
+@pytest.fixture
+def gpus():
+    return FakeNvml.with_layouts(A100, [TODAY, ["7g.40gb@0"]])
+
+
+@pytest.fixture
+def tier():
+    return Tier()
+
+
+@pytest.fixture
+def machine(sessions, clock, tier):
+    return Reconfigurations(sessions, clock, lambda name: tier, limits=StepLimits())
+
+
+def report(sessions, clock, gpus, node="mig-01"):
+    with sessions() as session, session.begin():
+        save_report(session, collect(gpus, node, now=clock), by="agent", now=clock())
+
+
+def ask(sessions, clock, tier, gpus, the_plan=None, **kwargs):
+    report(sessions, clock, gpus)
+    from broker.inventory.report_store import load_reports
+
+    with sessions() as session, session.begin():
+        reports = load_reports(session)
+        done = request_changes(
+            session,
+            the_plan or plan(),
+            {"mig-01": "slurm-a"},
+            lambda name: tier,
+            reports,
+            by="root",
+            now=clock(),
+            **kwargs,
+        )
+    return done
+
+
+def agent_round(sessions, clock, gpus):
+    """What `gpush agent --allow-mig-changes` does each round: report, make what the answer asks, report again."""
+    report(sessions, clock, gpus)
+    with sessions() as session:
+        wanted = wanted_by_agent(session, "mig-01")
+    if wanted:
+        with sessions() as session:
+            from broker.inventory.report_store import load_reports
+
+            current = load_reports(session)["mig-01"]
+        change_mig_layouts(gpus, current, wanted)
+        report(sessions, clock, gpus)
+    return wanted
+
+
+def change(sessions, change_id=1) -> MigChange:
+    with sessions() as session:
+        row = session.get(MigChange, change_id)
+        session.expunge(row)
+        return row
+
+
+def steps(sessions, change_id=1) -> list[str]:
+    with sessions() as session:
+        return [e.step for e in events_of(session, [change_id])[change_id]]
+
+
+def test_a_change_goes_through_every_step_and_the_gpu_has_the_new_layout(sessions, clock, tier, gpus, machine):
+    (asked,) = ask(sessions, clock, tier, gpus)
+    assert asked.change == 1 and asked.refused is None
+    machine.advance()
+    assert change(sessions).step == "changing"  # fenced and empty: the agent's turn
+    assert tier.fences == {"mig-01": "gpush MIG change 1"}
+    assert machine.fenced() == {("slurm-a", "mig-01"): "MIG change 1 of GPU 0 (changing)"}
+    clock.advance(5)
+    assert agent_round(sessions, clock, gpus) == [{"change": 1, "gpu": 0, "layout": sorted(PLANNED)}]
+    machine.advance()
+    done = change(sessions)
+    assert done.step == "done" and done.ended_at is not None
+    assert steps(sessions) == ["planned", "draining", "emptying", "changing", "publishing", "confirming", "done"]
+    assert sorted(tier.layouts[("mig-01", 0)]) == sorted(PLANNED)
+    assert tier.fences == {} and machine.fenced() == {}
+    gpu0 = collect(gpus, "mig-01").gpus[0]
+    assert sorted(f"{m.profile}@{m.placement_start}" for m in gpu0.mig_instances) == sorted(PLANNED)
+    assert collect(gpus, "mig-01").gpus[1].mig_instances[0].profile == "7g.40gb"  # the other GPU untouched
+
+
+def test_a_dry_run_writes_nothing_and_refusals_say_why(sessions, clock, tier, gpus):
+    (dry,) = ask(sessions, clock, tier, gpus, dry_run=True)
+    assert dry.change is None and dry.refused is None and dry.planned == sorted(PLANNED)
+    with sessions() as session:
+        assert session.scalar(select(MigChange)) is None
+    (off,) = ask(sessions, clock, tier, gpus, the_plan=plan(action="enable-mig"))
+    assert "nvidia-smi -i 0 -mig 1" in off.refused
+    ask(sessions, clock, tier, gpus)
+    (again,) = ask(sessions, clock, tier, gpus)
+    assert "already under way" in again.refused
+
+
+def test_a_cluster_that_cannot_publish_is_refused_before_anything_is_written(sessions, clock, gpus):
+    class Plain:
+        capabilities: ClassVar[frozenset[type]] = frozenset()
+
+    (refused,) = ask(sessions, clock, Plain(), gpus)
+    assert "cannot take a new MIG layout" in refused.refused and refused.change is None
+
+
+def test_busy_instances_keep_the_change_waiting_then_it_is_cancelled_untouched(sessions, clock, tier, gpus):
+    machine = Reconfigurations(sessions, clock, lambda name: tier, limits=StepLimits(emptying=_minutes(30)))
+    ask(sessions, clock, tier, gpus)
+    with sessions() as session, session.begin():
+        session.add(_running_job(clock, profile="3g.20gb"))
+    machine.advance()
+    assert change(sessions).step == "emptying" and tier.fences
+    clock.advance(31 * 60)
+    machine.advance()
+    ended = change(sessions)
+    assert ended.step == "cancelled" and "job 1" in _last_note(sessions)
+    assert tier.fences == {} and tier.layouts[("mig-01", 0)] == tuple(TODAY)
+
+
+def test_a_job_on_an_instance_the_change_keeps_does_not_hold_it_up(sessions, clock, tier, gpus, machine):
+    keep_one = ["3g.20gb@4", "1g.5gb@0", "1g.5gb@1", "1g.5gb@2"]
+    ask(sessions, clock, tier, gpus, the_plan=plan(planned=keep_one))
+    with sessions() as session, session.begin():
+        session.add(_running_job(clock, profile="1g.5gb"))
+    machine.advance()
+    assert change(sessions).step == "changing"
+
+
+def test_an_agent_that_never_changes_the_gpu_rolls_the_change_back(sessions, clock, tier, gpus, machine):
+    ask(sessions, clock, tier, gpus)
+    machine.advance()
+    clock.advance(11 * 60)  # past the changing step's 10 minutes; the agent reports but changes nothing
+    report(sessions, clock, gpus)
+    machine.advance()
+    back = change(sessions)
+    assert back.step == "changing" and back.rolling_back and back.target == sorted(TODAY)
+    clock.advance(30)
+    report(sessions, clock, gpus)  # its next report: the GPU has the old layout, the tier too
+    machine.advance()
+    back = change(sessions)
+    assert back.step == "rolled-back" and back.ended_at is not None
+    assert "rolling back to 3g.20gb@0, 3g.20gb@4" in " ".join(_notes(sessions))
+    assert tier.fences == {}
+    with sessions() as session:
+        (finding,) = change_findings(session, clock())
+    assert finding.kind == "mig_change_rolled_back" and finding.severity == "warning" and finding.gpu == 0
+
+
+def test_a_rollback_that_runs_out_too_fails_and_keeps_the_node_fenced(sessions, clock, tier, gpus, machine):
+    ask(sessions, clock, tier, gpus)
+    machine.advance()
+    clock.advance(5)
+    agent_round(sessions, clock, gpus)  # the GPU changes...
+    tier.refuse = True  # ... but the tier will not take it, nor the old layout back
+    machine.advance()
+    clock.advance(11 * 60)
+    machine.advance()
+    assert change(sessions).rolling_back
+    clock.advance(11 * 60)  # the agent is gone: nobody puts the old layout back
+    machine.advance()
+    failed = change(sessions)
+    assert failed.step == "failed"
+    assert "stays fenced" in _last_note(sessions)
+    assert tier.fences and machine.fenced() == {("slurm-a", "mig-01"): "MIG change 1 of GPU 0 (failed)"}
+    with sessions() as session:
+        (finding,) = change_findings(session, clock())
+    assert finding.severity == "critical" and "gpush mig changes 1" in finding.fix
+
+
+def test_a_broker_that_restarts_mid_change_resumes_from_the_step_it_reached(sessions, clock, tier, gpus):
+    Reconfigurations(sessions, clock, lambda name: tier).advance()  # nothing yet
+    ask(sessions, clock, tier, gpus)
+    Reconfigurations(sessions, clock, lambda name: tier).advance()
+    assert change(sessions).step == "changing"
+    clock.advance(5)
+    agent_round(sessions, clock, gpus)
+    restarted = Reconfigurations(sessions, clock, lambda name: tier)
+    restarted.advance()
+    assert change(sessions).step == "done"
+    assert steps(sessions).count("changing") == 1  # nothing done twice
+
+
+def test_at_most_max_at_once_gpus_change_together(sessions, clock, tier):
+    gpus = FakeNvml.with_layouts(A100, [TODAY, TODAY, TODAY])
+    three = MigPlan(tuple(plan(index=i).gpus[0] for i in range(3)), 7, Outcome(()), Outcome(()), ())
+    ask(sessions, clock, tier, gpus, the_plan=three)
+    Reconfigurations(sessions, clock, lambda name: tier, max_at_once=2).advance()
+    with sessions() as session:
+        assert [c.step for c in session.scalars(select(MigChange).order_by(MigChange.id))] == [
+            "changing",
+            "changing",
+            "planned",
+        ]
+
+
+def test_the_confirming_step_waits_for_a_clean_drift_check(sessions, clock, tier, gpus):
+    from broker.inventory.view import Finding
+
+    findings = [Finding("mig_layout_mismatch", "critical", "slurm-a", "mig-01", "the tier disagrees", "", "", gpu=0)]
+    machine = Reconfigurations(sessions, clock, lambda name: tier, findings_of=lambda s, c, n: list(findings))
+    ask(sessions, clock, tier, gpus)
+    machine.advance()
+    clock.advance(5)
+    agent_round(sessions, clock, gpus)
+    machine.advance()
+    assert change(sessions).step == "confirming"
+    findings.clear()
+    machine.advance()
+    assert change(sessions).step == "done"
+
+
+def _minutes(n):
+    from datetime import timedelta
+
+    return timedelta(minutes=n)
+
+
+def _running_job(clock, profile):
+    now = clock()
+    return Job(
+        tenant="ml",
+        user="alice",
+        kind="training",
+        isolation="hardware",
+        priority=0,
+        state="running",
+        spec={},
+        spec_hash="x" * 64,
+        cluster="slurm-a",
+        placement={"cluster": "slurm-a", "sharing": "slurm/mig", "units": 1, "node": "mig-01", "mig_profile": profile},
+        gpu_equivalents=0.43,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def _notes(sessions, change_id=1):
+    with sessions() as session:
+        return [e.note for e in events_of(session, [change_id])[change_id]]
+
+
+def _last_note(sessions, change_id=1):
+    return _notes(sessions, change_id)[-1]
