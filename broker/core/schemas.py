@@ -315,22 +315,26 @@ PreemptSignal = Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"]
 MAX_GRACE_SECONDS = 3600
 
 
-def parse_grace(value: Any) -> Any:
-    """Seconds from 90, "90", "90s", "2m", "1m30s" (a bare number is seconds here, unlike a
-    time limit: a grace is short), at most MAX_GRACE_SECONDS."""
+def parse_seconds(value: Any, what: str = "a duration") -> int:
+    """Seconds from 90, "90", "90s", "2m", "1h30m" (a bare number is seconds, unlike a time
+    limit's minutes)."""
     if isinstance(value, bool):
         raise ValueError("expected seconds (90) or a duration (2m, 1m30s)")
     if isinstance(value, int):
-        seconds = value
-    else:
-        text = str(value).strip().lower()
-        if text.isdigit():
-            seconds = int(text)
-        elif (m := _DURATION_RE.match(text)) and any(m.groups()):
-            d, h, mi, s = (int(g) if g else 0 for g in m.groups())
-            seconds = ((d * 24 + h) * 60 + mi) * 60 + s
-        else:
-            raise ValueError(f"{_short(text)} is not a grace period: give seconds (90) or a duration (2m, 1m30s)")
+        return value
+    text = str(value).strip().lower()
+    if text.isdigit():
+        return int(text)
+    if (m := _DURATION_RE.match(text)) and any(m.groups()):
+        d, h, mi, s = (int(g) if g else 0 for g in m.groups())
+        return ((d * 24 + h) * 60 + mi) * 60 + s
+    raise ValueError(f"{_short(text)} is not {what}: give seconds (90) or a duration (2m, 1m30s, 1h)")
+
+
+def parse_grace(value: Any) -> Any:
+    """Seconds from 90, "90", "90s", "2m", "1m30s" (a bare number is seconds here, unlike a
+    time limit: a grace is short), at most MAX_GRACE_SECONDS."""
+    seconds = parse_seconds(value, "a grace period")
     if seconds > MAX_GRACE_SECONDS:
         raise ValueError(
             f"a grace of {seconds:,} s is longer than the most, {MAX_GRACE_SECONDS // 60} minutes: the job that "

@@ -50,13 +50,17 @@ from sqlalchemy.orm import Session
 
 from broker.core.adapter import AdapterError, ClusterAdapter, MigPublisher, NodeFencer, capability
 from broker.core.clock import Clock
+from broker.core.clusters import AdapterPool, ClusterInfo
 from broker.core.models import Job, MigChange, MigChangeEvent
 from broker.core.models import NodeReport as NodeReportRow
 from broker.core.states import JobState
 from broker.inventory.agent_report import GpuReport, NodeReport
+from broker.inventory.report_store import load_reports, reconciled
 from broker.inventory.view import CRITICAL, WARNING, Finding
 from broker.mig.layouts import MigSlot
 from broker.mig.plan import MigPlan
+from broker.mig.queue import plan_for
+from broker.routing.rules import MigLayouts
 
 STEPS = ("planned", "draining", "emptying", "changing", "publishing", "confirming", "admitting")
 ENDINGS = ("done", "rolled-back", "cancelled", "failed")
@@ -116,11 +120,16 @@ def request_changes(
     now: datetime,
     node: str | None = None,
     dry_run: bool = False,
+    not_since: datetime | None = None,
 ) -> list[Requested]:
     """A change for each GPU ``plan`` re-cuts (on ``node`` only, when given), written as
     ``planned`` unless ``dry_run``; GPUs that cannot be changed say why (an open change,
-    MIG mode to switch on, a cluster that cannot take a new layout, no way to change it)."""
+    MIG mode to switch on, a cluster that cannot take a new layout, no way to change it,
+    a change that ended after ``not_since``)."""
     busy = {(c.node, c.gpu) for c in open_changes(session)}
+    if not_since is not None:
+        recent = session.execute(select(MigChange.node, MigChange.gpu).where(MigChange.ended_at >= not_since))
+        busy |= {(n, g) for n, g in recent}
     out: list[Requested] = []
     for gpu in plan.changed:
         if node is not None and gpu.node != node:
@@ -169,7 +178,7 @@ def _refusal(
     busy: set[tuple[str, int]],
 ) -> str | None:
     if (node, index) in busy:
-        return "a change of this GPU is already under way (gpush mig changes)"
+        return "a change of this GPU is under way or just ended (gpush mig changes --all)"
     if action == "enable-mig":
         return (
             "MIG mode is off: switching it on resets the GPU, which gpush leaves to an administrator "
@@ -271,6 +280,14 @@ class Reconfigurations:
         self.max_at_once = max_at_once
         # (cluster, node) -> the inventory's findings there (the drift check of "confirming").
         self.findings_of = findings_of
+        self._planned_at: datetime | None = None  # the automatic mode's last plan
+
+    def configure(self, settings: MigLayouts | None) -> None:
+        """Take the limits of the policy's ``mig`` section (its defaults without one)."""
+        settings = settings or MigLayouts()
+        step = timedelta(seconds=settings.step_timeout)
+        self.limits = StepLimits(timedelta(seconds=settings.wait_for_jobs), step, step, step)
+        self.max_at_once = settings.max_reconfiguring
 
     def fenced(self) -> dict[tuple[str, str], str]:
         """(cluster, node) -> why the scheduler places nothing there: a change under way
@@ -282,6 +299,42 @@ class Reconfigurations:
                 )
             ).scalars()
             return {(c.cluster, c.node): f"MIG change {c.id} of GPU {c.gpu} ({c.step})" for c in rows}
+
+    def automatic(
+        self, clusters: Mapping[str, ClusterInfo], pool: AdapterPool, settings: MigLayouts
+    ) -> list[Requested]:
+        """The policy's automatic mode: every ``settings.every`` seconds outside its quiet
+        hours, plan each cluster's reported GPUs as ``gpush mig plan`` does and ask for the
+        changes the plan makes (GPUs changed less than ``min_interval`` ago are left)."""
+        now = self.clock()
+        if self._planned_at is not None and now - self._planned_at < timedelta(seconds=settings.every):
+            return []
+        self._planned_at = now
+        if settings.quiet(now):
+            return []
+        with self.sessions() as session:
+            reports = load_reports(session)
+        if not reports:
+            return []
+        requested: list[Requested] = []
+        for name, info in clusters.items():
+            if settings.clusters and name not in settings.clusters:
+                continue
+            inventory = reconciled({name: info}, reports, pool, now=now)
+            cluster_of = {node.name: name for c in inventory.clusters for node in c.nodes}
+            with self.sessions() as session, session.begin():
+                result = plan_for(session, reports, inventory, cluster=info, repartition_busy=settings.repartition_busy)
+                requested += request_changes(
+                    session,
+                    result.plan,
+                    cluster_of,
+                    self.adapter_of,
+                    reports,
+                    by="scheduler",
+                    now=now,
+                    not_since=now - timedelta(seconds=settings.min_interval),
+                )
+        return requested
 
     def advance(self) -> list[str]:
         """Move every open change on as far as it can go now; returns what happened."""

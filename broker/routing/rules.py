@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Iterable, Mapping
+from datetime import UTC
 from typing import Annotated, Any, ClassVar
 
 import yaml
@@ -45,7 +47,7 @@ from pydantic_core import PydanticCustomError
 from broker.core.adapter import Sharing
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, gpu_model
-from broker.core.schemas import MAX_GRACE_SECONDS, Isolation, Kind, parse_grace
+from broker.core.schemas import MAX_GRACE_SECONDS, Isolation, Kind, parse_grace, parse_seconds
 from broker.core.yamltext import EXCERPT_CHARS, BoundedLoader, excerpt, gc_paused, yaml_problem
 
 MIG_SHARING = frozenset({Sharing.SLURM_MIG, Sharing.K8S_MIG})
@@ -288,6 +290,59 @@ class Preemption(BaseModel):
     )
 
 
+Seconds = Annotated[int, BeforeValidator(parse_seconds)]
+_QUIET_RE = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]-([01][0-9]|2[0-3]):[0-5][0-9]")
+
+
+def _quiet_window(value: Any) -> Any:
+    if not isinstance(value, str) or not _QUIET_RE.fullmatch(value.strip()):
+        raise ValueError(f'{value!r} is not a window: write "HH:MM-HH:MM" in UTC, such as "22:00-06:00"')
+    return value.strip()
+
+
+class MigLayouts(BaseModel):
+    """MIG layouts that follow the queue (broker.mig.reconfigure). Without this section a
+    layout changes only when an admin runs ``gpush mig apply``.
+
+    With ``automatic``, the scheduler plans every ``every`` seconds as ``gpush mig plan``
+    does and changes the GPUs the plan re-cuts, outside ``quiet_hours`` (UTC windows such
+    as ``"08:00-18:00"``; one that ends before it starts runs over midnight) and never a
+    GPU changed less than ``min_interval`` ago. ``max_reconfiguring`` GPUs change at once,
+    whoever asked; a change waits ``wait_for_jobs`` for the work on the instances it
+    destroys to end, and each later step has ``step_timeout`` before it rolls back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    automatic: bool = Field(False, description="the scheduler applies the MIG plan itself")
+    every: Seconds = Field(600, ge=60, le=86_400, description="seconds between two plans of the automatic mode")
+    clusters: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=1000, description="the clusters it may change; empty: every one"
+    )
+    max_reconfiguring: int = Field(2, ge=1, le=10_000, description="GPUs changing their layout at once")
+    min_interval: Seconds = Field(
+        3600, ge=0, le=7 * 86_400, description="least seconds between two automatic changes of one GPU"
+    )
+    quiet_hours: list[Annotated[str, BeforeValidator(_quiet_window)]] = Field(
+        default_factory=list, max_length=24, description='UTC windows "HH:MM-HH:MM" when no automatic change starts'
+    )
+    wait_for_jobs: Seconds = Field(
+        3600, ge=60, le=7 * 86_400, description="seconds a change waits for the work on its instances to end"
+    )
+    step_timeout: Seconds = Field(
+        600, ge=30, le=86_400, description="seconds each later step may take before the change rolls back"
+    )
+    repartition_busy: bool = Field(False, description="also re-cut GPUs with work on instances the change keeps")
+
+    def quiet(self, moment: Any) -> bool:
+        """Whether ``moment`` (an aware datetime) falls in one of the quiet hours (UTC)."""
+        minute = moment.astimezone(UTC).hour * 60 + moment.astimezone(UTC).minute
+        for window in self.quiet_hours:
+            start, end = (int(t[:2]) * 60 + int(t[3:]) for t in window.split("-"))
+            if (start <= minute < end) if start <= end else (minute >= start or minute < end):
+                return True
+        return False
+
+
 # The most rules a policy may hold. Any user may ask to validate a policy, every
 # policy is read and checked whole, and routing a job tries rules in order, so each
 # queued job of each cycle may walk them all: without a cap the cost of one request
@@ -310,6 +365,9 @@ class Policy(BaseModel):
     )
     preemption: Preemption | None = Field(
         None, description="who may preempt whom, and which jobs may be preempted; leave out to preempt nothing"
+    )
+    mig: MigLayouts | None = Field(
+        None, description="MIG layouts that follow the queue; leave out to change them only by gpush mig apply"
     )
 
     # Where each node sat in the YAML it was loaded from, so that findings name a

@@ -154,8 +154,7 @@ class Scheduler:
             self.recover(clusters, report)
         self._clusters = clusters
         with report.timing("mig"):
-            for line in self.reconfigurations.advance():
-                log.info("%s", line)
+            self.layouts(clusters)
         # Steps 2 to 4 never touch queued jobs: the claim (step 5) reads them meanwhile.
         claim = Claim(self.sessions, self.claim_limit)
         sync: StatusChanges | None = None
@@ -195,6 +194,20 @@ class Scheduler:
 
     def _adapter(self, info: ClusterInfo) -> ClusterAdapter:
         return self.adapters.get(info)
+
+    def layouts(self, clusters: dict[str, ClusterInfo]) -> None:
+        """MIG layout changes: the policy's automatic mode asks for the plan's, and every
+        change under way moves on (broker.mig.reconfigure)."""
+        with self.sessions() as session:
+            policy = self._policy(session)
+        settings = policy.mig if policy is not None else None
+        self.reconfigurations.configure(settings)
+        if settings is not None and settings.automatic:
+            for asked in self.reconfigurations.automatic(clusters, self.adapters, settings):
+                if asked.change is not None:
+                    log.info("MIG change %s asked: %s GPU %s -> %s", asked.change, asked.node, asked.gpu, asked.planned)
+        for line in self.reconfigurations.advance():
+            log.info("%s", line)
 
     def _adapter_named(self, name: str) -> ClusterAdapter:
         info = self._clusters.get(name)

@@ -33,6 +33,13 @@ What the real components do, and where the simulator follows them:
   replicas}``, ``renameByDefault``, ``failRequestsGreaterThanOne``; ``sharing.mps`` alike). A node's
   label ``nvidia.com/device-plugin.config`` picks the key, else ``spec.devicePlugin.config.default``.
 
+- The MIG manager's configs (GPU Operator "GPU Operator with MIG"): a ConfigMap in the operator
+  namespace named by ClusterPolicy ``spec.migManager.config.name`` (``default-mig-parted-config``
+  unless it says otherwise), key ``config.yaml``, in mig-parted's format (``version: v1``,
+  ``mig-configs: {name: [{devices: all | [0, 1], mig-enabled, mig-devices: {profile: count}}]}``);
+  ``mig_parted_layouts`` reads one config as per-GPU layouts and ``reconfigured`` gives the pool a
+  node of it becomes, refusing profiles the product does not offer (``MIG_PROFILES``).
+
 Approximated: GPU memory and compute capability come from a small product table (unknown products
 need ``gpu_memory_mib``); MIG device memory is exact for the A100-40GB profiles of the GPU
 Operator's MIG example output and the profile's GB x 1024 MiB otherwise; multiprocessor and engine
@@ -46,7 +53,7 @@ import datetime
 import re
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import yaml
 
@@ -55,6 +62,10 @@ MIG_PREFIX = "nvidia.com/mig-"
 POOL_LABEL = "sim.gpush.io/pool"
 SIMULATED_LABEL = "sim.gpush.io/simulated"
 DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
+MIG_PARTED_KEY = "config.yaml"  # the data key of the MIG manager's ConfigMap
+DEFAULT_MIG_PARTED_CONFIG = "default-mig-parted-config"
 
 SHARING_STRATEGIES = ("none", "time-slicing", "mps")
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -372,8 +383,8 @@ def node_devices(pool: GpuPool, sharing: SharingConfig | None = None) -> NodeDev
         "nvidia.com/gpu.mode": "compute",
     }
     if pool.mig_capable:
-        labels["nvidia.com/mig.config"] = pool.mig_config_label()
-        labels["nvidia.com/mig.config.state"] = "success"
+        labels[MIG_CONFIG_LABEL] = pool.mig_config_label()
+        labels[MIG_CONFIG_STATE_LABEL] = "success"
     if strategy != "none":
         labels["nvidia.com/mig.strategy"] = strategy
 
@@ -549,6 +560,87 @@ def pools_from(spec: Iterable[GpuPool | Mapping]) -> list[GpuPool]:
     if len(set(names)) != len(names):
         raise ValueError(f"pool names must be unique: {names}")
     return pools
+
+
+# ---------------------------------------------------------------- the MIG manager's configs
+
+
+# The MIG profiles each product offers (NVIDIA MIG user guide, "Supported MIG Profiles"); a product
+# not listed here takes any profile its memory holds.
+_A100_40 = ("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
+_X_80 = ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+MIG_PROFILES: dict[str, tuple[str, ...]] = {
+    "NVIDIA-A30": ("1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"),
+    "NVIDIA-A100-PCIE-40GB": _A100_40,
+    "NVIDIA-A100-SXM4-40GB": _A100_40,
+    "NVIDIA-A100-80GB-PCIe": _X_80,
+    "NVIDIA-A100-SXM4-80GB": _X_80,
+    "NVIDIA-H100-80GB-HBM3": _X_80,
+    "NVIDIA-H100-NVL": ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"),
+    "NVIDIA-H200": ("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
+}
+
+
+def mig_parted_layouts(text: str | None, name: str, gpus: int) -> dict[int, tuple[str, ...]]:
+    """What config ``name`` of a mig-parted file (``version: v1``, ``mig-configs``) gives each GPU
+    of a node with ``gpus`` GPUs: one profile name per instance, empty for MIG off. GPUs that no
+    entry of the config selects are left out (mig-parted leaves them as they are); a later entry
+    wins. ValueError, saying why, for a missing config or one mig-parted would refuse.
+
+    Approximated: ``mig-enabled: true`` with no ``mig-devices`` (MIG on, no instance) reads as an
+    empty layout, which the simulator advertises as a whole GPU; ``device-filter`` is ignored."""
+    try:
+        doc = yaml.safe_load(text or "") or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"the mig-parted config is not YAML: {exc}") from exc
+    configs = doc.get("mig-configs") if isinstance(doc, dict) else None
+    if not isinstance(configs, dict) or name not in configs:
+        raise ValueError(f"mig-parted config {name!r} is not in the MIG manager's ConfigMap")
+    entries = configs[name]
+    if not isinstance(entries, list):
+        raise ValueError(f"mig-parted config {name!r} is not a list of entries")
+    out: dict[int, tuple[str, ...]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise ValueError(f"mig-parted config {name!r}: entry {entry!r} is not a mapping")
+        devices = entry.get("devices", "all")
+        if devices == "all":
+            indices = list(range(gpus))
+        elif isinstance(devices, list) and all(isinstance(d, int) for d in devices):
+            indices = list(devices)
+        else:
+            raise ValueError(f"mig-parted config {name!r}: devices {devices!r} is neither all nor a list of indices")
+        missing = [i for i in indices if not 0 <= i < gpus]
+        if missing:
+            raise ValueError(f"mig-parted config {name!r} names GPU {missing[0]}; the node has {gpus}")
+        layout: tuple[str, ...] = ()
+        if entry.get("mig-enabled"):
+            counts = entry.get("mig-devices") or {}
+            if not isinstance(counts, dict) or not all(isinstance(n, int) and n >= 0 for n in counts.values()):
+                raise ValueError(f"mig-parted config {name!r}: mig-devices {counts!r} is not profile: count")
+            layout = tuple(str(p) for p, n in counts.items() for _ in range(n))
+        for i in indices:
+            out[i] = layout
+    return out
+
+
+def reconfigured(
+    pool: GpuPool, current: list[tuple[str, ...]], changes: Mapping[int, tuple[str, ...]], config: str
+) -> GpuPool:
+    """``pool`` as one node of it looks once the MIG manager applied ``changes`` (GPU index ->
+    layout) over its ``current`` layouts, labelled with mig-parted config ``config``. ValueError
+    when a GPU would get a profile its product does not offer, or a layout it cannot hold."""
+    offered = MIG_PROFILES.get(pool.product)
+    for i, layout in sorted(changes.items()):
+        if layout and not pool.mig_capable:
+            raise ValueError(f"GPU {i}: {pool.product} is not MIG-capable")
+        for profile in layout:
+            if offered is not None and profile not in offered:
+                raise ValueError(
+                    f"GPU {i}: {pool.product} has no MIG profile {profile} (it offers {', '.join(offered)})"
+                )
+    layouts = [tuple(changes.get(i, layout)) for i, layout in enumerate(current)]
+    return replace(pool, mig_layout=tuple(layouts) if any(layouts) else (), mig_config=config)
 
 
 # The GPU Operator's ClusterPolicy resource, as its CRD installs it (schema left open): what a

@@ -57,6 +57,10 @@ processed twice at once and every controller can be re-driven from its cache):
   ``spec.devicePlugin.config.{name,default}``) and the ConfigMaps of the operator namespace, picks
   a config per node (label ``nvidia.com/device-plugin.config``, else the default, else the pool's
   own), and patches the node's GFD labels and ``capacity``/``allocatable`` when they differ.
+- ``MigManager``: the GPU Operator's MIG manager: when a node's ``nvidia.com/mig.config`` label
+  changes it applies that mig-parted config from the operator namespace's ConfigMap (ClusterPolicy
+  ``spec.migManager.config.name``) after ``Timings.mig_reconfigure``, through the device plugin,
+  and reports ``pending``, ``success`` or ``failed`` in ``nvidia.com/mig.config.state``.
 
 Approximated, on purpose: no ReplicaSets (Deployment pods are owned by the Deployment; their names
 still look like ``<deploy>-<hash>-<xxxxx>``); no preemption, priorities, pod (anti-)affinity,
@@ -97,15 +101,21 @@ from kubernetes.watch.watch import iter_resp_lines
 from integration.k8s.apiserver_quantity import from_json
 from integration.k8s.container_output import ContainerLog, program_output
 from integration.k8s.gpu_nodes import (
+    DEFAULT_MIG_PARTED_CONFIG,
     DEVICE_PLUGIN_CONFIG_LABEL,
+    MIG_CONFIG_LABEL,
+    MIG_CONFIG_STATE_LABEL,
+    MIG_PARTED_KEY,
     POOL_LABEL,
     SIMULATED_LABEL,
     GpuPool,
     NodeDevices,
     SharingConfig,
+    mig_parted_layouts,
     node_devices,
     node_manifest,
     pools_from,
+    reconfigured,
 )
 from integration.k8s.kubelet_server import KubeletError, KubeletServer
 
@@ -137,6 +147,9 @@ class Timings:
     crash_backoff: float = 0.5  # first container restart delay, doubling (real kubelet: 10 s, up to 5 min)
     job_backoff: float = 0.2  # first Job pod re-creation delay after a failure, doubling (real: 10 s, up to 6 min)
     unschedulable_retry: float = 2.0  # periodic retry of unschedulable pods, besides event-driven retries
+    mig_reconfigure: float = (
+        0.3  # MIG manager: nvidia.com/mig.config label change -> layout applied (real: a minute or more)
+    )
 
     def scaled(self, speed: float) -> Timings:
         return Timings(*(getattr(self, f) / speed for f in self.__dataclass_fields__))
@@ -2141,7 +2154,18 @@ class DevicePlugin:
         self._fallback = (config_name, default_key)
         self.queue = WorkQueue("device-plugin", cluster.stop)
         self._devices: dict[str, NodeDevices] = {}
+        self._node_pools: dict[str, GpuPool] = {}  # nodes the MIG manager changed: their own pool
         self._lock = threading.Lock()
+
+    def pool_for(self, node: str, pool: GpuPool) -> GpuPool:
+        """``pool`` as ``node`` has it: with the MIG layouts the MIG manager gave the node, if any."""
+        with self._lock:
+            return self._node_pools.get(node, pool)
+
+    def set_node_pool(self, node: str, pool: GpuPool) -> None:
+        """What the MIG manager applied to ``node``; the next reconcile advertises it."""
+        with self._lock:
+            self._node_pools[node] = pool
 
     def devices(self, node: str) -> NodeDevices | None:
         with self._lock:
@@ -2150,6 +2174,7 @@ class DevicePlugin:
             obj = self.c.nodes.get(node)
             pool = self.c.pools.get(((_meta(obj).get("labels") or {}) if obj else {}).get(POOL_LABEL, ""))
             if pool is not None:
+                pool = self.pool_for(node, pool)
                 found = node_devices(pool, self.sharing_for(_meta(obj).get("labels") or {}, pool, node))
         return found
 
@@ -2186,6 +2211,7 @@ class DevicePlugin:
         if kind == "DELETED":
             with self._lock:
                 self._devices.pop(name, None)
+                self._node_pools.pop(name, None)
             return
         if labels.get(POOL_LABEL) in self.c.pools:
             self.queue.add(name)
@@ -2206,10 +2232,17 @@ class DevicePlugin:
         pool = self.c.pools.get(labels.get(POOL_LABEL, ""))
         if pool is None:
             return
+        pool = self.pool_for(name, pool)
         desired = node_devices(pool, self.sharing_for(labels, pool, name))
         with self._lock:
             self._devices[name] = desired
-        label_patch = {k: v for k, v in desired.labels.items() if labels.get(k) != v}
+        # The MIG config label is the admin's (or gpush's) and its state the MIG manager's: once a
+        # node carries them, the device plugin leaves them alone.
+        label_patch = {
+            k: v
+            for k, v in desired.labels.items()
+            if labels.get(k) != v and not (k in _MIG_MANAGER_LABELS and k in labels)
+        }
         for k in labels:
             if _gfd_label(k) and k not in desired.labels and k not in pool.labels:
                 label_patch[k] = None
@@ -2229,8 +2262,146 @@ class DevicePlugin:
             self.c.count("device_plugin_updates")
 
 
+_MIG_MANAGER_LABELS = (MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL)
+
+
 def _gfd_label(key: str) -> bool:
-    return key.startswith("nvidia.com/") and key != DEVICE_PLUGIN_CONFIG_LABEL
+    return key.startswith("nvidia.com/") and key != DEVICE_PLUGIN_CONFIG_LABEL and key not in _MIG_MANAGER_LABELS
+
+
+# ---------------------------------------------------------------- MIG manager
+
+
+class MigManager:
+    """The GPU Operator's MIG manager on each simulated node: applies the mig-parted config that
+    the node's ``nvidia.com/mig.config`` label names, and reports in ``nvidia.com/mig.config.state``.
+
+    When the label changes to a name it has not applied, the state becomes ``pending``; after
+    ``Timings.mig_reconfigure`` the named config is read from the MIG manager's ConfigMap (in the
+    operator namespace, named by the ClusterPolicy's ``spec.migManager.config.name``, else the one
+    the simulator was given) and applied: the node's GPUs get the config's layouts (GPUs it does
+    not select keep theirs), the device plugin advertises them (``nvidia.com/mig-<profile>``
+    allocatable, capacity and GFD labels, through the same ``node_devices`` as every node), then
+    the state becomes ``success``. ``failed`` when the config is not there or is malformed, when a
+    GPU would get a profile its product does not offer or a layout it cannot hold, or when the
+    node's running Pods hold more of a MIG resource than the new layout leaves (the real MIG
+    manager will not re-partition GPUs with clients on them). A failed node keeps its devices.
+
+    Approximated: a change of the label alone starts the manager (as the real one, which does not
+    follow ConfigMap edits); it applies at once rather than through a reboot; Pods left running on
+    a node whose MIG devices changed keep their device claims by index, which after the change may
+    name another device of the same node (memory accounting only)."""
+
+    def __init__(self, cluster: _Cluster, plugin: DevicePlugin, namespace: str, config_name: str):
+        self.c = cluster
+        self.plugin = plugin
+        self.namespace = namespace
+        self._fallback = config_name
+        self.queue = WorkQueue("mig-manager", cluster.stop)
+        self._applied: dict[str, str | None] = {}  # node -> the label value last applied (or failed)
+        self._due: dict[str, tuple[str, float]] = {}  # node -> (label value, when to apply it)
+        self._lock = threading.Lock()
+
+    def config_name(self) -> str:
+        """The MIG manager's ConfigMap: from the ClusterPolicy, else what the simulator was given."""
+        for policy in self.c.policies.items():
+            name = (((policy.get("spec") or {}).get("migManager") or {}).get("config") or {}).get("name")
+            if name:
+                return str(name)
+        return self._fallback
+
+    def on_node(self, kind: str, node: dict, old: dict | None) -> None:
+        md = _meta(node)
+        name = md["name"]
+        if kind == "DELETED":
+            with self._lock:
+                self._applied.pop(name, None)
+                self._due.pop(name, None)
+            return
+        labels = md.get("labels") or {}
+        pool = self.c.pools.get(labels.get(POOL_LABEL, ""))
+        if pool is None or not pool.mig_capable:
+            return
+        label = labels.get(MIG_CONFIG_LABEL)
+        with self._lock:
+            if name not in self._applied and label == pool.mig_config_label():
+                self._applied[name] = label  # registered with the pool's own layout: nothing to do
+            if self._applied.get(name, object()) == label:
+                return
+        self.queue.add(name)
+
+    def reconcile(self, name: str) -> None:
+        if not (self.c.configmaps.synced.is_set() and self.c.policies.synced.is_set()):
+            self.queue.add_after(name, 0.1)
+            return
+        node = self.c.nodes.get(name)
+        if node is None:
+            return
+        labels = _meta(node).get("labels") or {}
+        pool = self.c.pools.get(labels.get(POOL_LABEL, ""))
+        label = labels.get(MIG_CONFIG_LABEL)
+        if pool is None or label is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if self._applied.get(name, object()) == label:
+                return
+            due = self._due.get(name)
+            if due is None or due[0] != label:
+                self._due[name] = due = (label, now + self.c.timings.mig_reconfigure)
+                starting = True
+            else:
+                starting = False
+        if starting:
+            self._set_state(name, "pending")
+        if now < due[1]:
+            self.queue.add_after(name, due[1] - now)
+            return
+        state = self._apply(name, pool, label)
+        with self._lock:
+            if self._due.get(name) == due:
+                self._due.pop(name, None)
+                self._applied[name] = label
+        self._set_state(name, state)
+
+    def _apply(self, name: str, pool: GpuPool, label: str) -> str:
+        """Applies config ``label`` to node ``name``; the state to report."""
+        config = self.config_name()
+        configmap = self.c.configmaps.get(f"{self.namespace}/{config}")
+        text = ((configmap or {}).get("data") or {}).get(MIG_PARTED_KEY)
+        current = self.plugin.pool_for(name, pool)
+        try:
+            if configmap is None:
+                raise ValueError(f"ConfigMap {self.namespace}/{config} does not exist")
+            changes = mig_parted_layouts(text, label, current.gpus_per_node)
+            new_pool = reconfigured(current, current.layouts(), changes, label)
+            wanted = node_devices(
+                new_pool,
+                self.plugin.sharing_for(_meta(self.c.nodes.get(name) or {}).get("labels") or {}, new_pool, name),
+            )
+        except ValueError as exc:
+            log.warning("MIG manager on %s: config %s: %s", name, label, exc)
+            return "failed"
+        held: dict[str, int] = defaultdict(int)
+        for pod in self.c.pods.items():
+            if (pod.get("spec") or {}).get("nodeName") == name and _phase(pod) not in TERMINAL:
+                for resource, n in pod_requests(pod.get("spec") or {}).items():
+                    if resource.startswith("nvidia.com/mig-"):
+                        held[resource] += n
+        short = [r for r, n in held.items() if wanted.resources.get(r, 0) < n]
+        if short:
+            log.warning("MIG manager on %s: GPU clients hold %s, which config %s takes away", name, short, label)
+            return "failed"
+        self.plugin.set_node_pool(name, new_pool)
+        self.plugin.reconcile(name)
+        self.c.count("mig_reconfigurations")
+        return "success"
+
+    def _set_state(self, name: str, state: str) -> None:
+        node = self.c.nodes.get(name)
+        if node is not None and (_meta(node).get("labels") or {}).get(MIG_CONFIG_STATE_LABEL) == state:
+            return
+        self.c.core.patch_node(name, {"metadata": {"labels": {MIG_CONFIG_STATE_LABEL: state}}}, _content_type=MERGE)
 
 
 # ---------------------------------------------------------------- the simulator
@@ -2270,6 +2441,7 @@ class Simulator:
         operator_namespace: str = "gpu-operator",
         device_plugin_config: str | None = None,
         device_plugin_default: str | None = None,
+        mig_parted_config: str = DEFAULT_MIG_PARTED_CONFIG,
         record_events: bool = True,
         workers: int = 8,
         kubelet_address: str | None = "127.0.0.1",
@@ -2302,19 +2474,21 @@ class Simulator:
 
         self.owners = _OwnerIndex()
         self.plugin = DevicePlugin(c, operator_namespace, device_plugin_config, device_plugin_default)
+        self.mig_manager = MigManager(c, self.plugin, operator_namespace, mig_parted_config)
         self.scheduler = Scheduler(c, name=scheduler_name) if schedule else None
         self.kubelet = Kubelet(c, self.plugin)
         self.jobs = JobController(c, self.owners)
         self.deployments = DeploymentController(c, self.owners)
         self.gc = GarbageCollector(c, self.owners)
 
-        c.nodes.handlers += [self._track_node, self.plugin.on_node]
+        c.nodes.handlers += [self._track_node, self.plugin.on_node, self.mig_manager.on_node]
         c.pods.handlers += [self.owners.on_pod, self.kubelet.on_pod]
         c.configmaps.handlers.append(self.plugin.on_config)
         c.policies.handlers.append(self.plugin.on_config)
         self._worker_counts = {
             self.kubelet.queue: (self.kubelet.reconcile, max(workers // 2, 2)),
             self.plugin.queue: (self.plugin.reconcile, 2),
+            self.mig_manager.queue: (self.mig_manager.reconcile, 1),
         }
         if self.scheduler:
             c.nodes.handlers.append(self.scheduler.on_node)
@@ -2406,8 +2580,9 @@ class Simulator:
             for i in range(pool.count):
                 labels = {DEVICE_PLUGIN_CONFIG_LABEL: pool.device_plugin_config} if pool.device_plugin_config else {}
                 labels["kubernetes.io/hostname"] = f"{pool.name}-{i}"
-                sharing = self.plugin.sharing_for(labels, pool) if self._started else pool.default_sharing()
-                manifests.append(node_manifest(pool, i, node_devices(pool, sharing), kubelet=self.kubelet_endpoint))
+                own = self.plugin.pool_for(f"{pool.name}-{i}", pool)
+                sharing = self.plugin.sharing_for(labels, own) if self._started else own.default_sharing()
+                manifests.append(node_manifest(pool, i, node_devices(own, sharing), kubelet=self.kubelet_endpoint))
         return manifests
 
     def create_nodes(self, *, workers: int = 16, wait: float | None = 30.0) -> list[str]:
@@ -2498,7 +2673,14 @@ class Simulator:
 
     def idle(self) -> bool:
         """No queued work anywhere (timers may still be set for later transitions)."""
-        queues = [self.kubelet.queue, self.jobs.queue, self.deployments.queue, self.gc.queue, self.plugin.queue]
+        queues = [
+            self.kubelet.queue,
+            self.jobs.queue,
+            self.deployments.queue,
+            self.gc.queue,
+            self.plugin.queue,
+            self.mig_manager.queue,
+        ]
         return not any(q.busy() for q in queues) and not (self.scheduler and self.scheduler.pending())
 
 
@@ -2511,6 +2693,7 @@ __all__ = [
     "ENV_GPU_MEMORY_GB",
     "GpuPool",
     "Informer",
+    "MigManager",
     "SharingConfig",
     "Simulator",
     "Timings",

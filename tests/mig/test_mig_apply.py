@@ -163,3 +163,33 @@ def slurm_adapter(pool, sessions):
     with sessions() as session:
         (info,) = [c for c in list_clusters(session) if c.name == "slurm-a"]
     return pool.get(info)
+
+
+AUTOMATIC = DEFAULT_POLICY + "\nmig:\n  automatic: true\n  every: 5m\n  quiet_hours: [QUIET]\n"
+
+
+@pytest.mark.parametrize("quiet", ["", '"08:00-10:00"'])
+def test_the_policys_automatic_mode_recuts_the_gpu_itself_outside_quiet_hours(
+    engine, sessions, clock, slurm, gpus, agent, sdk, quiet
+):
+    apply_policy(sessions, slurm, clock, AUTOMATIC.replace("QUIET", quiet))  # the clock reads 09:00 UTC
+    cycle = scheduler(engine, slurm, clock)
+    jobs = twenty_gb_jobs(sessions, clock)
+    agent()
+    for _ in range(3):
+        clock.advance(5)
+        cycle.run_cycle()
+        agent()
+    admin = sdk(user="root", tenant="ops", role="admin")
+    if quiet:
+        assert admin.mig_changes(all=True) == [] and layout(gpus, 0) == ONES
+        return
+    (change,) = admin.mig_changes(all=True)
+    assert (change["requested_by"], change["node"], change["gpu"], change["step"]) == ("scheduler", "mig-01", 0, "done")
+    assert layout(gpus, 0) == THREES
+    cycle.run_cycle()
+    cycle.run_cycle()
+    assert [job(sessions, j).state for j in jobs] == ["running"] * 12
+    clock.advance(600)  # the next plan: nothing left to gain, nothing asked
+    cycle.run_cycle()
+    assert len(admin.mig_changes(all=True)) == 1
