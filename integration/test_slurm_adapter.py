@@ -731,3 +731,41 @@ def test_a_job_that_is_not_preemptible_is_never_touched(broker: Broker, backend)
         time.sleep(0.3)
     assert broker.job(kept).state == "running" and "preemption" not in {e.type for e in broker.event_rows(kept)}
     assert broker.job(urgent).state_reason.startswith("waiting for 2 whole GPUs"), broker.summary()
+
+
+# -- fencing a node (a MIG layout change drains it first) --------------------------------
+
+
+def test_a_fenced_node_takes_no_new_job_until_gpush_resumes_it(broker: Broker, slurm, backend):
+    adapter = broker.adapter()
+    if backend == "rest":  # 22.05's slurmrestd (v0.0.38) has no node update; 23.02's has
+        with pytest.raises(Rejected, match="cannot drain a node; Slurm 23.02 adds it"):
+            adapter.fence("mig01", "MIG change 1")
+        return
+    sleep = ["sleep", "60"]
+    first = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=sleep)
+    broker.cycle_until(lambda: broker.states([first])[first] == "running", timeout=20)
+    adapter.fence("mig01", "MIG change 1")
+    try:
+        assert adapter.fenced() == {"mig01": "MIG change 1"}
+        shown = slurm.run("scontrol", "show", "node", "mig01").stdout
+        assert "DRAIN" in shown and "Reason=gpush: MIG change 1" in shown
+        second = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=sleep)
+        for _ in range(3):
+            broker.scheduler.run_cycle()
+            time.sleep(0.3)
+        assert broker.states([first, second]) == {first: "running", second: "queued"}  # the running one goes on
+    finally:
+        adapter.unfence("mig01")
+    assert adapter.fenced() == {}
+    broker.cycle_until(lambda: broker.states([second])[second] == "running", timeout=30)
+    # A node someone else drained is theirs to resume: gpush leaves it drained.
+    slurm.run("scontrol", "update", "NodeName=mps01", "State=DRAIN", "Reason=maintenance")
+    try:
+        adapter.unfence("mps01")
+        assert "DRAIN" in slurm.run("scontrol", "show", "node", "mps01").stdout
+        assert adapter.fenced() == {}
+    finally:
+        slurm.run("scontrol", "update", "NodeName=mps01", "State=RESUME")
+    with pytest.raises(Rejected, match="no node nosuch"):
+        adapter.fence("nosuch", "MIG change 2")

@@ -55,7 +55,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
@@ -80,6 +80,7 @@ from broker.core.adapter import (
     Health,
     JobOutput,
     LogReader,
+    NodeFencer,
     Owner,
     Placement,
     Preemptor,
@@ -109,6 +110,10 @@ _MAX_ENDED_RUNS = 10_000
 # What a restarted slurmctld lists such a run as. Not COMPLETING: the end of a run that is
 # completing is in the records already, and that run is no phantom.
 _UNFINISHED_RUN = frozenset({"RUNNING", "SUSPENDED"})
+
+
+# The drain reason of a node gpush fenced (a MIG layout change): only those it resumes.
+FENCE_PREFIX = "gpush: "
 
 
 class SlurmSettings(BaseModel):
@@ -215,7 +220,7 @@ class SlurmAdapter:
     """gpush's adapter for one Slurm cluster (see the module docstring)."""
 
     # slurmctld serves submissions on several threads: a cycle's jobs go in one batch.
-    capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter, LogReader, Preemptor})
+    capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter, LogReader, NodeFencer, Preemptor})
 
     def __init__(
         self,
@@ -396,6 +401,36 @@ class SlurmAdapter:
             ids.add(known)  # submitted a moment ago, not listed yet
         for backend_id in sorted(ids):
             self.client.cancel(backend_id)
+
+    def fence(self, node: str, reason: str) -> None:
+        """Drain ``node`` (no new job starts there; running ones go on), with a reason that
+        says it is gpush's (``gpush: ...``), so that :meth:`unfence` resumes only what gpush drained."""
+        self.client.drain(node, f"{FENCE_PREFIX}{reason}")
+        with self._lock:
+            self._node_listing = None
+
+    def unfence(self, node: str) -> None:
+        """Resume ``node`` if gpush drained it; a node drained by someone else (its reason is
+        not gpush's) stays drained: it is theirs to resume."""
+        listed = {n.name: n for n in self.client.nodes()}
+        if node not in listed:
+            raise Rejected(f"Slurm has no node {node}")
+        if node in self._fenced_in(listed.values()):
+            self.client.resume(node)
+            with self._lock:
+                self._node_listing = None
+
+    def fenced(self) -> dict[str, str]:
+        """The nodes gpush drained, with its reasons."""
+        return self._fenced_in(self.client.nodes())
+
+    @staticmethod
+    def _fenced_in(nodes: Iterable[SlurmNode]) -> dict[str, str]:
+        return {
+            n.name: n.reason.removeprefix(FENCE_PREFIX)
+            for n in nodes
+            if n.reason.startswith(FENCE_PREFIX) and any(s in ("DRAIN", "DRAINING", "DRAINED") for s in n.states)
+        }
 
     def preempt(self, job_id: int, signal: str, grace_seconds: int) -> None:
         """Signal every live Slurm job of gpush job ``job_id`` (its batch script and all its

@@ -106,6 +106,8 @@ class SlurmClient(Protocol):
     def cancel(self, job_id: str) -> None: ...
     def signal(self, job_id: str, signal: str) -> None: ...
     def finished(self, since: datetime | None) -> list[FinishedRecord]: ...
+    def drain(self, node: str, reason: str) -> None: ...
+    def resume(self, node: str) -> None: ...
 
 
 def _outage(message: str, numbers: tuple[int, ...] = ()) -> bool:
@@ -190,6 +192,21 @@ class CliBackend:
         if done.returncode != 0:
             raise Unreachable(f"{name} {' '.join(args)}: {_last_line(done.stderr) or f'exit {done.returncode}'}")
         return done.stdout
+
+    def drain(self, node: str, reason: str) -> None:
+        """``scontrol update NodeName=N State=DRAIN Reason=...``: no new job starts there."""
+        self._update_node(node, "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, node: str) -> None:
+        self._update_node(node, "State=RESUME")
+
+    def _update_node(self, node: str, *settings: str) -> None:
+        done = self._run("scontrol", "update", f"NodeName={node}", *settings)
+        if done.returncode != 0:
+            message = _last_line(done.stderr) or f"exit {done.returncode}"
+            if "invalid node name" in message.lower():
+                raise Rejected(f"Slurm has no node {node}: {message}")
+            raise Unreachable(f"scontrol update NodeName={node} {' '.join(settings)}: {message}")
 
     def version(self) -> str:
         # "slurm 22.05.8" or "slurm-wlm 24.11.5"
@@ -565,6 +582,27 @@ class RestBackend:
             return self._request("GET", path)
         except RestError as exc:
             raise Unreachable(f"slurmrestd GET {path}: {exc.message}") from None
+
+    def drain(self, node: str, reason: str) -> None:
+        """POST node/{name} with state DRAIN (slurmrestd v0.0.39, Slurm 23.02, on)."""
+        self._update_node(node, {"state": ["DRAIN"], "reason": reason}, "drain")
+
+    def resume(self, node: str) -> None:
+        self._update_node(node, {"state": ["RESUME"]}, "resume")
+
+    def _update_node(self, node: str, body: dict[str, Any], what: str) -> None:
+        version = self.api_version()
+        if version in ("v0.0.38",):
+            raise Rejected(
+                f"slurmrestd {version} (Slurm 22.05) cannot {what} a node; Slurm 23.02 adds it. "
+                "Use the command-line backend for this cluster, or drain the node by hand (scontrol update)"
+            )
+        try:
+            self._request("POST", f"node/{node}", body)
+        except RestError as exc:
+            if "invalid node" in exc.message.lower() or exc.status == 404:
+                raise Rejected(f"Slurm has no node {node}: {exc.message}") from None
+            raise Unreachable(f"slurmrestd {what} {node}: {exc.message}") from None
 
     @_read_retry
     def cancel(self, job_id: str) -> None:
