@@ -1,7 +1,7 @@
 """The broker's RBAC as shipped (deploy/k8s/gpush-broker-rbac.yaml) is exactly what the
 Kubernetes adapter needs: the adapter runs everything it does (each kind of job in tenant
 namespaces it creates, statuses by watch, a restart, cancel, scale, logs, inventory,
-time-slicing, tenants' ResourceQuotas) as the file's ServiceAccount against the API test
+time-slicing, tenants' ResourceQuotas, fencing a node, a MIG layout) as the file's ServiceAccount against the API test
 server with the file's rules enforced (integration/k8s/apiserver_rbac.py plays the RBAC
 authorizer), and the server records every request as kube-apiserver authorizes it. Every
 request must be allowed, and every grant of the file must have been needed by one."""
@@ -232,6 +232,15 @@ def test_every_request_of_the_adapter_is_allowed_and_every_grant_is_used(audited
         adapter.apply_timeslice(adapter.timeslice(4, node_label="sim.gpush.io/pool=t4"))
         adapter.apply_timeslice(adapter.timeslice(2, node_label="sim.gpush.io/pool=t4"))
         assert adapter.timeslice_state() is not None
+
+        # A MIG layout change: the node fenced (cordoned) and unfenced; the A100's new layout
+        # in the MIG manager's ConfigMap and the node's labels, then read back once applied.
+        adapter.fence("a100-0", "MIG change 1")
+        assert adapter.fenced() == {"a100-0": "MIG change 1"}
+        adapter.unfence("a100-0")
+        seven = [f"1g.5gb@{i}" for i in range(7)]
+        adapter.publish_mig("a100-0", 0, seven)
+        wait_for(lambda: adapter.mig_published("a100-0", 0) == tuple(seven), what="the new MIG layout")
 
         # Quotas changed and removed: the ResourceQuotas replaced and deleted.
         changed = adapter.apply_tenant_quotas(adapter.tenant_quotas({"vision": 1.0}))

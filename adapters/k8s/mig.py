@@ -253,7 +253,7 @@ def label_totals(labels: Mapping[str, str]) -> dict[str, int]:
     return totals
 
 
-def node_gpu_count(labels: Mapping[str, str], allocatable: Mapping[str, Any]) -> int:
+def node_gpu_count(labels: Mapping[str, str]) -> int:
     """How many GPUs the node has, as far as GFD's labels tell: ``nvidia.com/gpu.count``,
     which counts the MIG-enabled GPUs of a node that has only those, and only the whole GPUs
     of a node that has both (whose MIG GPUs Kubernetes then does not count anywhere)."""

@@ -45,8 +45,10 @@ mig-configs:
 """
 
 OTHERS = {
-    "all-disabled": '  # MIG off everywhere\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n',
-    "all-1g.5gb": '  all-1g.5gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        "1g.5gb": 7\n',
+    "all-disabled": "  # MIG off everywhere\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n",
+    "all-1g.5gb": (
+        '  all-1g.5gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        "1g.5gb": 7\n'
+    ),
     "all-3g.20gb": '  # two halves\n  all-3g.20gb: [{devices: all, mig-enabled: true, mig-devices: {"3g.20gb": 2}}]\n',
 }
 
@@ -73,7 +75,7 @@ def test_publishing_again_writes_the_other_name_and_drops_the_first_keeping_the_
     assert first not in configs
     assert resolve(configs[second], 1) == {0: {"7g.40gb": 1}}
     assert list(configs) == ["all-disabled", "all-1g.5gb", "all-3g.20gb", "admin-own", second]
-    for text in [*OTHERS.values(), '  admin-own:\n    - devices: [0]\n']:
+    for text in [*OTHERS.values(), "  admin-own:\n    - devices: [0]\n"]:
         assert text in twice
     # Replacing the name in place keeps its position.
     again = merge_config(twice, second, render_entries({0: None}))

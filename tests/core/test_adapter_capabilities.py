@@ -33,7 +33,7 @@ def test_every_adapter_declares_exactly_the_capabilities_it_has(kind):
 
 
 def test_the_real_adapters_declare_what_the_broker_uses():
-    assert declared(adapter_class("slurm")) == {BatchSubmitter, LogReader, Preemptor}
+    assert declared(adapter_class("slurm")) == {BatchSubmitter, LogReader, NodeFencer, Preemptor}
     assert declared(adapter_class("k8s")) == {
         BatchSubmitter,
         Scaler,
@@ -43,6 +43,8 @@ def test_the_real_adapters_declare_what_the_broker_uses():
         ChangeNotifier,
         TenantQuotaKeeper,
         Preemptor,
+        NodeFencer,
+        MigPublisher,
     }
     assert declared(adapter_class("sim")) == frozenset({LogReader, MigPublisher, NodeFencer, Preemptor, Scaler})
 
