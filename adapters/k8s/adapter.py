@@ -363,8 +363,9 @@ class KubernetesAdapter:
             MigPublisher,
         }
     )
-    # The GPU Operator's MIG manager changes the GPU; gpush only publishes the layout.
-    changes_gpus: ClassVar[bool] = False
+    # The GPU Operator's MIG manager changes the GPU when the layout is published: no node
+    # agent may change it too.
+    changes_gpus: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -194,6 +194,7 @@ def _change(c: MigChange, events: list[MigChangeEvent]) -> dict[str, Any]:
         "target": c.target,
         "step": c.step,
         "rolling_back": c.rolling_back,
+        "changed_by": c.changed_by,
         "reason": c.reason,
         "requested_by": c.requested_by,
         "created_at": c.created_at,

@@ -339,8 +339,10 @@ class NodeFencer(Protocol):
 class MigPublisher(Protocol):
     """Makes the cluster offer a GPU's new MIG layout once the GPU has it (Slurm: the
     node's gres.conf and a reconfigure; Kubernetes: the ``nvidia.com/mig.config`` label
-    and the MIG manager's ``nvidia.com/mig.config.state``). ``changes_gpus``: the adapter
-    is the GPU too (the simulator), so no node agent has to change it first."""
+    and the MIG manager's ``nvidia.com/mig.config.state``). ``changes_gpus``: publishing
+    makes the cluster change the GPU itself (Kubernetes, whose MIG manager applies the
+    layout), so no node agent may change it; otherwise the node's agent changes the GPU
+    first and publishing only tells the cluster (Slurm, the simulator)."""
 
     changes_gpus: ClassVar[bool]
 

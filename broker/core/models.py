@@ -296,6 +296,9 @@ class MigChange(Base):
     target: Mapped[list[str]] = mapped_column(Document)
     step: Mapped[str] = mapped_column(String(16))
     rolling_back: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Who changes the GPU: "agent" (the node's agent, then the cluster is told) or "cluster"
+    # (publishing makes the cluster change it: the simulator, Kubernetes' MIG manager).
+    changed_by: Mapped[str] = mapped_column(String(8))
     reason: Mapped[str] = mapped_column(Text)  # why it was asked (the plan's gain)
     requested_by: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)

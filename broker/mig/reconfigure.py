@@ -137,7 +137,7 @@ def request_changes(
         today = sorted(str(s) for s in gpu.today)
         planned = sorted(str(s) for s in gpu.planned)
         cluster = cluster_of.get(gpu.node)
-        refused = _refusal(gpu.node, gpu.index, gpu.action, cluster, adapter_of, reports, busy)
+        refused, changed_by = _refusal(gpu.node, gpu.index, gpu.action, cluster, adapter_of, reports, busy)
         if refused or dry_run:
             out.append(Requested(gpu.node, gpu.index, cluster, today, planned, refused=refused))
             continue
@@ -151,6 +151,7 @@ def request_changes(
             target=planned,
             step="planned",
             rolling_back=False,
+            changed_by=changed_by,
             reason=gpu.reason,
             requested_by=by,
             created_at=now,
@@ -176,29 +177,32 @@ def _refusal(
     adapter_of: Callable[[str], ClusterAdapter],
     reports: Mapping[str, NodeReport],
     busy: set[tuple[str, int]],
-) -> str | None:
+) -> tuple[str | None, str]:
+    """Why the GPU cannot be changed (None: it can), and who would change it."""
     if (node, index) in busy:
-        return "a change of this GPU is under way or just ended (gpush mig changes --all)"
+        return "a change of this GPU is under way or just ended (gpush mig changes --all)", "agent"
     if action == "enable-mig":
         return (
             "MIG mode is off: switching it on resets the GPU, which gpush leaves to an administrator "
             f"(nvidia-smi -i {index} -mig 1 on {node}, with the GPU idle)"
-        )
+        ), "agent"
     if cluster is None:
-        return f"no cluster lists node {node}: register its cluster (gpush cluster add) first"
+        return f"no cluster lists node {node}: register its cluster (gpush cluster add) first", "agent"
     try:
         adapter = adapter_of(cluster)
     except AdapterError as exc:
-        return f"cluster {cluster} cannot be reached: {exc}"
+        return f"cluster {cluster} cannot be reached: {exc}", "agent"
     publisher = capability(adapter, MigPublisher)
     if publisher is None:
         return (
             f"cluster {cluster} cannot take a new MIG layout from gpush yet: "
             "apply the plan's config by hand (gpush mig plan)"
-        )
-    if node not in reports and not publisher.changes_gpus:
-        return f"no node agent reports {node}: start `gpush agent --node {node} --allow-mig-changes` there"
-    return None
+        ), "agent"
+    if publisher.changes_gpus:
+        return None, "cluster"
+    if node not in reports:
+        return f"no node agent reports {node}: start `gpush agent --node {node} --allow-mig-changes` there", "agent"
+    return None, "agent"
 
 
 # -- the changes in flight ----------------------------------------------------------------
@@ -212,7 +216,12 @@ def wanted_by_agent(session: Session, node: str) -> list[dict[str, Any]]:
     """What the agent of ``node`` is to change now: the GPUs in step ``changing``, each
     with its target layout (the answer to its report)."""
     rows = session.execute(
-        select(MigChange).where(MigChange.ended_at.is_(None), MigChange.node == node, MigChange.step == "changing")
+        select(MigChange).where(
+            MigChange.ended_at.is_(None),
+            MigChange.node == node,
+            MigChange.step == "changing",
+            MigChange.changed_by == "agent",
+        )
     ).scalars()
     return [{"change": c.id, "gpu": c.gpu, "layout": list(c.target)} for c in rows]
 
@@ -434,15 +443,17 @@ class Reconfigurations:
         return None
 
     def _changing(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
-        row = session.get(NodeReportRow, change.node)
-        if row is None:
+        if change.changed_by == "cluster":
             publisher = capability(adapter, MigPublisher)
-            if publisher is not None and publisher.changes_gpus:
+            if publisher is None:
+                return self._late(session, change, now, f"cluster {change.cluster} cannot publish a MIG layout")
+            if not same_instances(publisher.mig_published(change.node, change.gpu) or (), change.target):
                 publisher.publish_mig(change.node, change.gpu, list(change.target))
-                return self._move(
-                    session, change, "confirming", now, f"{change.cluster} changed the GPU itself", via="publishing"
-                )
-        elif row.received_at >= change.step_at:
+            return self._move(
+                session, change, "confirming", now, f"{change.cluster} told to change the GPU itself", via="publishing"
+            )
+        row = session.get(NodeReportRow, change.node)
+        if row is not None and row.received_at >= change.step_at:
             gpu = _gpu(NodeReport.model_validate(row.report), change.gpu)
             if gpu is not None and same_instances(reported_layout(gpu), change.target):
                 return self._move(
@@ -480,7 +491,10 @@ class Reconfigurations:
         report = _report(session, change.node)
         if report is not None:
             gpu = _gpu(report, change.gpu)
-            if gpu is None or not same_instances(reported_layout(gpu), change.target):
+            # A cluster that changes the GPU itself places the instances its own way
+            # (mig-parted): its agent's report need only show the same profiles.
+            exact = change.changed_by == "agent"
+            if gpu is None or not same_instances(_shown(reported_layout(gpu), exact), _shown(change.target, exact)):
                 problems.append(f"the agent of {change.node} reports another layout")
         if not problems and self.findings_of is not None:
             critical = [
@@ -550,6 +564,10 @@ class Reconfigurations:
         change.step, change.ended_at, change.deadline, change.step_at = ending, now, None, now
         _event(session, change, now, note)
         return f"{ending}: {note}"
+
+
+def _shown(instances: Iterable[str], exact: bool) -> list[str]:
+    return list(instances) if exact else [MigSlot.parse(text).profile for text in instances]
 
 
 def _which(change: MigChange) -> str:

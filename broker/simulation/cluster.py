@@ -50,9 +50,9 @@ How a simulated cluster behaves (what a broker or a test may rely on):
   new job: jobs pinned to it wait there, saying so, and the others go to other nodes or
   wait; its running jobs go on, and its inventory is unchanged. Unfenced, it takes the
   jobs that wait for it at once.
-- **MIG layouts.** The simulator is the GPU too: :meth:`SimulatedCluster.publish_mig`
-  gives a GPU in MIG mode a new layout at once, and waiting jobs may start on the new
-  instances. As MIG instances are counted per node and profile (see Node choice), a
+- **MIG layouts.** As Slurm is told of a GPU a node agent re-cut:
+  :meth:`SimulatedCluster.publish_mig` gives a GPU in MIG mode a new layout at once, and
+  waiting jobs may start on the new instances. As MIG instances are counted per node and profile (see Node choice), a
   change is refused while the node's running jobs hold more instances of a profile than
   the node would have, or while jobs wait for a profile no node would have any more.
   Published layouts and fences are kept in the state file, so they outlive a restart.
@@ -137,7 +137,9 @@ class SimulatedCluster:
     # layouts. Calls are in-process and take microseconds, so one submit after another is
     # as fast as a batch; nothing to close.
     capabilities: ClassVar[frozenset[type]] = frozenset({LogReader, MigPublisher, NodeFencer, Preemptor, Scaler})
-    changes_gpus: ClassVar[bool] = True  # the simulator is the GPU too: no node agent changes it first
+    # The GPUs are the node agents' (a fake NVML where tests run one): an agent changes a
+    # GPU first, then the simulator offers the new instances, as Slurm does.
+    changes_gpus: ClassVar[bool] = False
 
     def __init__(self, name: str, config: Mapping[str, Any], *, clock: Clock) -> None:
         unknown = set(config) - {"fleet", "fleet_yaml", "cluster", "state_file", "kind"}

@@ -38,6 +38,7 @@ def upgrade() -> None:
         sa.Column("target", Document, nullable=False),
         sa.Column("step", sa.String(16), nullable=False),
         sa.Column("rolling_back", sa.Boolean(), nullable=False),
+        sa.Column("changed_by", sa.String(8), nullable=False),
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("requested_by", sa.String(64), nullable=False),
         sa.Column("created_at", Timestamp, nullable=False),
@@ -62,7 +63,10 @@ def upgrade() -> None:
         sa.Column("step", sa.String(16), nullable=False),
         sa.Column("note", sa.Text(), nullable=False),
         sa.ForeignKeyConstraint(
-            ["change_id"], ["mig_changes.id"], name=op.f("fk_mig_change_events_change_id_mig_changes"), ondelete="CASCADE"
+            ["change_id"],
+            ["mig_changes.id"],
+            name=op.f("fk_mig_change_events_change_id_mig_changes"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_mig_change_events")),
     )

@@ -319,3 +319,49 @@ def _notes(sessions, change_id=1):
 
 def _last_note(sessions, change_id=1):
     return _notes(sessions, change_id)[-1]
+
+
+class ManagedTier(Tier):
+    """A cluster whose MIG manager re-cuts the GPU itself when told (Kubernetes): pending for
+    a while, then the instances, placed its own way."""
+
+    changes_gpus: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = False
+
+    def publish_mig(self, node: str, gpu: int, instances) -> None:
+        super().publish_mig(node, gpu, instances)
+        self.pending = True
+
+    def mig_published(self, node: str, gpu: int):
+        return None if self.pending else super().mig_published(node, gpu)
+
+
+def test_a_cluster_that_recuts_the_gpu_itself_is_told_and_no_agent_is_asked(sessions, clock, gpus):
+    from broker.inventory.report_store import load_reports
+    from broker.nodeagent.mig_apply import apply_layout_change, layout_change
+
+    tier = ManagedTier()
+    machine = Reconfigurations(sessions, clock, lambda name: tier)
+    asked_for = ["2g.10gb@0", "1g.5gb@2"]
+    (asked,) = ask(sessions, clock, tier, gpus, the_plan=plan(planned=asked_for))
+    assert asked.refused is None
+    machine.advance()
+    assert change(sessions).step == "confirming" and change(sessions).changed_by == "cluster"
+    with sessions() as session:
+        assert wanted_by_agent(session, "mig-01") == []  # the agent leaves this GPU alone
+    assert sorted(tier.layouts[("mig-01", 0)]) == sorted(asked_for)
+    machine.advance()
+    assert change(sessions).step == "confirming"  # its MIG manager is still at it
+    tier.pending = False
+    # The GPU as the MIG manager cut it: the same profiles, placed its own way.
+    with sessions() as session:
+        gpu0 = load_reports(session)["mig-01"].gpus[0]
+    apply_layout_change(gpus, layout_change(gpu0, [MigSlot("2g.10gb", 2), MigSlot("1g.5gb", 0)]))
+    clock.advance(5)
+    report(sessions, clock, gpus)
+    machine.advance()
+    assert change(sessions).step == "done"
+    assert steps(sessions) == ["planned", "draining", "emptying", "publishing", "confirming", "done"]

@@ -45,7 +45,7 @@ def slurm(clock: VirtualClock, tmp_path: Path) -> SimulatedCluster:
 def test_the_simulator_declares_both_capabilities_truly() -> None:
     assert undeclared_or_missing(SimulatedCluster) == []
     assert {NodeFencer, MigPublisher} <= SimulatedCluster.capabilities
-    assert SimulatedCluster.changes_gpus is True
+    assert SimulatedCluster.changes_gpus is False  # a node agent changes the GPU first
 
 
 # -- fencing -----------------------------------------------------------------------------
