@@ -48,14 +48,16 @@ How a simulated cluster behaves (what a broker or a test may rely on):
   saves its state and exits 0 at once, as a program that checkpoints on its signal does.
 - **Fencing.** A fenced node (:meth:`SimulatedCluster.fence`, Slurm's drain) starts no
   new job: jobs pinned to it wait there, saying so, and the others go to other nodes or
-  wait; its running jobs go on, and its inventory is unchanged. Unfenced, it takes the
+  wait; its running jobs go on, and its inventory shows its units taken, with why (as a
+  drained Slurm node or a cordoned Kubernetes one). Unfenced, it takes the
   jobs that wait for it at once.
 - **MIG layouts.** As Slurm is told of a GPU a node agent re-cut:
   :meth:`SimulatedCluster.publish_mig` gives a GPU in MIG mode a new layout at once, and
-  waiting jobs may start on the new instances. As MIG instances are counted per node and profile (see Node choice), a
-  change is refused while the node's running jobs hold more instances of a profile than
-  the node would have, or while jobs wait for a profile no node would have any more.
-  Published layouts and fences are kept in the state file, so they outlive a restart.
+  waiting jobs may start on the new instances. As MIG instances are counted per node and
+  profile (see Node choice), a change is refused while the node's running jobs hold more
+  instances of a profile than the node would have, or while jobs wait for a profile no
+  node would have any more. Published layouts and fences are kept in the state file, so
+  they outlive a restart.
 - **Not simulated:** CPU and host memory on nodes (reported in the file, not enforced),
   partitions, node failures.
 """
@@ -486,8 +488,7 @@ class SimulatedCluster:
             if self._fenced.get(node) != reason:
                 self._fenced[node] = reason
                 for pool in pools:
-                    pool.fenced = reason
-                    pool.refresh()
+                    pool.set_fenced(reason)
                 self._dirty = True
             self._save()
 
@@ -499,8 +500,7 @@ class SimulatedCluster:
             pools = self._node_pools[self._fleet_node(node).name]
             if self._fenced.pop(node, None) is not None:
                 for pool in pools:
-                    pool.fenced = None
-                    pool.refresh()
+                    pool.set_fenced(None)
                 self._dispatch(pools, self._now_us)
                 self._dirty = True
             self._save()
@@ -550,6 +550,15 @@ class SimulatedCluster:
             self._answer()
             self._save()
             return self._published(node, self._mig_gpu(node, gpu))
+
+    def mig_in_use(self, node: str) -> dict[str, int]:
+        """MIG instances of ``node`` that jobs hold now, by profile (the simulator counts
+        them per node, not per GPU)."""
+        with self._shared():
+            self._answer()
+            self._save()
+            pools = self._node_pools[self._fleet_node(node).name]
+            return {p.profile: p.capacity - p.free for p in pools if p.profile is not None and p.capacity > p.free}
 
     def _published(self, node: str, gpu: FleetGpu) -> tuple[str, ...]:
         """The instances ``gpu`` of ``node`` offers now: as published, else as the fleet file has them."""
@@ -947,8 +956,7 @@ class SimulatedCluster:
             if node in self._node_pools:  # a node gone from the fleet file is fenced no more
                 self._fenced[node] = reason
                 for pool in self._node_pools[node]:
-                    pool.fenced = reason
-                    pool.refresh()
+                    pool.set_fenced(reason)
         # The fleet file may have grown since: let waiting jobs take what is free now.
         self._dispatch(self._pools, self._now_us)
 

@@ -208,9 +208,17 @@ class Pool:
         self.slots: list[tuple[UnitClass, int]] = []
         self._units: list[CapacityUnit] | None = None  # what inventory() reports, until it changes
 
+    def set_fenced(self, reason: str | None) -> None:
+        """Fence the pool's node (``reason``) or unfence it (None)."""
+        self.fenced = reason
+        self._units = None
+        self.refresh()
+
     def inventory(self, cluster: str) -> list[CapacityUnit]:
         """This pool's inventory records: one per physical GPU for MPS and time-slicing,
-        one for the pool otherwise. Kept until an allocation changes them."""
+        one for the pool otherwise. Kept until an allocation changes them. A fenced node's
+        units are all taken, with why (``labels["unavailable"]``), as Slurm's and
+        Kubernetes' adapters report a drained or cordoned node."""
         if self._units is not None:
             return self._units
         model, sharing = self.model, self.sharing
@@ -232,15 +240,16 @@ class Pool:
             "unit_memory_gb": memory,
             "gpu_equivalent": equivalent,
             "gpu_memory_gb": float(model.memory_gb),
-            "labels": self.labels,
+            "labels": self.labels if self.fenced is None else {**self.labels, "unavailable": f"fenced: {self.fenced}"},
         }
+        fenced = self.fenced is not None
         if self.gpu_room is not None:
             # A share or a replica lives on one GPU: one record per physical GPU.
             self._units = [
                 CapacityUnit(
                     **common,
                     capacity=self.per_gpu,
-                    allocated=self.per_gpu - self.gpu_room[pos],
+                    allocated=self.per_gpu if fenced else self.per_gpu - self.gpu_room[pos],
                     gpus=(gpu,),
                     memory_allocated_gb=None if self.gpu_memory is None else self.gpu_memory[pos],
                 )
@@ -251,7 +260,7 @@ class Pool:
                 CapacityUnit(
                     **common,
                     capacity=self.capacity,
-                    allocated=self.capacity - self.free,
+                    allocated=self.capacity if fenced else self.capacity - self.free,
                     mig_profile=self.profile,
                     gpus=self.gpus,
                     in_mig_mode=sharing in MIG_SHARINGS,

@@ -141,11 +141,15 @@ class _FleetReplay(ReplayLoop):
                 moment = sim.next_event_time()
                 if moment is not None:
                     times.append(self.clock.seconds(moment))
+            timer = self._next_timer(bool(times))
+            if timer is not None:
+                times.append(timer)
             if not times:
                 break
             t = min(times)
             self.clock.set(t)
             self._collect()
+            self._on_time(t)
             fresh = []
             while i < n and entries[i].arrival.at <= t:
                 fresh.append(entries[i])
@@ -157,6 +161,15 @@ class _FleetReplay(ReplayLoop):
             if self.observe is not None:
                 self.observe(t, [e.record for e in self.entries])
         return self.timeline, self._finish(self.timeline.t[-1] if self.timeline.t else 0.0)
+
+    def _next_timer(self, busy: bool) -> float | None:
+        """When the replay next acts on its own, beside arrivals and job ends (None: never;
+        ``busy``: other events are due). A replay that changes the fleet as it goes
+        (broker.simulation.layouts) says when."""
+        return None
+
+    def _on_time(self, t: float) -> None:
+        """What the replay does at ``t`` before the cycle, beside reading the clusters."""
 
     def _cycle(self, t: float, preempting: bool = True) -> None:
         if not self.queue:
