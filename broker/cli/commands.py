@@ -8,6 +8,7 @@ call these; tests and other front ends call them directly.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -793,12 +794,16 @@ def simulate(
     seed: int,
     placement: str,
     preemption: bool = False,
+    layouts: bool = False,
 ) -> int:
     """Replay a workload or a trace in virtual time and write the report (no broker needed).
     A run longer than a couple of seconds shows its progress on stderr (stdout keeps the
     summary, or only the JSON)."""
     from broker.simulation.progress import Progress
     from broker.simulation.report import run_simulation, summary_lines
+
+    if layouts:
+        return _simulate_layouts(out, fleet=fleet, workload=workload, policy=policy, report=report)
 
     with Progress(out.stderr) as progress:
         result = run_simulation(
@@ -817,6 +822,38 @@ def simulate(
         out.json(result)
         return EXIT_OK
     for line in summary_lines(result):
+        out.line(line)
+    out.line(f"report: {Path(report) / 'report.md'} (with results.json and PNG plots)")
+    return EXIT_OK
+
+
+def _simulate_layouts(out: Output, *, fleet: str, workload: str, policy: str, report: str) -> int:
+    """``gpush simulate --layouts``: static layouts, dynamic MIG, and lending, compared."""
+    from broker.simulation import layouts as layout_runs
+    from broker.simulation.fleet import load_fleet_file
+    from broker.simulation.progress import Progress
+    from broker.simulation.report import load_policy_file
+    from broker.simulation.workload import load_workload
+
+    loaded = load_workload(workload)
+    with Progress(out.stderr) as progress:
+
+        def started(label: str):
+            progress.step(f"replaying {label}", len(loaded.arrivals), "jobs")
+            return progress.update
+
+        runs = layout_runs.replay_layouts(
+            load_fleet_file(fleet), load_policy_file(policy), loaded.arrivals, tenants=loaded.tenants, progress=started
+        )
+        inputs = {"fleet": fleet, "workload": workload, "policy": policy, "jobs": len(loaded.arrivals)}
+        files = layout_runs.write_report(Path(report), runs, inputs)
+    if out.json_mode:
+        out.json({"runs": [r.summary() for r in runs], "verdict": layout_runs.verdict(runs), "files": files})
+        return EXIT_OK
+    for line in layout_runs.table(runs):
+        out.line(line)
+    out.line("")
+    for line in textwrap.wrap(layout_runs.verdict(runs), 80):
         out.line(line)
     out.line(f"report: {Path(report) / 'report.md'} (with results.json and PNG plots)")
     return EXIT_OK

@@ -44,8 +44,14 @@ from broker.cli.settings import CONTEXT, json_option, output
     help="With --fleet: jobs of higher priority preempt the workload's preemptible jobs (preemptible: true, "
     "checkpoint_every:), losing the least work; compared with the same replay without preemption.",
 )
+@click.option(
+    "--layouts",
+    is_flag=True,
+    help="With --fleet: replay three ways, static layouts, MIG layouts re-planned for the queue, and that plus "
+    "the nodes both clusters list lent between them as their queues call for it; the report compares them.",
+)
 @json_option
-def simulate(fleet, workload, trace, policy, compare, report, seed, placement, preemption, json_mode) -> int:
+def simulate(fleet, workload, trace, policy, compare, report, seed, placement, preemption, layouts, json_mode) -> int:
     """Replay a workload or trace on a simulated fleet, in virtual time: what would this policy do?
 
     \b
@@ -73,6 +79,10 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, p
         )
     if preemption and trace_dir:
         raise click.UsageError("--preemption replays a --fleet workload: a trace's pods say nothing of preemption")
+    if layouts and (trace_dir or compare or preemption):
+        raise click.UsageError(
+            "--layouts compares three runs of a --fleet workload: leave out --trace, --compare and --preemption"
+        )
     if policy is None and not trace_dir:
         from policies import shipped
 
@@ -88,6 +98,7 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, p
         seed=seed,
         placement=placement or "fgd",
         preemption=preemption,
+        layouts=layouts,
     )
 
 

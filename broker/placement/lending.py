@@ -112,4 +112,3 @@ def called_off(terms: LendingTerms, node: LendableNode, waiting: Mapping[str, fl
     if node.moving_to is None:
         return False
     return waiting.get(node.moving_to, 0.0) - waiting.get(node.owner, 0.0) < terms.threshold
-

@@ -84,7 +84,7 @@ def _distinct(label: str, other: str) -> str:
     return label if label != other else f"{label}, compared"
 
 
-def _load_policy_file(path: str) -> Policy:
+def load_policy_file(path: str) -> Policy:
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -150,7 +150,7 @@ def run_simulation(
         )
         if fleet_path:
             notes.append(f"{fleet_path} not used: the trace's node list ({trace.nodes_file}) is the fleet")
-        policy = trace.policy() if policy_path is None else _load_policy_file(policy_path)
+        policy = trace.policy() if policy_path is None else load_policy_file(policy_path)
         if policy_path:
             _check_policy_names(policy, trace.cluster, policy_path)
         nodes = trace.shared_nodes()
@@ -188,7 +188,7 @@ def run_simulation(
             cpu_work=cpu_work,
         )
         if compare_policy_path:
-            other = _load_policy_file(compare_policy_path)
+            other = load_policy_file(compare_policy_path)
             _check_policy_names(other, trace.cluster, compare_policy_path)
             label = _distinct(run_label(Path(compare_policy_path).stem, placement), primary.label)
             progress.step(f"replaying {label}", len(workload), "jobs")
@@ -234,7 +234,7 @@ def run_simulation(
         if not policy_path:
             raise InvalidRequest("a workload replay needs a routing policy file")
         fleet = load_fleet_file(fleet_path)
-        policy = _load_policy_file(policy_path)
+        policy = load_policy_file(policy_path)
         loaded = load_workload(workload_path)
         workload, tenants = loaded.arrivals, loaded.tenants
         inputs.update(
@@ -268,7 +268,7 @@ def run_simulation(
             progress.step(f"replaying {label}", len(workload), "jobs")
             comparison = replay(
                 fleet,
-                _load_policy_file(compare_policy_path),
+                load_policy_file(compare_policy_path),
                 workload,
                 label=label,
                 tenants=tenants,
