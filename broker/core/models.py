@@ -156,8 +156,12 @@ class Preemption(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     victim_id: Mapped[int] = mapped_column(BigId, ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    preemptor_id: Mapped[int] = mapped_column(BigId, ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    # "priority" or "reclaim" (broker.placement.preemption.Choice.why): reclaims are rate-limited.
+    # The waiting job it is for, or (``mig_change_id``) the MIG layout change that empties
+    # the victim's GPU (broker.mig.reconfigure).
+    preemptor_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    mig_change_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("mig_changes.id", ondelete="CASCADE"))
+    # "priority" or "reclaim" (broker.placement.preemption.Choice.why; reclaims are
+    # rate-limited), or "mig-change".
     why: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text)
     signal: Mapped[str] = mapped_column(String(8))

@@ -12,8 +12,11 @@ written before anything is touched, that moves through these steps, each an even
    fence a node (:class:`broker.core.adapter.NodeFencer`: Slurm drains, Kubernetes cordons)
    is asked to.
 3. ``emptying``: the instances the change destroys must be idle: no gpush job running on
-   the node with their profile, and no process on them in the agent's report. Instances
-   the change keeps go on running their work.
+   the node with their profile, and no process on them in the agent's report. Jobs there
+   that may be preempted (the policy's ``preemption`` section) are preempted for the
+   change (a ``preemptions`` row with ``mig_change_id``; broker.scheduling.preemption
+   tells and stops them, and they are queued again); the others are waited for.
+   Instances the change keeps go on running their work.
 4. ``changing``: the node's agent, in the answer to its next report, is handed the layout
    (:func:`wanted_by_agent`); it destroys and creates the instances and reports again. The
    step ends when a report received after the step began shows the target layout. A
@@ -33,8 +36,8 @@ admin looks (a critical finding, :func:`change_findings`). A broker that stops m
 resumes from the step the row holds: every step reads what is, not what it did before.
 
 Never touched: a GPU a non-preemptible job uses on an instance the change destroys (the
-change waits in ``emptying``; preempting preemptible work there is not done yet), and the
-lent GPU machines of the device tool (integration/gpu only reads).
+change waits in ``emptying``), and the lent GPU machines of the device tool
+(integration/gpu only reads).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from broker.core.clock import Clock
 from broker.core.clusters import AdapterPool, ClusterInfo
 from broker.core.models import Job, MigChange, MigChangeEvent
 from broker.core.models import NodeReport as NodeReportRow
+from broker.core.models import Preemption as PreemptionRow
+from broker.core.schemas import JobSpec
 from broker.core.states import JobState
 from broker.inventory.agent_report import GpuReport, NodeReport
 from broker.inventory.report_store import load_reports, reconciled
@@ -60,7 +65,9 @@ from broker.inventory.view import CRITICAL, WARNING, Finding
 from broker.mig.layouts import MigSlot
 from broker.mig.plan import MigPlan
 from broker.mig.queue import plan_for
-from broker.routing.rules import MigLayouts
+from broker.routing.evaluation import preemptible
+from broker.routing.rules import MigLayouts, Policy
+from broker.scheduling.preemption import how_told, preemption_event
 
 STEPS = ("planned", "draining", "emptying", "changing", "publishing", "confirming", "admitting")
 ENDINGS = ("done", "rolled-back", "cancelled", "failed")
@@ -290,9 +297,12 @@ class Reconfigurations:
         # (cluster, node) -> the inventory's findings there (the drift check of "confirming").
         self.findings_of = findings_of
         self._planned_at: datetime | None = None  # the automatic mode's last plan
+        self.policy: Policy | None = None  # whose preemption section lets a change preempt
 
-    def configure(self, settings: MigLayouts | None) -> None:
-        """Take the limits of the policy's ``mig`` section (its defaults without one)."""
+    def configure(self, settings: MigLayouts | None, policy: Policy | None = None) -> None:
+        """Take the limits of the policy's ``mig`` section (its defaults without one), and
+        the policy, which says which jobs may be preempted to empty a GPU."""
+        self.policy = policy
         settings = settings or MigLayouts()
         step = timedelta(seconds=settings.step_timeout)
         self.limits = StepLimits(timedelta(seconds=settings.wait_for_jobs), step, step, step)
@@ -411,8 +421,8 @@ class Reconfigurations:
     def _emptying(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
         destroyed = Counter(change.from_layout) - Counter(change.target)
         profiles = {MigSlot.parse(text).profile for text in destroyed}
-        holders = [
-            job.id
+        holding = [
+            job
             for job in session.execute(
                 select(Job).where(Job.cluster == change.cluster, Job.state.in_(_HOLDING))
             ).scalars()
@@ -420,6 +430,9 @@ class Reconfigurations:
             and job.placement.get("node") == change.node
             and job.placement.get("mig_profile") in profiles
         ]
+        holders = [job.id for job in holding]
+        if holding and self.policy is not None:
+            self._preempt(session, change, holding, now)
         report = _report(session, change.node)
         gpu = _gpu(report, change.gpu) if report else None
         if gpu is not None:
@@ -441,6 +454,44 @@ class Reconfigurations:
                 f"still in use after {_span(self.limits.emptying)}: {what}; nothing was changed",
             )
         return None
+
+    def _preempt(self, session: Session, change: MigChange, holding: list[Job], now: datetime) -> None:
+        """Preempt the preemptible jobs that hold an instance the change destroys, as the
+        scheduler preempts for a waiting job (broker.scheduling.preemption tells them,
+        stops them after their grace, and the status sync queues them again); the others
+        are waited for."""
+        asked = set(
+            session.execute(
+                select(PreemptionRow.victim_id).where(
+                    PreemptionRow.victim_id.in_([job.id for job in holding]), PreemptionRow.ended_at.is_(None)
+                )
+            ).scalars()
+        )
+        for job in holding:
+            if job.id in asked or job.state != JobState.RUNNING.value:
+                continue
+            spec = JobSpec.model_validate(job.spec)
+            if not preemptible(self.policy, spec, job.tenant):
+                continue
+            signal, grace = how_told(spec, self.policy)
+            why = f"preempted for MIG change {change.id} of {change.node} GPU {change.gpu}"
+            session.add(
+                PreemptionRow(
+                    victim_id=job.id,
+                    preemptor_id=None,
+                    mig_change_id=change.id,
+                    why="mig-change",
+                    reason=why,
+                    signal=signal,
+                    grace_seconds=grace,
+                    gpu_equivalents=job.gpu_equivalents or 0.0,
+                    placement=job.placement,
+                    requested_at=now,
+                )
+            )
+            session.add(preemption_event(job.id, JobState.RUNNING, f"{why}: to be told with {signal}", now))
+            told = f"to be told with {signal}, {grace} s of grace"
+            _event(session, change, now, f"preempting job {job.id} (preemptible): {told}")
 
     def _changing(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
         if change.changed_by == "cluster":

@@ -201,7 +201,7 @@ class Scheduler:
         with self.sessions() as session:
             policy = self._policy(session)
         settings = policy.mig if policy is not None else None
-        self.reconfigurations.configure(settings)
+        self.reconfigurations.configure(settings, policy)
         if settings is not None and settings.automatic:
             for asked in self.reconfigurations.automatic(clusters, self.adapters, settings):
                 if asked.change is not None:

@@ -108,7 +108,7 @@ class Preemptions:
             ).all()
         return InFlight(
             victims={r.victim_id: r.reason for r in rows if r.signalled_at is not None},
-            preemptors={r.preemptor_id for r in rows},
+            preemptors={r.preemptor_id for r in rows if r.preemptor_id is not None},
             reserved={r.victim_id for r in rows},
         )
 
@@ -157,7 +157,7 @@ class Preemptions:
                 .where(PreemptionRow.id == p.id)
                 .values(signalled_at=now, stopped_at=None if teller is not None else now)
             )
-            session.add(_event(p.victim_id, S.RUNNING, told, now))
+            session.add(preemption_event(p.victim_id, S.RUNNING, told, now))
         report.preempted += 1
 
     def _stop(self, info: ClusterInfo, p: PreemptionRow, report: CycleReport) -> None:
@@ -170,7 +170,7 @@ class Preemptions:
         with self.sessions() as session, session.begin():
             session.execute(update(PreemptionRow).where(PreemptionRow.id == p.id).values(stopped_at=now))
             over = f"its {_seconds(p.grace_seconds)} of grace are over: stopped"
-            session.add(_event(p.victim_id, S.RUNNING, over, now))
+            session.add(preemption_event(p.victim_id, S.RUNNING, over, now))
 
     def _close(self, rows: Sequence[PreemptionRow], now: datetime) -> None:
         """Close the preemptions whose victims left ``running``, with the work each lost:
@@ -253,7 +253,7 @@ class Preemptions:
                             requested_at=now,
                         )
                     )
-                    session.add(_event(victim.job_id, S.RUNNING, f"{why}: to be told with {signal}", now))
+                    session.add(preemption_event(victim.job_id, S.RUNNING, f"{why}: to be told with {signal}", now))
                 longest = max(v.told[1] for v in choice.victims)
                 theirs = "its" if len(choice.victims) == 1 else "their"
                 reasons[waiting.job_id] = (
@@ -261,7 +261,9 @@ class Preemptions:
                     f"{_seconds(longest)} to save {theirs} state"
                 )
                 session.add(
-                    _event(waiting.job_id, S.QUEUED, f"preempts {names}: only {theirs} GPUs could hold it", now)
+                    preemption_event(
+                        waiting.job_id, S.QUEUED, f"preempts {names}: only {theirs} GPUs could hold it", now
+                    )
                 )
         self.act(clusters, report)
         return reasons
@@ -306,7 +308,8 @@ class _Victim(Running):
     told: tuple[str, int] = (DEFAULT_SIGNAL, 60)  # (signal, grace seconds)
 
 
-def _event(job_id: int, state: JobState, reason: str, now: datetime) -> JobEvent:
+def preemption_event(job_id: int, state: JobState, reason: str, now: datetime) -> JobEvent:
+    """A note on a job's events about its preemption (the job stays in ``state``)."""
     return JobEvent(
         job_id=job_id, at=now, type=EVENT, from_state=state.value, to_state=state.value, reason=reason, actor=ACTOR
     )

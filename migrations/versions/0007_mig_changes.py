@@ -1,6 +1,8 @@
 """MIG layout changes: each GPU's change from one layout to another, step by step.
 
-Why: ``gpush mig apply`` and the cycle change MIG layouts (broker.mig.reconfigure). Each
+Why: ``gpush mig apply`` and the cycle change MIG layouts (broker.mig.reconfigure). A
+preemption may now be for such a change (``preemptions.mig_change_id``; its
+``preemptor_id`` empty), when preemptible work holds an instance the change destroys. Each
 change is written before anything is touched and moves one step at a time (fence the node,
 empty the GPU, change it through the node agent, publish it to the tier, confirm, admit),
 each step an event, so a broker that dies mid-way resumes from the step it reached, and a
@@ -71,8 +73,23 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_mig_change_events")),
     )
     op.create_index(op.f("ix_mig_change_events_change_id"), "mig_change_events", ["change_id"])
+    # A preemption may be for a MIG change rather than a waiting job.
+    with op.batch_alter_table("preemptions") as batch:
+        batch.alter_column("preemptor_id", existing_type=Id, nullable=True)
+        batch.add_column(sa.Column("mig_change_id", Id, nullable=True))
+        batch.create_foreign_key(
+            op.f("fk_preemptions_mig_change_id_mig_changes"),
+            "mig_changes",
+            ["mig_change_id"],
+            ["id"],
+            ondelete="CASCADE",
+        )
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("preemptions") as batch:
+        batch.drop_constraint(op.f("fk_preemptions_mig_change_id_mig_changes"), type_="foreignkey")
+        batch.drop_column("mig_change_id")
+        batch.alter_column("preemptor_id", existing_type=Id, nullable=False)
     op.drop_table("mig_change_events")
     op.drop_table("mig_changes")

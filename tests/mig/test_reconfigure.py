@@ -293,7 +293,7 @@ def _minutes(n):
     return timedelta(minutes=n)
 
 
-def _running_job(clock, profile):
+def _running_job(clock, profile, spec=None):
     now = clock()
     return Job(
         tenant="ml",
@@ -302,7 +302,7 @@ def _running_job(clock, profile):
         isolation="hardware",
         priority=0,
         state="running",
-        spec={},
+        spec=spec or {"command": ["train"], "kind": "training", "gpus": 1},
         spec_hash="x" * 64,
         cluster="slurm-a",
         placement={"cluster": "slurm-a", "sharing": "slurm/mig", "units": 1, "node": "mig-01", "mig_profile": profile},
@@ -365,3 +365,33 @@ def test_a_cluster_that_recuts_the_gpu_itself_is_told_and_no_agent_is_asked(sess
     machine.advance()
     assert change(sessions).step == "done"
     assert steps(sessions) == ["planned", "draining", "emptying", "publishing", "confirming", "done"]
+
+
+def test_preemptible_work_on_an_instance_the_change_destroys_is_preempted_for_it(sessions, clock, tier, gpus):
+    from broker.core.models import JobEvent, Preemption
+    from broker.routing.rules import load_policy
+    from tests.scheduling.test_cycle import DEFAULT_POLICY
+
+    policy = load_policy(DEFAULT_POLICY + "\npreemption:\n  grace: 30s\n", "policy")
+    machine = Reconfigurations(sessions, clock, lambda name: tier)
+    machine.configure(None, policy)
+    ask(sessions, clock, tier, gpus)
+    spec = {"command": ["train"], "kind": "training", "gpus": 1, "preemptible": True}
+    with sessions() as session, session.begin():
+        session.add(_running_job(clock, profile="3g.20gb", spec=spec))  # job 1: may be preempted
+        session.add(_running_job(clock, profile="3g.20gb"))  # job 2: may not
+    machine.advance()
+    machine.advance()  # asked once, not twice
+    with sessions() as session:
+        (row,) = session.scalars(select(Preemption)).all()
+        assert (row.victim_id, row.preemptor_id, row.mig_change_id, row.why) == (1, None, 1, "mig-change")
+        assert (row.signal, row.grace_seconds) == ("SIGTERM", 30)
+        note = session.scalars(select(JobEvent.reason).where(JobEvent.job_id == 1)).all()
+    assert note == ["preempted for MIG change 1 of mig-01 GPU 0: to be told with SIGTERM"]
+    assert change(sessions).step == "emptying"
+    assert "preempting job 1 (preemptible): to be told with SIGTERM, 30 s of grace" in _notes(sessions)
+    with sessions() as session, session.begin():  # both end (the victim requeued, the other finished)
+        for job in session.scalars(select(Job)):
+            job.state = "queued" if job.id == 1 else "succeeded"
+    machine.advance()
+    assert change(sessions).step == "changing"
