@@ -332,3 +332,44 @@ class MigChangeEvent(Base):
     at: Mapped[datetime] = mapped_column(UTCDateTime)
     step: Mapped[str] = mapped_column(String(16))
     note: Mapped[str] = mapped_column(Text)
+
+
+class NodeMove(Base):
+    """A lendable node moving from ``source`` to ``target`` (broker.scheduling.lending):
+    fenced on the source, emptied there, then offered by the target. ``step`` is where it
+    is (``draining``, ``joining``) or how it ended (``done``, ``called-off``, ``failed``);
+    each step is a :class:`NodeMoveEvent`."""
+
+    __tablename__ = "node_moves"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(253))
+    source: Mapped[str] = mapped_column(String(128))
+    target: Mapped[str] = mapped_column(String(128))
+    step: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    step_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index(
+            "ix_node_moves_open",
+            "id",
+            postgresql_where=sql_text("ended_at IS NULL"),
+            sqlite_where=sql_text("ended_at IS NULL"),
+        ),
+        Index("ix_node_moves_node", "node", "ended_at"),
+    )
+
+
+class NodeMoveEvent(Base):
+    """A step of a :class:`NodeMove`, with what happened."""
+
+    __tablename__ = "node_move_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    move_id: Mapped[int] = mapped_column(BigId, ForeignKey("node_moves.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    step: Mapped[str] = mapped_column(String(16))
+    note: Mapped[str] = mapped_column(Text)

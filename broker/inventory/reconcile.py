@@ -166,6 +166,14 @@ def _reconcile(
             view.nodes.append(nv)
             node_views[(inv.name, node)] = nv
 
+    # A node that two clusters list and one of them keeps unavailable (drained, cordoned,
+    # fenced: lent to the other, broker.scheduling.lending) is offered by the other alone:
+    # only the offering side's units are dealt to the GPUs and checked.
+    for host in hosts.values():
+        offering = [e for e in host.entries if not all(v.unit.labels.get("unavailable") for v in e.views)]
+        if offering and len(offering) < len(host.entries):
+            host.entries = offering
+
     # 2. Match each agent report to its host: exactly by a node name a cluster uses, else
     #    by short name; the newest report of a host wins.
     exact = {entry.node: host for host in hosts.values() for entry in host.entries}

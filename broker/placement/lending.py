@@ -26,6 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from broker.core.adapter import Sharing
+from broker.core.gpus import GpuModel
+from broker.core.schemas import JobSpec
+
 
 @dataclass(frozen=True)
 class LendableNode:
@@ -112,3 +116,17 @@ def called_off(terms: LendingTerms, node: LendableNode, waiting: Mapping[str, fl
     if node.moving_to is None:
         return False
     return waiting.get(node.moving_to, 0.0) - waiting.get(node.owner, 0.0) < terms.threshold
+
+
+def need(spec: JobSpec, sharing: Sharing, model: GpuModel, replicas_per_gpu: int = 1) -> float:
+    """GPU-equivalents a waiting job would hold in ``sharing`` on ``model``: the smallest
+    MIG slice that holds its memory, a time-slice replica, or whole GPUs (what
+    :func:`plan_moves`'s ``waiting`` adds up)."""
+    copies = spec.gpus * max(spec.elastic.min_replicas if spec.elastic is not None else 1, 1)
+    if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG) and spec.gpu_memory_gb is not None:
+        fits = [p for p in model.mig_profiles.values() if p.memory_gb >= spec.gpu_memory_gb]
+        if fits:
+            return copies * model.gpu_equivalent(min(fits, key=lambda p: p.memory_gb).name)
+    if sharing is Sharing.K8S_TIMESLICE:
+        return copies / max(replicas_per_gpu, 1)
+    return float(copies)

@@ -25,6 +25,7 @@ A policy, in YAML::
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -343,6 +344,47 @@ class MigLayouts(BaseModel):
         return False
 
 
+class LendingPool(BaseModel):
+    """Nodes that both of ``clusters`` list (slurmd and a kubelet on one machine), offered by
+    one of them at a time and lent to the other as the queues call for it
+    (broker.placement.lending). The first cluster is their home: it offers them until the
+    other's waiting work exceeds its own by ``threshold`` GPU-equivalents."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        min_length=1, max_length=1000, description="node names or globs (lend-*) that both clusters list"
+    )
+    clusters: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        min_length=2, max_length=2, description="the two clusters: home first"
+    )
+    minimum: dict[str, Annotated[int, Field(ge=0, le=100_000)]] = Field(
+        default_factory=dict, description="nodes each cluster keeps at least"
+    )
+    maximum: dict[str, Annotated[int, Field(ge=0, le=100_000)]] = Field(
+        default_factory=dict, description="nodes each cluster holds at most"
+    )
+    hold: Seconds = Field(1800, ge=0, le=7 * 86_400, description="seconds a node stays where it moved")
+    threshold: float = Field(
+        2.0, gt=0, le=1_000_000, description="GPU-equivalents of waiting work one side needs over the other"
+    )
+    max_moving: int = Field(2, ge=1, le=10_000, description="moves under way at once")
+
+    @model_validator(mode="after")
+    def _two_clusters(self) -> LendingPool:
+        if self.clusters[0] == self.clusters[1]:
+            raise ValueError(f"a lending pool joins two clusters, not {self.clusters[0]} with itself")
+        unknown = sorted((set(self.minimum) | set(self.maximum)) - set(self.clusters))
+        if unknown:
+            raise ValueError(
+                f"minimum and maximum name the pool's clusters ({', '.join(self.clusters)}), not {', '.join(unknown)}"
+            )
+        return self
+
+    def holds(self, node: str) -> bool:
+        return any(fnmatch.fnmatchcase(node, pattern) for pattern in self.nodes)
+
+
 # The most rules a policy may hold. Any user may ask to validate a policy, every
 # policy is read and checked whole, and routing a job tries rules in order, so each
 # queued job of each cycle may walk them all: without a cap the cost of one request
@@ -368,6 +410,9 @@ class Policy(BaseModel):
     )
     mig: MigLayouts | None = Field(
         None, description="MIG layouts that follow the queue; leave out to change them only by gpush mig apply"
+    )
+    lending: list[LendingPool] = Field(
+        default_factory=list, max_length=100, description="nodes two clusters share, lent as their queues call for it"
     )
 
     # Where each node sat in the YAML it was loaded from, so that findings name a

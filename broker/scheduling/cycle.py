@@ -52,6 +52,7 @@ from broker.placement.capacity import CapacityView
 from broker.placement.decision import CycleDecisions, Held, Placed, WaitCause
 from broker.placement.fairshare import FairShare
 from broker.scheduling.claim import Candidate, Claim
+from broker.scheduling.lending import NodeLending
 from broker.scheduling.preemption import Preemptions, terms_of
 from broker.scheduling.steps import CycleReport, rows_by_id, unplaced
 from broker.scheduling.submission import Submission
@@ -133,6 +134,8 @@ class Scheduler:
         # MIG layout changes under way (gpush mig apply): moved on each cycle; their nodes
         # take no new work meanwhile.
         self._clusters: dict[str, ClusterInfo] = {}
+        # Nodes two clusters share, lent as their queues call for it (the policy's lending pools).
+        self.node_lending = NodeLending(self.sessions, clock, self._adapter_named)
         self.reconfigurations = Reconfigurations(
             self.sessions, clock, self._adapter_named, findings_of=self._findings_on
         )
@@ -451,9 +454,11 @@ class Scheduler:
         submission = Submission(self, clusters, batch=batch)
         held: list[tuple[int, str]] = []
         waiting: list[tuple[Candidate, str]] = []
-        # Jobs waiting for capacity, with their routes: those that may preempt (step 8).
+        # Jobs waiting for capacity, with their routes: those that may preempt (step 8), and
+        # what the lending pools weigh (step 9).
         blocked: list[tuple[Candidate, list]] = []
         preempting = terms_of(policy) is not None
+        lending = policy is not None and bool(policy.lending)
         view.pinned = dict(self._pinned_waiting)
         decisions = CycleDecisions(policy, view, fair)
         try:
@@ -467,7 +472,7 @@ class Scheduler:
                     held.append((job.job_id, outcome.reason))
                 else:
                     waiting.append((job, outcome.reason))
-                    if preempting and outcome.cause is WaitCause.CAPACITY:
+                    if (preempting or lending) and outcome.cause is WaitCause.CAPACITY:
                         blocked.append((job, decisions.routing(job.asked, job.tenant).routes))
         except BaseException:
             submission.close(report, abandon=True)
@@ -476,10 +481,13 @@ class Scheduler:
         claim_in_loop = report.seconds["claim"] - claim_before
         report.seconds["decide"] = time.perf_counter() - decide_begin - claim_in_loop
         submission.close(report)
-        if blocked:
+        if blocked and preempting:
             with report.timing("preempt"):
                 told = self.preemptions.choose(clusters, policy, view, blocked, fair.gaps(), report)
             waiting = [(job, told.get(job.job_id, reason)) for job, reason in waiting]
+        if lending:
+            with report.timing("lend"):
+                self.node_lending.step(policy, blocked)
         with report.timing("write"):
             self._write_waits(held, waiting, report)
 

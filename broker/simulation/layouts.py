@@ -36,10 +36,9 @@ from broker.core.gpus import GpuModel
 from broker.mig.layouts import MigSlot
 from broker.mig.matching import SliceDemand
 from broker.mig.plan import MigGpu, plan_mig
-from broker.placement.lending import LendableNode, LendingTerms, called_off, plan_moves
+from broker.placement.lending import LendableNode, LendingTerms, called_off, need, plan_moves
 from broker.routing.policy import Policy
 from broker.simulation.fleet import Fleet
-from broker.simulation.loop import ReplayJob
 from broker.simulation.replay import T0, _FleetReplay
 from broker.simulation.results import ReplayResult
 from broker.simulation.workload import Arrival, TenantTerms
@@ -299,7 +298,7 @@ class _LayoutReplay(_FleetReplay):
             for route in entry.routes:
                 how = offered.get((route.cluster, route.sharing))
                 if how is not None:
-                    out[route.cluster] += _need(entry, route.sharing, *how)
+                    out[route.cluster] += need(entry.spec, route.sharing, *how)
                     break
         return out
 
@@ -324,20 +323,6 @@ _SHARING = {
     ("k8s", "mig"): Sharing.K8S_MIG,
     ("k8s", "timeslice"): Sharing.K8S_TIMESLICE,
 }
-
-
-def _need(entry: ReplayJob, sharing: Sharing, model: GpuModel, replicas_per_gpu: int) -> float:
-    """GPU-equivalents ``entry`` would hold in ``sharing`` on ``model``: the smallest MIG
-    slice that holds its memory, a time-slice replica, or whole GPUs."""
-    spec = entry.spec
-    copies = spec.gpus * max(spec.elastic.min_replicas if spec.elastic is not None else 1, 1)
-    if sharing in MIG_SHARINGS and spec.gpu_memory_gb is not None:
-        fits = [p for p in model.mig_profiles.values() if p.memory_gb >= spec.gpu_memory_gb]
-        if fits:
-            return copies * model.gpu_equivalent(min(fits, key=lambda p: p.memory_gb).name)
-    if sharing is Sharing.K8S_TIMESLICE:
-        return copies / max(replicas_per_gpu, 1)
-    return float(copies)
 
 
 # -- the comparison -------------------------------------------------------------------------

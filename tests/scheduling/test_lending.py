@@ -1,0 +1,124 @@
+"""Lending a node two clusters share, in the live cycle (broker/scheduling/lending.py), on
+simulated clusters that both list the node ``lend``: offered by one side at a time, moved
+when the other side's work waits, never offered by both."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from broker.core.clusters import AdapterPool, add_cluster, list_clusters
+from broker.core.models import NodeMove, NodeMoveEvent
+from broker.inventory.reconcile import reconcile
+from broker.inventory.view import ClusterInventory
+from tests.scheduling.test_cycle import DEFAULT_POLICY, apply_policy, job, scheduler, submit
+
+FLEET = """
+clusters:
+  slurm-a:
+    flavor: slurm
+    nodes:
+      - name: mig-01
+        gpus: [{model: A100-SXM4-40GB, count: 2, mig: [3g.20gb, 3g.20gb]}]
+      - name: mps-01
+        gpus: [{model: A100-SXM4-40GB, mps: true}]
+      - name: gpu-01
+        gpus: [{model: A100-SXM4-80GB, count: 1}]
+      - name: lend
+        gpus: [{model: A100-SXM4-40GB, count: 2, mig: [3g.20gb, 3g.20gb]}]
+  k8s-a:
+    flavor: k8s
+    pools:
+      - {name: infer, nodes: 1, gpus_per_node: 2, model: A100-SXM4-40GB, timeslice_replicas: 4}
+      - {name: kmig, nodes: 1, gpus_per_node: 1, model: A100-SXM4-40GB, mig: [3g.20gb, 3g.20gb]}
+      - {name: lend, nodes: 1, gpus_per_node: 2, model: A100-SXM4-40GB, timeslice_replicas: 4}
+"""
+LENDING = (
+    DEFAULT_POLICY
+    + """
+lending:
+  - nodes: [lend]
+    clusters: [slurm-a, k8s-a]
+    hold: 0
+    threshold: 1
+"""
+)
+
+
+@pytest.fixture
+def pool(sessions, clock):
+    made = AdapterPool(clock)
+    with sessions() as session, session.begin():
+        for name in ("slurm-a", "k8s-a"):
+            add_cluster(session, name=name, kind="sim", config={"fleet_yaml": FLEET}, actor="root", now=clock())
+    apply_policy(sessions, made, clock, LENDING)
+    return made
+
+
+def adapter(pool, sessions, name):
+    with sessions() as session:
+        (info,) = [c for c in list_clusters(session) if c.name == name]
+    return pool.get(info)
+
+
+def offered_twice(pool, sessions, clock) -> list:
+    inventories = {
+        name: ClusterInventory(name=name, kind="sim", units=adapter(pool, sessions, name).inventory())
+        for name in ("slurm-a", "k8s-a")
+    }
+    return [f for f in reconcile(inventories, {}, now=clock()).findings if f.kind == "gpu_claimed_twice"]
+
+
+def test_a_shared_node_is_offered_by_its_home_and_lent_when_the_other_side_waits(engine, sessions, clock, pool):
+    cycle = scheduler(engine, pool, clock)
+    cycle.run_cycle()  # settles: both offer lend, k8s-a fences it, slurm-a (its home) keeps it
+    assert adapter(pool, sessions, "k8s-a").fenced() == {"lend": "lent to slurm-a (gpush lending pool)"}
+    assert offered_twice(pool, sessions, clock) == []
+    fields = {"kind": "inference", "isolation": "none", "gpu_memory_gb": 4, "labels": {"sim-duration": "36000"}}
+    jobs = [submit(sessions, clock, **fields) for _ in range(12)]  # 8 replicas on infer-01: 4 wait
+    cycle.run_cycle()  # 8 placed, 4 wait for time-slices: lend moves to k8s-a
+    for _ in range(3):
+        clock.advance(5)
+        cycle.run_cycle()
+    assert [job(sessions, j).state for j in jobs] == ["running"] * 12
+    assert adapter(pool, sessions, "slurm-a").fenced() == {"lend": "lent to k8s-a (gpush lending pool)"}
+    assert adapter(pool, sessions, "k8s-a").fenced() == {}
+    assert offered_twice(pool, sessions, clock) == []
+    with sessions() as session:
+        (move,) = session.scalars(select(NodeMove)).all()
+        steps = session.scalars(select(NodeMoveEvent.step).order_by(NodeMoveEvent.id)).all()
+    assert (move.node, move.source, move.target, move.step) == ("lend", "slurm-a", "k8s-a", "done")
+    assert steps == ["draining", "joining", "done"]
+    assert "1 GPU-eq wait for k8s-a against 0 for slurm-a; lend idle" == move.reason
+
+
+def test_a_node_busy_at_home_drains_first_and_the_move_is_called_off_when_the_reason_goes(
+    engine, sessions, clock, pool
+):
+    cycle = scheduler(engine, pool, clock)
+    training = {"kind": "training", "isolation": "hardware", "gpu_memory_gb": 20, "labels": {"sim-duration": "36000"}}
+    held = [submit(sessions, clock, **training) for _ in range(8)]  # mig-01's 4 slices and lend's 4
+    cycle.run_cycle()
+    cycle.run_cycle()
+    assert [job(sessions, j).state for j in held] == ["running"] * 8
+    serve = {"kind": "inference", "isolation": "none", "gpu_memory_gb": 4, "labels": {"sim-duration": "36000"}}
+    waiting = [submit(sessions, clock, **serve) for _ in range(12)]
+    cycle.run_cycle()
+    with sessions() as session:
+        (move,) = session.scalars(select(NodeMove)).all()
+    assert move.step == "draining" and "lend draining 1.71" in move.reason  # its 4 slices of 3/7
+    assert adapter(pool, sessions, "slurm-a").fenced() == {"lend": "lent to k8s-a (gpush lending pool)"}
+    # The waiting inference is cancelled: nothing waits for k8s-a any more.
+    from broker.intake import queue
+    from tests.scheduling.test_cycle import ADMIN
+
+    queued = [j for j in waiting if job(sessions, j).state == "queued"]
+    with sessions() as session, session.begin():
+        for j in queued:
+            queue.cancel_job(session, j, ADMIN, now=clock())
+    cycle.run_cycle()
+    with sessions() as session:
+        move = session.get(NodeMove, move.id)
+    assert move.step == "called-off"
+    assert adapter(pool, sessions, "slurm-a").fenced() == {}
+    assert [job(sessions, j).state for j in held] == ["running"] * 8  # nothing was stopped
