@@ -31,7 +31,13 @@ def _inventory_of(session: Session, cluster: str | None, adapters: AdapterPool, 
         if cluster is not None and session.get(Cluster, cluster) is None:
             raise NotFound(f"no cluster {cluster!r} is registered (gpush cluster list shows them)")
         infos, reports = nodereports.read_sources(session, cluster)
-    return nodereports.reconciled(infos, reports, adapters, now=clock())
+    inventory = nodereports.reconciled(infos, reports, adapters, now=clock())
+    # MIG changes that ended badly are findings too (a failed one keeps its node fenced).
+    with session.begin():
+        inventory.add(
+            f for f in reconfigure.change_findings(session, clock()) if cluster is None or f.cluster == cluster
+        )
+    return inventory
 
 
 @router.get("/v1/inventory", response_class=JSONBytes)
@@ -56,12 +62,7 @@ def inventory_drift(
 ) -> list[dict[str, Any]]:
     """Every disagreement between the clusters and the GPUs, worst first, with its fix;
     MIG layout changes that ended badly in the last day among them."""
-    findings = _inventory_of(session, cluster, adapters, clock).findings
-    with session.begin():
-        findings += [
-            f for f in reconfigure.change_findings(session, clock()) if cluster is None or f.cluster == cluster
-        ]
-    return [f.to_dict() for f in sorted(findings, key=lambda f: f.sort_key())]
+    return [f.to_dict() for f in _inventory_of(session, cluster, adapters, clock).findings]
 
 
 @router.get("/v1/nodes/{node}/gres-conf")
@@ -132,10 +133,13 @@ def mig_apply(
                 raise NotFound(f"no cluster {body.cluster!r} is registered (gpush cluster list shows them)")
             info = clusters.ClusterInfo.of(row)
         infos, reports = nodereports.read_sources(session, body.cluster)
-    if body.node is not None and body.node not in reports:
-        raise NotFound(f"no agent reports node {body.node!r}, so gpush does not know its GPUs: run `gpush agent` on it")
     inventory = nodereports.reconciled(infos, reports, adapters, now=clock())
     cluster_of = {node.name: c.name for c in inventory.clusters for node in c.nodes}
+    if body.node is not None and body.node not in cluster_of:
+        where = f"cluster {body.cluster}" if body.cluster else "any cluster"
+        raise NotFound(f"node {body.node!r} is not in {where}: `gpush inventory` lists the nodes")
+    if body.node is not None and body.node not in reports:
+        raise NotFound(f"no agent reports node {body.node!r}, so gpush does not know its GPUs: run `gpush agent` on it")
     with session.begin():
         result = migqueue.plan_for(session, reports, inventory, cluster=info, repartition_busy=body.repartition_busy)
         requested = reconfigure.request_changes(
@@ -170,6 +174,28 @@ def mig_changes(
         rows = list(session.execute(query).scalars())
         events = reconfigure.events_of(session, [c.id for c in rows])
         return [_change(c, events[c.id]) for c in rows]
+
+
+@router.post("/v1/mig/changes/{change_id}:clear")
+def mig_change_clear(
+    change_id: int, session: Db, who: Admin, adapters: Adapters, clock: AppClock, wake: Wake
+) -> dict[str, Any]:
+    """An admin's word that a failed change's GPU is fine again: its node takes work again."""
+    with session.begin():
+        change = session.get(MigChange, change_id)
+        if change is None:
+            raise NotFound(f"no MIG change {change_id} (gpush mig changes --all lists them)")
+        infos = {c.name: clusters.ClusterInfo.of(c) for c in session.scalars(select(Cluster))}
+
+        def adapter_of(name: str):
+            if name not in infos:
+                raise NotFound(f"cluster {name} is not registered any more")
+            return adapters.get(infos[name])
+
+        reconfigure.clear_change(session, change, adapter_of, by=who.user, now=clock())
+        result = _change(change, reconfigure.events_of(session, [change_id])[change_id])
+    wake.set()
+    return result
 
 
 @router.get("/v1/mig/changes/{change_id}")

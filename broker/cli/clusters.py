@@ -197,7 +197,7 @@ def slurm_gres_conf(settings: Settings, node: str, style: str, json_mode: bool) 
 
 @click.group(context_settings=CONTEXT)
 def mig() -> None:
-    """MIG layouts."""
+    """MIG layouts: plan them for the queue, change them, follow the changes."""
 
 
 @mig.command("plan", context_settings=CONTEXT)
@@ -231,7 +231,11 @@ def mig_plan(
 @click.option("--cluster", help="Only this cluster's nodes.")
 @click.option("--node", help="Only this node's GPUs.")
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
-@click.option("--repartition-busy", is_flag=True, help="Also re-cut GPUs with work on some instances (kept in place).")
+@click.option(
+    "--repartition-busy",
+    is_flag=True,
+    help="Also re-cut GPUs that run work on some instances: those instances stay as they are, the rest is re-cut.",
+)
 @json_option
 @click.pass_obj
 def mig_apply(
@@ -239,9 +243,18 @@ def mig_apply(
 ) -> int:
     """Change the MIG layouts `gpush mig plan` proposes, one recorded change per GPU.
 
-    Each GPU's node is fenced, the instances that go are emptied, the node agent re-cuts
-    the GPU, the cluster is told, and new work lands once all agree; `gpush mig changes`
-    follows each step. Admins only."""
+    Each GPU's node is fenced, the instances that go are emptied (preemptible jobs
+    preempted, the others waited for), the GPU is re-cut, the cluster is told, and new
+    work lands once all agree; `gpush mig changes` follows each step. A step that runs
+    out of time (the policy's mig.step_timeout, default 10m) rolls the GPU back.
+
+    Who re-cuts the GPU: on Kubernetes the GPU Operator's MIG manager; elsewhere
+    the node's agent, which must run as `gpush agent --allow-mig-changes`. Slurm
+    cannot take a new layout from gpush yet. Admins only.
+
+    \b
+      gpush mig apply --cluster slurm-a --dry-run
+      gpush mig apply --cluster slurm-a --node mig-01"""
     return commands.mig_apply(
         settings.client(),
         output(json_mode),
@@ -255,11 +268,25 @@ def mig_apply(
 @mig.command("changes", context_settings=CONTEXT)
 @click.argument("change_id", type=int, required=False)
 @click.option("--all", "show_all", is_flag=True, help="Also the changes that ended.")
+@click.option(
+    "--clear",
+    is_flag=True,
+    help="With CHANGE_ID of a failed change: the GPU is fine again (you checked it), so its node takes work again.",
+)
 @json_option
 @click.pass_obj
-def mig_changes(settings: Settings, change_id: int | None, show_all: bool, json_mode: bool) -> int:
-    """MIG layout changes under way (--all: every one), or one change's steps."""
-    return commands.mig_changes(settings.client(), output(json_mode), change_id=change_id, show_all=show_all)
+def mig_changes(settings: Settings, change_id: int | None, show_all: bool, clear: bool, json_mode: bool) -> int:
+    """MIG layout changes under way (--all: every one), or one change's steps.
+
+    Steps: planned, draining, emptying, changing (the GPU is re-cut), publishing,
+    confirming; then done, rolled-back (a step ran out of time: the GPU is back on
+    its old layout), cancelled (its work did not end in time: nothing changed) or
+    failed (the rollback ran out too: the node stays fenced until --clear)."""
+    if clear and change_id is None:
+        raise click.UsageError("--clear needs the CHANGE_ID of a failed change")
+    return commands.mig_changes(
+        settings.client(), output(json_mode), change_id=change_id, show_all=show_all, clear=clear
+    )
 
 
 # Registered on the root group by broker.cli.main.

@@ -855,6 +855,9 @@ def _simulate_layouts(out: Output, *, fleet: str, workload: str, policy: str, re
     out.line("")
     for line in textwrap.wrap(layout_runs.verdict(runs), 80):
         out.line(line)
+    note = layout_runs.no_lending_note(runs)
+    if note:
+        out.note(f"note: {note}")
     out.line(f"report: {Path(report) / 'report.md'} (with results.json and PNG plots)")
     return EXIT_OK
 
@@ -1004,30 +1007,35 @@ def mig_apply(
     return EXIT_OK if started or dry_run else EXIT_ERROR
 
 
-def mig_changes(client: GpushClient, out: Output, *, change_id: int | None, show_all: bool) -> int:
-    """The MIG changes under way, or one change with its steps."""
+def mig_changes(client: GpushClient, out: Output, *, change_id: int | None, show_all: bool, clear: bool = False) -> int:
+    """The MIG changes under way, or one change with its steps (``clear``: a failed one cleared)."""
     if change_id is not None:
-        change = client.mig_change(change_id)
+        change = client.mig_clear(change_id) if clear else client.mig_change(change_id)
         if out.json_mode:
             out.json(change)
             return EXIT_OK
         _print_change(out, change)
         for event in change["events"]:
             at = console.local_time(datetime.fromisoformat(event["at"]))
-            out.line(f"  {at}  {event['step']:<11} {event['note']}")
+            head = f"  {at}  {event['step']:<11} "
+            for line in textwrap.wrap(event["note"], 80, initial_indent=head, subsequent_indent=" " * len(head)):
+                out.line(line)
         return EXIT_OK
     changes = client.mig_changes(all=show_all)
     if out.json_mode:
         out.json(changes)
         return EXIT_OK
     if not changes:
-        out.note("no MIG change under way" + ("" if show_all else " (--all also lists those that ended)"))
+        out.note("no MIG change yet" if show_all else "no MIG change under way (--all also lists those that ended)")
         return EXIT_OK
     for change in changes:
         _print_change(out, change)
         if change["events"]:
             last = change["events"][-1]
-            out.line(f"  last: {last['step']}: {last['note']}")
+            for line in textwrap.wrap(
+                f"last: {last['step']}: {last['note']}", 78, initial_indent="  ", subsequent_indent="    "
+            ):
+                out.line(line)
     return EXIT_OK
 
 
@@ -1035,7 +1043,14 @@ def _print_change(out: Output, change: dict[str, Any]) -> None:
     layouts = f"{', '.join(change['from']) or 'no instance'} -> {', '.join(change['to'])}"
     back = " (rolling back)" if change["rolling_back"] and not change["ended_at"] else ""
     out.line(f"change {change['id']}  {change['cluster']}/{change['node']} GPU {change['gpu']}  {change['step']}{back}")
-    out.line(f"  {layouts}")
+    for line in textwrap.wrap(layouts, 78, initial_indent="  ", subsequent_indent="    "):
+        out.line(line)
+    if change["deadline"] and not change["ended_at"]:
+        at = console.local_time(datetime.fromisoformat(change["deadline"]))
+        then = "cancelled, nothing changed" if change["step"] == "emptying" else "rolls back"
+        if change["rolling_back"]:
+            then = "fails, its node stays fenced"
+        out.line(f"  this step runs out at {at}: then the change {then}")
 
 
 def agent(

@@ -174,13 +174,17 @@ def db_current(settings: Settings, json_mode: bool) -> int:
 @click.option(
     "--allow-mig-changes",
     is_flag=True,
-    help="Make the MIG layouts the broker asks for (gpush mig apply): destroy and create instances, never busy ones.",
+    help="Make the MIG layouts the broker asks for (gpush mig apply): destroy and create instances, never busy "
+    "ones. Needs the node's real GPUs (not --recording).",
 )
 @click.pass_obj
 def agent(
     settings: Settings, node: str | None, interval: float, once: bool, recording: str | None, allow_mig_changes: bool
 ) -> int:
-    """Report this node's GPUs (NVML) to the broker every --interval seconds, with an agent token."""
+    """Report this node's GPUs (NVML) to the broker every --interval seconds, with an agent token.
+
+    An admin makes the token: `gpush admin token create --role agent --user <node>
+    --tenant agents --nodes <node>`; give it as GPUSH_TOKEN, and the broker as GPUSH_URL."""
     return commands.agent(
         settings,
         output(),

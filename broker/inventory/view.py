@@ -437,6 +437,17 @@ class Inventory:
     unscheduled: list[NodeView]  # nodes an agent reports that no cluster lists
     findings: list[Finding]
 
+    def add(self, findings: Iterable[Finding]) -> None:
+        """Findings from beyond the reconciliation (a MIG change that failed): listed among
+        the others, worst first, and counted on their node."""
+        nodes = {(c.name, n.name): n for c in self.clusters for n in c.nodes}
+        for finding in findings:
+            self.findings.append(finding)
+            node = nodes.get((finding.cluster, finding.node))
+            if node is not None:
+                node.findings[finding.severity] = node.findings.get(finding.severity, 0) + 1
+        self.findings.sort(key=lambda f: f.sort_key())
+
     def units(self, cluster: str) -> list[CapacityUnit]:
         """Cluster ``cluster``'s units as the scheduler should see them (broken ones marked)."""
         for view in self.clusters:

@@ -34,7 +34,7 @@ a priority-scaled weight favours urgent jobs. The plan reports GPU-equivalents a
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.core.gpus import GpuModel, model_of_nvml_product
@@ -192,6 +192,30 @@ def gpu_from_report(node: str, gpu: GpuReport, model: GpuModel | None = None) ->
         for i in sorted(gpu.mig_instances, key=lambda i: i.placement_start)
     )
     return MigGpu(node, gpu.index, model, bool(gpu.mig_mode_current), slots, busy=loose)
+
+
+def mark_held(gpus: Iterable[MigGpu], held: Mapping[tuple[str, str], int]) -> list[MigGpu]:
+    """``gpus`` with the instances jobs hold marked busy: ``held`` counts, per (node,
+    profile), the instances the scheduler's placed jobs hold there (clusters count them per
+    node, not per GPU, so the first such instances of the node are marked, after those a
+    process already marks)."""
+    gpus = list(gpus)
+    left = dict(held)
+    for gpu in gpus:
+        for slot in gpu.instances:
+            if slot.busy and left.get((gpu.node, slot.profile), 0) > 0:
+                left[(gpu.node, slot.profile)] -= 1
+    out = []
+    for gpu in gpus:
+        slots = []
+        for slot in gpu.instances:
+            key = (gpu.node, slot.profile)
+            if not slot.busy and left.get(key, 0) > 0:
+                left[key] -= 1
+                slot = MigSlot(slot.profile, slot.start, busy=True)
+            slots.append(slot)
+        out.append(MigGpu(gpu.node, gpu.index, gpu.model, gpu.mig_enabled, tuple(slots), gpu.busy))
+    return out
 
 
 def gpus_from_reports(reports: Iterable[NodeReport]) -> list[MigGpu]:

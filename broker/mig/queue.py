@@ -33,7 +33,7 @@ from broker.inventory.agent_report import NodeReport
 from broker.inventory.view import Inventory
 from broker.mig.config import render_mig_parted, render_planned_gres, render_summary
 from broker.mig.matching import SliceDemand
-from broker.mig.plan import MigPlan, gpus_from_reports, plan_mig
+from broker.mig.plan import MigPlan, gpus_from_reports, mark_held, plan_mig
 from broker.routing import versions as policystore
 from broker.routing.policy import evaluate
 
@@ -87,6 +87,23 @@ def mig_demand(session: Session, cluster: str | None = None, *, limit: int = 100
             for _ in range(spec.gpus * max(replicas, 1))
         ]
     return demand
+
+
+def held_instances(session: Session, nodes: list[str]) -> dict[tuple[str, str], int]:
+    """MIG instances the scheduler's placed jobs hold on ``nodes``, per (node, profile): an
+    agent sees only processes, and a job between its start and its first CUDA call has none."""
+    held: dict[tuple[str, str], int] = {}
+    if not nodes:
+        return held
+    wanted = set(nodes)
+    # Running jobs only: those placed and not started yet count as waiting demand (mig_demand).
+    rows = session.execute(select(Job.placement).where(Job.state == S.RUNNING.value))
+    for (placement,) in rows:
+        if not placement or placement.get("node") not in wanted or not placement.get("mig_profile"):
+            continue
+        key = (placement["node"], placement["mig_profile"])
+        held[key] = held.get(key, 0) + int(placement.get("units") or 1) * int(placement.get("replicas") or 1)
+    return held
 
 
 @dataclass(frozen=True)
@@ -146,7 +163,7 @@ def plan_for(
     else:
         listed = sorted(reports)
     nodes = [n for n in listed if n in reports]
-    gpus = gpus_from_reports(reports[n] for n in nodes)
+    gpus = mark_held(gpus_from_reports(reports[n] for n in nodes), held_instances(session, nodes))
     demand = mig_demand(session, cluster.name if cluster is not None else None)
     plan = plan_mig(gpus, demand, repartition_busy=repartition_busy, enable_mig=enable_mig)
     return PlanResult(plan, nodes, [n for n in listed if n not in reports])

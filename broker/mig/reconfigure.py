@@ -54,6 +54,7 @@ from sqlalchemy.orm import Session
 from broker.core.adapter import AdapterError, ClusterAdapter, MigPublisher, NodeFencer, capability
 from broker.core.clock import Clock
 from broker.core.clusters import AdapterPool, ClusterInfo
+from broker.core.errors import InvalidRequest
 from broker.core.models import Job, MigChange, MigChangeEvent
 from broker.core.models import NodeReport as NodeReportRow
 from broker.core.models import Preemption as PreemptionRow
@@ -133,10 +134,19 @@ def request_changes(
     ``planned`` unless ``dry_run``; GPUs that cannot be changed say why (an open change,
     MIG mode to switch on, a cluster that cannot take a new layout, no way to change it,
     a change that ended after ``not_since``)."""
-    busy = {(c.node, c.gpu) for c in open_changes(session)}
+    busy = {
+        (c.node, c.gpu): f"change {c.id} of this GPU is under way (gpush mig changes {c.id})"
+        for c in open_changes(session)
+    }
+    for c in session.scalars(select(MigChange).where(MigChange.step == "failed")):
+        busy[(c.node, c.gpu)] = (
+            f"change {c.id} of this GPU failed and holds its node: look at the GPU (gpush mig changes {c.id}), "
+            f"then gpush mig changes {c.id} --clear"
+        )
     if not_since is not None:
         recent = session.execute(select(MigChange.node, MigChange.gpu).where(MigChange.ended_at >= not_since))
-        busy |= {(n, g) for n, g in recent}
+        for n, g in recent:
+            busy.setdefault((n, g), "this GPU changed less than the policy's mig.min_interval ago")
     out: list[Requested] = []
     for gpu in plan.changed:
         if node is not None and gpu.node != node:
@@ -183,11 +193,11 @@ def _refusal(
     cluster: str | None,
     adapter_of: Callable[[str], ClusterAdapter],
     reports: Mapping[str, NodeReport],
-    busy: set[tuple[str, int]],
+    busy: Mapping[tuple[str, int], str],
 ) -> tuple[str | None, str]:
     """Why the GPU cannot be changed (None: it can), and who would change it."""
     if (node, index) in busy:
-        return "a change of this GPU is under way or just ended (gpush mig changes --all)", "agent"
+        return busy[(node, index)], "agent"
     if action == "enable-mig":
         return (
             "MIG mode is off: switching it on resets the GPU, which gpush leaves to an administrator "
@@ -213,6 +223,36 @@ def _refusal(
 
 
 # -- the changes in flight ----------------------------------------------------------------
+
+
+def clear_change(
+    session: Session, change: MigChange, adapter_of: Callable[[str], ClusterAdapter], *, by: str, now: datetime
+) -> None:
+    """An admin's word that a ``failed`` change's GPU is fine again: the change ends
+    ``cleared`` and its node takes work again (unfenced where gpush fenced it)."""
+    if change.step != "failed":
+        raise InvalidRequest(
+            f"MIG change {change.id} is {change.step}: only a failed change is cleared "
+            "(one under way ends by itself, rolling back if it must)"
+        )
+    others = session.scalar(
+        select(func.count()).where(
+            MigChange.node == change.node,
+            MigChange.id != change.id,
+            (MigChange.ended_at.is_(None) & (MigChange.step != "planned")) | (MigChange.step == "failed"),
+        )
+    )
+    if not others:
+        try:
+            fencer = capability(adapter_of(change.cluster), NodeFencer)
+        except AdapterError as exc:
+            raise InvalidRequest(
+                f"cluster {change.cluster} cannot be reached to unfence {change.node}: {exc}"
+            ) from None
+        if fencer is not None:
+            fencer.unfence(change.node)
+    change.step, change.step_at = "cleared", now
+    _event(session, change, now, f"cleared by {by}: {change.node} takes work again")
 
 
 def open_changes(session: Session) -> list[MigChange]:
@@ -245,10 +285,13 @@ def events_of(session: Session, change_ids: Sequence[int]) -> dict[int, list[Mig
 
 
 def change_findings(session: Session, now: datetime, within: timedelta = timedelta(days=1)) -> list[Finding]:
-    """Changes that ended badly lately: ``failed`` (critical: the node stays fenced) and
-    ``rolled-back`` (a warning: the GPU has its old layout)."""
+    """Changes that ended badly: ``failed`` (critical, until an admin clears it: the node
+    stays fenced) and, in the last ``within``, ``rolled-back`` (a warning: the GPU has its
+    old layout)."""
     rows = session.execute(
-        select(MigChange).where(MigChange.step.in_(("failed", "rolled-back")), MigChange.ended_at >= now - within)
+        select(MigChange).where(
+            (MigChange.step == "failed") | ((MigChange.step == "rolled-back") & (MigChange.ended_at >= now - within))
+        )
     ).scalars()
     findings = []
     for c in rows:
@@ -266,7 +309,12 @@ def change_findings(session: Session, now: datetime, within: timedelta = timedel
                     if failed
                     else "the GPU has its old layout; the waiting work the change was for still waits"
                 ),
-                fix=f"gpush mig changes {c.id} says which step ran out of time and why",
+                fix=(
+                    f"gpush mig changes {c.id} says which step ran out of time and why; once the GPU "
+                    f"and {c.cluster} agree again (gpush inventory drift), gpush mig changes {c.id} --clear"
+                    if failed
+                    else f"gpush mig changes {c.id} says which step ran out of time and why"
+                ),
             )
         )
     return findings
@@ -442,7 +490,12 @@ class Reconfigurations:
             busy_slots = []
         busy_destroyed = [s for s in busy_slots if s in destroyed]
         if not holders and not busy_destroyed:
-            return self._move(session, change, "changing", now, "empty: no work on the instances that change")
+            nxt = (
+                f"next, the agent of {change.node} re-cuts GPU {change.gpu} (it must run with --allow-mig-changes)"
+                if change.changed_by == "agent"
+                else f"next, {change.cluster} re-cuts GPU {change.gpu} itself"
+            )
+            return self._move(session, change, "changing", now, f"empty: no work on the instances that change; {nxt}")
         if late:
             what = ", ".join([f"job {i}" for i in holders] + [f"a process on {s}" for s in busy_destroyed])
             return self._end(
@@ -626,7 +679,10 @@ def _which(change: MigChange) -> str:
 
 
 def _span(delta: timedelta) -> str:
-    minutes = int(delta.total_seconds() // 60)
+    seconds = int(delta.total_seconds())
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 

@@ -642,4 +642,28 @@ def _validate(policy: Policy, clusters: Mapping[str, ClusterView]) -> Validation
             "no rule matches every job, so a job that matches none is held until the policy changes; "
             "end the policy with a catch-all rule (match: {}) that routes to whole GPUs",
         )
+    _check_sections(out, policy, clusters)
     return ValidationReport(out.errors, out.warnings, policy.source, len(policy.rules))
+
+
+def _check_sections(out: _Findings, policy: Policy, clusters: Mapping[str, ClusterView]) -> None:
+    """The ``mig`` section's clusters and the ``lending`` pools' must be registered."""
+    known = ", ".join(sorted(clusters)) or "none yet"
+    if policy.mig is not None:
+        for n, name in enumerate(policy.mig.clusters):
+            if name not in clusters:
+                out.add(
+                    "error",
+                    None,
+                    ("mig", "clusters", n),
+                    f"mig.clusters names {name!r}, which is not registered (registered: {known})",
+                )
+    for p, pool in enumerate(policy.lending):
+        for n, name in enumerate(pool.clusters):
+            if name not in clusters:
+                out.add(
+                    "error",
+                    None,
+                    ("lending", p, "clusters", n),
+                    f"lending pool {p + 1} names cluster {name!r}, which is not registered (registered: {known})",
+                )

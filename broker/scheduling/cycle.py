@@ -561,14 +561,19 @@ class _Booked:
 def fence(
     inventory: dict[str, list[CapacityUnit]], fenced: Mapping[tuple[str, str], str]
 ) -> dict[str, list[CapacityUnit]]:
-    """``inventory`` with the units of fenced nodes (a MIG change under way) marked unavailable."""
+    """``inventory`` with the units of fenced nodes (a MIG change under way) all taken, with
+    why, as a cluster reports a drained or cordoned node: jobs wait for other units."""
     if not fenced:
         return inventory
     return {
         name: [
             unit
-            if unit.broken or (name, unit.node) not in fenced
-            else dataclasses.replace(unit, broken=fenced[(name, unit.node)])
+            if (name, unit.node) not in fenced
+            else dataclasses.replace(
+                unit,
+                allocated=unit.capacity,
+                labels={**unit.labels, "unavailable": f"fenced for {fenced[(name, unit.node)]}"},
+            )
             for unit in units
         ]
         for name, units in inventory.items()

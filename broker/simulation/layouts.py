@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +35,7 @@ from broker.core.adapter import Rejected, Sharing
 from broker.core.gpus import GpuModel
 from broker.mig.layouts import MigSlot
 from broker.mig.matching import SliceDemand
-from broker.mig.plan import MigGpu, plan_mig
+from broker.mig.plan import MigGpu, mark_held, plan_mig
 from broker.placement.lending import LendableNode, LendingTerms, called_off, need, plan_moves
 from broker.routing.policy import Policy
 from broker.simulation.fleet import Fleet
@@ -71,6 +71,7 @@ class LayoutRun:
     fenced_gpu_hours: float = 0.0  # re-cuts' fences and moves' drains
     idle_at_peaks: float | None = None
     moved: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, node, from, to)
+    lendable: int = 0  # nodes two clusters list
 
     def summary(self) -> dict[str, Any]:
         s = self.result.summary()
@@ -203,25 +204,26 @@ class _LayoutReplay(_FleetReplay):
                 self.acted = True
 
     def _mig_gpus(self, cluster: str) -> list[MigGpu]:
-        """The cluster's MIG GPUs it offers now (not fenced), busy instances marked (the
-        simulator counts what jobs hold per node and profile: the first such instances)."""
+        """The cluster's MIG GPUs it offers now (not fenced), the instances its jobs hold
+        marked busy (the simulator counts them per node and profile, as the broker does)."""
         sim = self.sims[cluster]
-        out = []
+        gpus, held = [], {}
         for node in sim.layout.nodes:
             if self.fences.get((cluster, node.name)):
                 continue
-            in_use = Counter(sim.mig_in_use(node.name))
-            for gpu in node.gpus:
-                if gpu.mode != "mig":
-                    continue
-                slots = []
-                for text in sim.mig_published(node.name, gpu.index):
-                    slot = MigSlot.parse(text)
-                    busy = in_use[slot.profile] > 0
-                    in_use[slot.profile] -= busy
-                    slots.append(MigSlot(slot.profile, slot.start, busy=busy))
-                out.append(MigGpu(node.name, gpu.index, gpu.model, True, tuple(slots)))
-        return out
+            held |= {(node.name, profile): count for profile, count in sim.mig_in_use(node.name).items()}
+            gpus += [
+                MigGpu(
+                    node.name,
+                    gpu.index,
+                    gpu.model,
+                    True,
+                    tuple(map(MigSlot.parse, sim.mig_published(node.name, gpu.index))),
+                )
+                for gpu in node.gpus
+                if gpu.mode == "mig"
+            ]
+        return mark_held(gpus, held)
 
     def _slice_demand(self, cluster: str) -> list[SliceDemand]:
         """One demand per slice the waiting jobs routed to MIG on ``cluster`` want (as
@@ -371,6 +373,7 @@ def replay_layouts(
                 loop.run_stats["moves"],
                 loop.run_stats["fenced_gpu_seconds"] / 3600,
                 moved=loop.moved,
+                lendable=len(loop.lendable),
             )
         )
     hours = peak_hours(runs[0].result)
@@ -436,7 +439,7 @@ def table(runs: Sequence[LayoutRun]) -> list[str]:
     from broker.simulation.report import _duration_text, _percent
 
     summaries = [r.summary() for r in runs]
-    widths = [max(len(s["label"]), 11) + 1 for s in summaries]
+    widths = [max(len(s["label"]), 11) + 2 for s in summaries]
 
     def row(name: str, cells: list[str]) -> str:
         return f"{name:<28}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths, strict=True))
@@ -481,11 +484,28 @@ def verdict(runs: Sequence[LayoutRun]) -> str:
         if kind != "all" and kind in static["waits"] and (w["p95"] or 0) > (static["waits"][kind]["p95"] or 0)
     ]
     met = less >= IDLE_TARGET and not worse
+    how = f"{abs(100 * less):.1f} points {'less' if less >= 0 else 'more'}"
     return (
-        f"{best['label']}: {100 * less:.1f} points less of the fleet idle at the peak hours than the static split "
-        f"(target {100 * IDLE_TARGET:.0f}); p95 waits "
-        + (f"worse for {', '.join(worse)}" if worse else "no worse for any kind")
-        + (": target met" if met else ": target NOT met")
+        f"{best['label']}: {_pct(best['idle_at_peaks'])} of the fleet idle at the peak hours against "
+        f"{_pct(static['idle_at_peaks'])} with static layouts ({how}); p95 waits "
+        + (f"longer for {', '.join(worse)}" if worse else "no longer for any kind of work")
+        + f". gpush's aim for it: at least {100 * IDLE_TARGET:.0f} points less, no p95 wait longer: "
+        + ("met." if met else "not met.")
+    )
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def no_lending_note(runs: Sequence[LayoutRun]) -> str | None:
+    """What to say when the fleet has no node both clusters list (so nothing can be lent)."""
+    lending = next((r for r in runs if r.mode == "lending"), None)
+    if lending is None or lending.lendable:
+        return None
+    return (
+        "no node is listed by two clusters of the fleet, so nothing can be lent: the lending run is dynamic MIG "
+        "alone (list a node under both clusters, as examples/fleet-lending.yaml does with lend-01 and lend-02)"
     )
 
 
@@ -521,6 +541,7 @@ def write_report(out: Any, runs: Sequence[LayoutRun], inputs: Mapping[str, Any])
         "",
         verdict(runs),
         "",
+        *([f"Note: {note}.", ""] if (note := no_lending_note(runs)) else []),
         "GPU held is a mean over the run, so a run that finishes the same work sooner holds more. The fleet idle "
         "at the peak hours counts every GPU no job holds in those hours. MIG layouts alone re-cut a tier's own "
         "GPUs for its queue; they cannot give one tier's waiting work the other tier's idle nodes, which lending "

@@ -401,3 +401,16 @@ def test_summary_reads_today_against_the_plan():
     assert lines[2] == "drain first: mig01"
     assert sum(line.startswith("not placed: job 3g.20gb-") for line in lines) == 2
     assert layout_text(A100, (), False) == "whole GPU (MIG off)"
+
+
+def test_instances_the_schedulers_jobs_hold_are_busy_though_no_process_shows():
+    from broker.mig.plan import MigGpu, mark_held
+
+    model = gpu_model("A100-SXM4-40GB")
+    three = (MigSlot("3g.20gb", 0), MigSlot("3g.20gb", 4))
+    gpus = [
+        MigGpu("mig-01", 0, model, True, three),
+        MigGpu("mig-01", 1, model, True, (MigSlot("3g.20gb", 0, busy=True),)),
+    ]
+    marked = mark_held(gpus, {("mig-01", "3g.20gb"): 2})  # one already shows a process: one more is marked
+    assert [[s.busy for s in g.instances] for g in marked] == [[True, False], [True]]

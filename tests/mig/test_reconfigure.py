@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from broker.core.adapter import MigPublisher, NodeFencer, Rejected
+from broker.core.errors import InvalidRequest
 from broker.core.gpus import gpu_model
 from broker.core.models import Job, MigChange
 from broker.inventory.report_store import save_report
@@ -18,6 +19,7 @@ from broker.mig.reconfigure import (
     Reconfigurations,
     StepLimits,
     change_findings,
+    clear_change,
     events_of,
     request_changes,
     wanted_by_agent,
@@ -240,9 +242,20 @@ def test_a_rollback_that_runs_out_too_fails_and_keeps_the_node_fenced(sessions, 
     assert failed.step == "failed"
     assert "stays fenced" in _last_note(sessions)
     assert tier.fences and machine.fenced() == {("slurm-a", "mig-01"): "MIG change 1 of GPU 0 (failed)"}
+    clock.advance(3 * 86400)  # days later it still holds its node, and says so
     with sessions() as session:
         (finding,) = change_findings(session, clock())
-    assert finding.severity == "critical" and "gpush mig changes 1" in finding.fix
+    assert finding.severity == "critical" and "gpush mig changes 1 --clear" in finding.fix
+    (again,) = ask(sessions, clock, tier, gpus)
+    assert "change 1 of this GPU failed and holds its node" in again.refused
+    with sessions() as session, session.begin():
+        clear_change(session, session.get(MigChange, 1), lambda name: tier, by="root", now=clock())
+    assert tier.fences == {} and machine.fenced() == {}
+    assert change(sessions).step == "cleared" and _last_note(sessions) == "cleared by root: mig-01 takes work again"
+    with sessions() as session:
+        assert change_findings(session, clock()) == []
+        with pytest.raises(InvalidRequest, match="only a failed change is cleared"):
+            clear_change(session, session.get(MigChange, 1), lambda name: tier, by="root", now=clock())
 
 
 def test_a_broker_that_restarts_mid_change_resumes_from_the_step_it_reached(sessions, clock, tier, gpus):

@@ -738,3 +738,28 @@ def test_json_schema_describes_the_fields_for_editors() -> None:
     assert route["partition"]["description"]
     assert schema["$defs"]["Match"]["properties"]["gpu_memory_gb"]["description"]
     json.dumps(schema)
+
+
+def test_the_mig_and_lending_sections_name_registered_clusters_and_say_how_to_write_them() -> None:
+    text = (POLICIES / "default.yaml").read_text() + textwrap.dedent(
+        """
+        mig: {automatic: true, every: 10m, clusters: [slurm-a, nosuch], quiet_hours: ["22:00-06:00"]}
+        lending:
+          - {nodes: [lend-*], clusters: [slurm-a, elsewhere], hold: 30m, minimum: {slurm-a: 1}}
+        """
+    )
+    loaded = load_policy(text, "p.yaml")
+    assert (loaded.mig.every, loaded.lending[0].hold, loaded.lending[0].holds("lend-07")) == (600, 1800, True)
+    report = validate(loaded, fleet("slurm", "k8s"))
+    assert "mig.clusters names 'nosuch', which is not registered" in messages(report.errors)
+    assert "lending pool 1 names cluster 'elsewhere', which is not registered" in messages(report.errors)
+    bad = refused(
+        """
+        rules: [{name: all, match: {}, route: {cluster: slurm-a, sharing: slurm/exclusive}}]
+        mig: {every: ten, quiet_hours: ["25:00-01:00"]}
+        lending: [{nodes: [x], clusters: [a, a]}]
+        """
+    )
+    assert "'ten' is not a duration" in str(bad)
+    assert 'is not a window: write "HH:MM-HH:MM" in UTC' in str(bad)
+    assert "joins two clusters, not a with itself" in str(bad)

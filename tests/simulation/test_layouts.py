@@ -96,7 +96,7 @@ def test_the_report_compares_the_runs_within_80_columns(runs, tmp_path: Path):
     assert all(len(line) <= 80 for line in layouts.table(runs))
     results = json.loads((tmp_path / "results.json").read_text())
     assert [r["mode"] for r in results["runs"]] == ["static", "dynamic", "lending"]
-    assert "points less of the fleet idle at the peak hours" in (tmp_path / "report.md").read_text()
+    assert "of the fleet idle at the peak hours against" in (tmp_path / "report.md").read_text()
 
 
 def test_an_unknown_mode_is_refused():
