@@ -15,7 +15,7 @@ from broker.api.responses import AUTH, BODY, JSONBytes, errors
 from broker.core import clusters
 from broker.core.clusters import AdapterPool
 from broker.core.errors import InvalidRequest, NotFound
-from broker.core.models import Cluster, MigChange, MigChangeEvent
+from broker.core.models import Cluster, MigChange, MigChangeEvent, NodeMove, NodeMoveEvent
 from broker.inventory import occupancy as holders
 from broker.inventory import report_store as nodereports
 from broker.inventory.view import Inventory
@@ -228,3 +228,37 @@ def _change(c: MigChange, events: list[MigChangeEvent]) -> dict[str, Any]:
         "ended_at": c.ended_at,
         "events": [{"at": e.at, "step": e.step, "note": e.note} for e in events],
     }
+
+
+@router.get("/v1/lending/moves")
+def lending_moves(
+    session: Db, _who: Admin, all: bool = False, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+) -> list[dict[str, Any]]:
+    """Nodes lent between clusters (the policy's lending pools), newest first: the moves under
+    way (``all``: those that ended too), each with its steps."""
+    with session.begin():
+        query = select(NodeMove).order_by(NodeMove.id.desc()).limit(limit)
+        if not all:
+            query = query.where(NodeMove.ended_at.is_(None))
+        moves = list(session.execute(query).scalars())
+        events: dict[int, list[NodeMoveEvent]] = {m.id: [] for m in moves}
+        if moves:
+            rows = session.execute(
+                select(NodeMoveEvent).where(NodeMoveEvent.move_id.in_(list(events))).order_by(NodeMoveEvent.id)
+            ).scalars()
+            for event in rows:
+                events[event.move_id].append(event)
+        return [
+            {
+                "id": m.id,
+                "node": m.node,
+                "source": m.source,
+                "target": m.target,
+                "step": m.step,
+                "reason": m.reason,
+                "created_at": m.created_at,
+                "ended_at": m.ended_at,
+                "events": [{"at": e.at, "step": e.step, "note": e.note} for e in events[m.id]],
+            }
+            for m in moves
+        ]

@@ -289,5 +289,24 @@ def mig_changes(settings: Settings, change_id: int | None, show_all: bool, clear
     )
 
 
+@click.group(context_settings=CONTEXT)
+def lending() -> None:
+    """Nodes two clusters share, lent as their queues call for it (the policy's lending pools)."""
+
+
+@lending.command("moves", context_settings=CONTEXT)
+@click.option("--all", "show_all", is_flag=True, help="Also the moves that ended.")
+@json_option
+@click.pass_obj
+def lending_moves(settings: Settings, show_all: bool, json_mode: bool) -> int:
+    """The nodes moving between clusters now (--all: every move), each with its steps.
+
+    \b
+    Steps: draining (fenced where it was, its jobs there run to their end), joining
+    (unfenced on the other side); then done, or called-off (the reason to move went
+    away while it drained: it stays where it was). Admins only."""
+    return commands.lending_moves(settings.client(), output(json_mode), show_all=show_all)
+
+
 # Registered on the root group by broker.cli.main.
-COMMANDS = (cluster, k8s, inventory, slurm, mig)
+COMMANDS = (cluster, k8s, inventory, slurm, mig, lending)

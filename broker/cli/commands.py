@@ -1039,6 +1039,27 @@ def mig_changes(client: GpushClient, out: Output, *, change_id: int | None, show
     return EXIT_OK
 
 
+def lending_moves(client: GpushClient, out: Output, *, show_all: bool) -> int:
+    """The node moves under way (or all), each with its steps."""
+    moves = client.lending_moves(all=show_all)
+    if out.json_mode:
+        out.json(moves)
+        return EXIT_OK
+    if not moves:
+        out.note("no node moved yet" if show_all else "no node is moving (--all also lists the moves that ended)")
+        return EXIT_OK
+    for move in moves:
+        out.line(f"move {move['id']}  {move['node']}: {move['source']} -> {move['target']}  {move['step']}")
+        for line in textwrap.wrap(move["reason"], 78, initial_indent="  ", subsequent_indent="    "):
+            out.line(line)
+        for event in move["events"]:
+            at = console.local_time(datetime.fromisoformat(event["at"]))
+            head = f"  {at}  {event['step']:<10} "
+            for line in textwrap.wrap(event["note"], 80, initial_indent=head, subsequent_indent=" " * len(head)):
+                out.line(line)
+    return EXIT_OK
+
+
 def _print_change(out: Output, change: dict[str, Any]) -> None:
     layouts = f"{', '.join(change['from']) or 'no instance'} -> {', '.join(change['to'])}"
     back = " (rolling back)" if change["rolling_back"] and not change["ended_at"] else ""

@@ -307,6 +307,9 @@ class GpushClient:
     def mig_change(self, change_id: int) -> dict[str, Any]:
         return self._request("GET", f"/v1/mig/changes/{change_id}")
 
+    def lending_moves(self, *, all: bool = False) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/lending/moves", params=_params(all=all or None))
+
     def mig_clear(self, change_id: int) -> dict[str, Any]:
         return self._request("POST", f"/v1/mig/changes/{change_id}:clear")
 

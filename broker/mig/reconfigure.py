@@ -57,8 +57,6 @@ from broker.core.clusters import AdapterPool, ClusterInfo
 from broker.core.errors import InvalidRequest
 from broker.core.models import Job, MigChange, MigChangeEvent
 from broker.core.models import NodeReport as NodeReportRow
-from broker.core.models import Preemption as PreemptionRow
-from broker.core.schemas import JobSpec
 from broker.core.states import JobState
 from broker.inventory.agent_report import GpuReport, NodeReport
 from broker.inventory.report_store import load_reports, reconciled
@@ -66,9 +64,8 @@ from broker.inventory.view import CRITICAL, WARNING, Finding
 from broker.mig.layouts import MigSlot
 from broker.mig.plan import MigPlan
 from broker.mig.queue import plan_for
-from broker.routing.evaluation import preemptible
 from broker.routing.rules import MigLayouts, Policy
-from broker.scheduling.preemption import how_told, preemption_event
+from broker.scheduling.preemption import preempt_for_fleet
 
 STEPS = ("planned", "draining", "emptying", "changing", "publishing", "confirming", "admitting")
 ENDINGS = ("done", "rolled-back", "cancelled", "failed")
@@ -509,42 +506,16 @@ class Reconfigurations:
         return None
 
     def _preempt(self, session: Session, change: MigChange, holding: list[Job], now: datetime) -> None:
-        """Preempt the preemptible jobs that hold an instance the change destroys, as the
-        scheduler preempts for a waiting job (broker.scheduling.preemption tells them,
-        stops them after their grace, and the status sync queues them again); the others
-        are waited for."""
-        asked = set(
-            session.execute(
-                select(PreemptionRow.victim_id).where(
-                    PreemptionRow.victim_id.in_([job.id for job in holding]), PreemptionRow.ended_at.is_(None)
-                )
-            ).scalars()
+        """Preempt the preemptible jobs that hold an instance the change destroys
+        (broker.scheduling.preemption tells them, stops them after their grace, and the
+        status sync queues them again); the others are waited for."""
+        why = f"preempted for MIG change {change.id} of {change.node} GPU {change.gpu}"
+        asked = preempt_for_fleet(
+            session, self.policy, holding, why=why, kind="mig-change", now=now, mig_change_id=change.id
         )
-        for job in holding:
-            if job.id in asked or job.state != JobState.RUNNING.value:
-                continue
-            spec = JobSpec.model_validate(job.spec)
-            if not preemptible(self.policy, spec, job.tenant):
-                continue
-            signal, grace = how_told(spec, self.policy)
-            why = f"preempted for MIG change {change.id} of {change.node} GPU {change.gpu}"
-            session.add(
-                PreemptionRow(
-                    victim_id=job.id,
-                    preemptor_id=None,
-                    mig_change_id=change.id,
-                    why="mig-change",
-                    reason=why,
-                    signal=signal,
-                    grace_seconds=grace,
-                    gpu_equivalents=job.gpu_equivalents or 0.0,
-                    placement=job.placement,
-                    requested_at=now,
-                )
-            )
-            session.add(preemption_event(job.id, JobState.RUNNING, f"{why}: to be told with {signal}", now))
+        for job_id, signal, grace in asked:
             told = f"to be told with {signal}, {grace} s of grace"
-            _event(session, change, now, f"preempting job {job.id} (preemptible): {told}")
+            _event(session, change, now, f"preempting job {job_id} (preemptible): {told}")
 
     def _changing(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
         if change.changed_by == "cluster":

@@ -19,9 +19,10 @@ inventory deals the node's GPUs to the offering side only. Once a cycle,
    (:func:`broker.placement.lending.plan_moves`: the replay's rule, with the pool's
    hysteresis, minimums and maximums).
 
-Left for later (said in the README): preempting preemptible work on a draining node, and
-changing the node's sharing mode on the way (each side offers the node as its own
-configuration says: a MIG layout on Slurm, time-slicing on Kubernetes).
+A draining node's preemptible jobs (the policy's ``preemption`` section) are preempted for
+the move, as for a waiting job; the others run to their end. Left for later: changing the
+node's sharing mode on the way (each side offers the node as its own configuration says:
+a MIG layout on Slurm, time-slicing on Kubernetes).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from broker.core.models import Job, NodeMove, NodeMoveEvent
 from broker.core.states import JobState
 from broker.placement.lending import LendableNode, LendingTerms, called_off, need, plan_moves
 from broker.routing.rules import LendingPool, Policy
+from broker.scheduling.preemption import preempt_for_fleet
 
 log = logging.getLogger("gpush.lending")
 _HOLDING = (JobState.SUBMITTED.value, JobState.RUNNING.value)
@@ -54,11 +56,13 @@ class NodeLending:
         self.sessions = sessions
         self.clock = clock
         self.adapter_of = adapter_of
+        self.policy: Policy | None = None  # the cycle's: which jobs a draining node may preempt
 
     def step(self, policy: Policy | None, waiting: Sequence[tuple[object, Sequence]] = ()) -> list[str]:
         """One cycle's lending: settle, carry on, plan (module docstring). ``waiting``: the
         jobs this cycle left waiting for capacity, each ``(candidate with .spec, routes)``."""
         said: list[str] = []
+        self.policy = policy
         for pool in policy.lending if policy is not None else ():
             try:
                 said += self._pool(pool, waiting)
@@ -156,7 +160,7 @@ class NodeLending:
                 )
                 return [f"{move.node}: move to {move.target} called off"]
             if node.busy > 0:
-                return []
+                return self._preempt(session, move, now)
             fencers[move.target].unfence(move.node)
             move.step, move.step_at = "joining", now
             _event(session, move, now, "joining", f"empty on {move.source}: unfenced on {move.target}")
@@ -166,6 +170,24 @@ class NodeLending:
                 _end(session, move, now, "done", f"offered by {move.target} only")
                 return [f"{move.node}: now offered by {move.target}"]
         return []
+
+    def _preempt(self, session: Session, move: NodeMove, now: datetime) -> list[str]:
+        """Preempt the preemptible jobs gpush runs on a draining node (the policy's
+        preemption section says which may be); the others run to their end."""
+        if self.policy is None:
+            return []
+        jobs = [
+            job
+            for job in session.scalars(select(Job).where(Job.cluster == move.source, Job.state.in_(_HOLDING)))
+            if (job.placement or {}).get("node") == move.node
+        ]
+        why = f"preempted: {move.node} is lent from {move.source} to {move.target}"
+        said = []
+        for job_id, signal, grace in preempt_for_fleet(session, self.policy, jobs, why=why, kind="lending", now=now):
+            told = f"{signal}, {grace} s of grace"
+            _event(session, move, now, "draining", f"preempting job {job_id} (preemptible): {told}")
+            said.append(f"{move.node}: job {job_id} preempted for the move")
+        return said
 
     @staticmethod
     def _held(session: Session, clusters: Iterable[str]) -> dict[tuple[str, str], float]:

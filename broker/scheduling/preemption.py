@@ -313,3 +313,53 @@ def preemption_event(job_id: int, state: JobState, reason: str, now: datetime) -
     return JobEvent(
         job_id=job_id, at=now, type=EVENT, from_state=state.value, to_state=state.value, reason=reason, actor=ACTOR
     )
+
+
+def preempt_for_fleet(
+    session,
+    policy,
+    jobs: Sequence[Job],
+    *,
+    why: str,
+    kind: str,
+    now: datetime,
+    mig_change_id: int | None = None,
+) -> list[tuple[int, str, int]]:
+    """Preempt the running, preemptible ``jobs`` for a change of the fleet rather than for a
+    waiting job (a MIG layout change, a node lent to another cluster): a preemption row
+    each (``kind``: ``mig-change`` or ``lending``; ``why`` its reason), which step 3 of the
+    cycle tells and stops as any other, and the status sync queues again. Jobs already
+    being preempted, not running, or not preemptible are left. Returns (job, signal,
+    grace) of those asked."""
+    asked = set(
+        session.execute(
+            select(PreemptionRow.victim_id).where(
+                PreemptionRow.victim_id.in_([job.id for job in jobs]), PreemptionRow.ended_at.is_(None)
+            )
+        ).scalars()
+    )
+    out = []
+    for job in jobs:
+        if job.id in asked or job.state != S.RUNNING.value:
+            continue
+        spec = JobSpec.model_validate(job.spec)
+        if not preemptible(policy, spec, job.tenant):
+            continue
+        signal, grace = how_told(spec, policy)
+        session.add(
+            PreemptionRow(
+                victim_id=job.id,
+                preemptor_id=None,
+                mig_change_id=mig_change_id,
+                why=kind,
+                reason=why,
+                signal=signal,
+                grace_seconds=grace,
+                gpu_equivalents=job.gpu_equivalents or 0.0,
+                placement=job.placement,
+                requested_at=now,
+            )
+        )
+        session.add(preemption_event(job.id, S.RUNNING, f"{why}: to be told with {signal}", now))
+        out.append((job.id, signal, grace))
+    return out

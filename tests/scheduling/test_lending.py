@@ -69,7 +69,7 @@ def offered_twice(pool, sessions, clock) -> list:
     return [f for f in reconcile(inventories, {}, now=clock()).findings if f.kind == "gpu_claimed_twice"]
 
 
-def test_a_shared_node_is_offered_by_its_home_and_lent_when_the_other_side_waits(engine, sessions, clock, pool):
+def test_a_shared_node_is_offered_by_its_home_and_lent_when_the_other_side_waits(engine, sessions, clock, pool, sdk):
     cycle = scheduler(engine, pool, clock)
     cycle.run_cycle()  # settles: both offer lend, k8s-a fences it, slurm-a (its home) keeps it
     assert adapter(pool, sessions, "k8s-a").fenced() == {"lend": "lent to slurm-a (gpush lending pool)"}
@@ -90,6 +90,14 @@ def test_a_shared_node_is_offered_by_its_home_and_lent_when_the_other_side_waits
     assert (move.node, move.source, move.target, move.step) == ("lend", "slurm-a", "k8s-a", "done")
     assert steps == ["draining", "joining", "done"]
     assert "1 GPU-eq wait for k8s-a against 0 for slurm-a; lend idle" == move.reason
+    admin = sdk(user="root", tenant="ops", role="admin")
+    assert admin.lending_moves() == []  # none under way
+    (shown,) = admin.lending_moves(all=True)
+    assert (shown["node"], shown["step"], [e["step"] for e in shown["events"]]) == (
+        "lend",
+        "done",
+        ["draining", "joining", "done"],
+    )
 
 
 def test_a_node_busy_at_home_drains_first_and_the_move_is_called_off_when_the_reason_goes(
@@ -122,3 +130,27 @@ def test_a_node_busy_at_home_drains_first_and_the_move_is_called_off_when_the_re
     assert move.step == "called-off"
     assert adapter(pool, sessions, "slurm-a").fenced() == {}
     assert [job(sessions, j).state for j in held] == ["running"] * 8  # nothing was stopped
+
+
+def test_preemptible_work_on_a_draining_node_is_preempted_for_the_move(engine, sessions, clock, pool):
+    from broker.core.models import Preemption
+
+    apply_policy(sessions, pool, clock, LENDING + "\npreemption:\n  grace: 10s\n")
+    cycle = scheduler(engine, pool, clock)
+    training = {"kind": "training", "isolation": "hardware", "gpu_memory_gb": 20, "labels": {"sim-duration": "36000"}}
+    held = [submit(sessions, clock, preemptible=True, **training) for _ in range(8)]  # mig-01's 4 and lend's 4
+    cycle.run_cycle()
+    cycle.run_cycle()
+    serve = {"kind": "inference", "isolation": "none", "gpu_memory_gb": 4, "labels": {"sim-duration": "36000"}}
+    waiting = [submit(sessions, clock, **serve) for _ in range(12)]
+    for _ in range(6):
+        clock.advance(15)
+        cycle.run_cycle()
+    with sessions() as session:
+        kinds = {p.why for p in session.scalars(select(Preemption))}
+        (move,) = session.scalars(select(NodeMove)).all()
+    assert kinds == {"lending"}  # the jobs on lend were told, then requeued
+    assert move.step == "done"
+    assert [job(sessions, j).state for j in waiting] == ["running"] * 12
+    # mig-01 and k8s-a's MIG node run 6 of them again; 2 wait for a slice
+    assert sorted(job(sessions, j).state for j in held) == ["queued"] * 2 + ["running"] * 6
