@@ -1015,11 +1015,7 @@ def mig_changes(client: GpushClient, out: Output, *, change_id: int | None, show
             out.json(change)
             return EXIT_OK
         _print_change(out, change)
-        for event in change["events"]:
-            at = console.local_time(datetime.fromisoformat(event["at"]))
-            head = f"  {at}  {event['step']:<11} "
-            for line in textwrap.wrap(event["note"], 80, initial_indent=head, subsequent_indent=" " * len(head)):
-                out.line(line)
+        _print_events(out, change["events"])
         return EXIT_OK
     changes = client.mig_changes(all=show_all)
     if out.json_mode:
@@ -1052,12 +1048,17 @@ def lending_moves(client: GpushClient, out: Output, *, show_all: bool) -> int:
         out.line(f"move {move['id']}  {move['node']}: {move['source']} -> {move['target']}  {move['step']}")
         for line in textwrap.wrap(move["reason"], 78, initial_indent="  ", subsequent_indent="    "):
             out.line(line)
-        for event in move["events"]:
-            at = console.local_time(datetime.fromisoformat(event["at"]))
-            head = f"  {at}  {event['step']:<10} "
-            for line in textwrap.wrap(event["note"], 80, initial_indent=head, subsequent_indent=" " * len(head)):
-                out.line(line)
+        _print_events(out, move["events"])
     return EXIT_OK
+
+
+def _print_events(out: Output, events: list[dict[str, Any]]) -> None:
+    """A change's or a move's steps, one a line (wrapped at 80 columns under its note)."""
+    for event in events:
+        at = console.local_time(datetime.fromisoformat(event["at"]))
+        head = f"  {at}  {event['step']:<11} "
+        for line in textwrap.wrap(event["note"], 80, initial_indent=head, subsequent_indent=" " * len(head)):
+            out.line(line)
 
 
 def _print_change(out: Output, change: dict[str, Any]) -> None:

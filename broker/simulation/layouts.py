@@ -39,6 +39,7 @@ from broker.mig.plan import MigGpu, mark_held, plan_mig
 from broker.placement.lending import LendableNode, LendingTerms, called_off, need, plan_moves
 from broker.routing.policy import Policy
 from broker.simulation.fleet import Fleet
+from broker.simulation.pools import SHARING_BY_MODE
 from broker.simulation.replay import T0, _FleetReplay
 from broker.simulation.results import ReplayResult
 from broker.simulation.workload import Arrival, TenantTerms
@@ -312,19 +313,9 @@ class _LayoutReplay(_FleetReplay):
                 cluster = self.fleet.clusters[name]
                 fleet_node = next(n for n in cluster.nodes if n.name == node)
                 for gpu in fleet_node.gpus:
-                    sharing = _SHARING[(cluster.flavor, gpu.mode)]
+                    sharing = SHARING_BY_MODE[(cluster.flavor, gpu.mode)]
                     out.setdefault((name, sharing), (gpu.model, gpu.replicas))
         return out
-
-
-_SHARING = {
-    ("slurm", "whole"): Sharing.SLURM_EXCLUSIVE,
-    ("slurm", "mig"): Sharing.SLURM_MIG,
-    ("slurm", "mps"): Sharing.SLURM_MPS,
-    ("k8s", "whole"): Sharing.K8S_EXCLUSIVE,
-    ("k8s", "mig"): Sharing.K8S_MIG,
-    ("k8s", "timeslice"): Sharing.K8S_TIMESLICE,
-}
 
 
 # -- the comparison -------------------------------------------------------------------------

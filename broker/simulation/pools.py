@@ -37,7 +37,7 @@ DEFAULT_DURATION_S = 300
 UnitKey = tuple[Sharing, str | None, str | None]  # (sharing, MIG profile, GPU model or None for any)
 
 MIG_SHARINGS = (Sharing.SLURM_MIG, Sharing.K8S_MIG)
-_SHARING_BY_MODE = {
+SHARING_BY_MODE = {
     ("slurm", "whole"): Sharing.SLURM_EXCLUSIVE,
     ("slurm", "mig"): Sharing.SLURM_MIG,
     ("slurm", "mps"): Sharing.SLURM_MPS,
@@ -475,7 +475,7 @@ def pools_of(node: FleetNode, flavor: str) -> list[Pool]:
     one pool per instance it holds."""
     groups: dict[tuple[Sharing, str, str | None], list[FleetGpu]] = {}
     for gpu in node.gpus:
-        sharing = _SHARING_BY_MODE[(flavor, gpu.mode)]
+        sharing = SHARING_BY_MODE[(flavor, gpu.mode)]
         for profile in gpu.mig if gpu.mode == "mig" else (None,):
             groups.setdefault((sharing, gpu.model.name, profile), []).append(gpu)
     pools = []
