@@ -172,9 +172,13 @@ def shots(tmp_path_factory) -> Path:
 
 def sign_in(page: Page, site: Site, user: str) -> None:
     page.goto(site.url + "/")
-    if page.get_by_test_id("whoami").count():
+    # The page draws the sign-in form or who is signed in once its script has run: wait for
+    # one of them before deciding (a check right after goto can run before either is drawn).
+    whoami, form = page.get_by_test_id("whoami"), page.get_by_label("API token")
+    expect(whoami.or_(form)).to_be_visible()
+    if whoami.is_visible():
         page.get_by_role("button", name="Sign out").click()
-    page.get_by_label("API token").fill(site.tokens[user])
+    form.fill(site.tokens[user])
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_test_id("whoami")).to_contain_text(user)
 
