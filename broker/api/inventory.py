@@ -84,14 +84,15 @@ def gres_conf(node: str, session: Db, _who: Who, style: str = "multiple-files") 
 @router.get("/v1/mig/plan")
 def mig_plan(
     session: Db,
-    _who: Who,
+    _who: Admin,
     adapters: Adapters,
     clock: AppClock,
     cluster: str | None = None,
     repartition_busy: bool = False,
     enable_mig: bool = False,
 ) -> dict[str, Any]:
-    """MIG layouts, per GPU, that place the most waiting MIG work (broker.mig.queue)."""
+    """MIG layouts, per GPU, that place the most waiting MIG work (broker.mig.queue). Admins only:
+    the plan names every tenant's waiting jobs."""
     with session.begin():
         info = None
         if cluster is not None:

@@ -297,7 +297,10 @@ _QUIET_RE = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]-([01][0-9]|2[0-3]):[0-5][
 
 def _quiet_window(value: Any) -> Any:
     if not isinstance(value, str) or not _QUIET_RE.fullmatch(value.strip()):
-        raise ValueError(f'{value!r} is not a window: write "HH:MM-HH:MM" in UTC, such as "22:00-06:00"')
+        raise ValueError(
+            f'{value!r} is not a window: write "HH:MM-HH:MM" in UTC, hours 00-23 and minutes 00-59, '
+            'such as "22:00-06:00"'
+        )
     return value.strip()
 
 
