@@ -222,6 +222,21 @@ def _refusal(
 # -- the changes in flight ----------------------------------------------------------------
 
 
+def _holds_node():
+    """The changes that keep their node fenced: under way past ``planned``, or failed (until
+    an admin clears it)."""
+    return (MigChange.ended_at.is_(None) & (MigChange.step != "planned")) | (MigChange.step == "failed")
+
+
+def _others_hold(session: Session, change: MigChange) -> bool:
+    """Whether another change keeps ``change``'s node fenced (then it stays fenced)."""
+    return bool(
+        session.scalar(
+            select(func.count()).where(MigChange.node == change.node, MigChange.id != change.id, _holds_node())
+        )
+    )
+
+
 def clear_change(
     session: Session, change: MigChange, adapter_of: Callable[[str], ClusterAdapter], *, by: str, now: datetime
 ) -> None:
@@ -232,14 +247,7 @@ def clear_change(
             f"MIG change {change.id} is {change.step}: only a failed change is cleared "
             "(one under way ends by itself, rolling back if it must)"
         )
-    others = session.scalar(
-        select(func.count()).where(
-            MigChange.node == change.node,
-            MigChange.id != change.id,
-            (MigChange.ended_at.is_(None) & (MigChange.step != "planned")) | (MigChange.step == "failed"),
-        )
-    )
-    if not others:
+    if not _others_hold(session, change):
         try:
             fencer = capability(adapter_of(change.cluster), NodeFencer)
         except AdapterError as exc:
@@ -357,11 +365,7 @@ class Reconfigurations:
         """(cluster, node) -> why the scheduler places nothing there: a change under way
         past ``planned``, or one that failed (until an admin clears it)."""
         with self.sessions() as session:
-            rows = session.execute(
-                select(MigChange).where(
-                    (MigChange.ended_at.is_(None) & (MigChange.step != "planned")) | (MigChange.step == "failed")
-                )
-            ).scalars()
+            rows = session.execute(select(MigChange).where(_holds_node())).scalars()
             return {(c.cluster, c.node): f"MIG change {c.id} of GPU {c.gpu} ({c.step})" for c in rows}
 
     def automatic(
@@ -625,16 +629,8 @@ class Reconfigurations:
     def _end(
         self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, ending: str, note: str
     ) -> str:
-        others = session.scalar(
-            select(func.count()).where(
-                MigChange.node == change.node,
-                MigChange.id != change.id,
-                MigChange.ended_at.is_(None),
-                MigChange.step != "planned",
-            )
-        )
         fencer = capability(adapter, NodeFencer)
-        if not others and fencer is not None:
+        if fencer is not None and not _others_hold(session, change):
             fencer.unfence(change.node)
         change.step, change.ended_at, change.deadline, change.step_at = ending, now, None, now
         _event(session, change, now, note)

@@ -408,3 +408,20 @@ def test_preemptible_work_on_an_instance_the_change_destroys_is_preempted_for_it
             job.state = "queued" if job.id == 1 else "succeeded"
     machine.advance()
     assert change(sessions).step == "changing"
+
+
+def test_a_change_that_ends_leaves_the_node_fenced_while_a_failed_one_holds_it(sessions, clock, tier):
+    gpus = FakeNvml.with_layouts(A100, [TODAY, TODAY])
+    two = MigPlan(tuple(plan(index=i).gpus[0] for i in range(2)), 7, Outcome(()), Outcome(()), ())
+    machine = Reconfigurations(sessions, clock, lambda name: tier)
+    ask(sessions, clock, tier, gpus, the_plan=two)
+    machine.advance()
+    with sessions() as session, session.begin():  # change 1 failed earlier: its node is held
+        failed = session.get(MigChange, 1)
+        failed.step, failed.ended_at = "failed", clock()
+    clock.advance(5)
+    agent_round(sessions, clock, gpus)
+    machine.advance()
+    assert change(sessions, 2).step == "done"
+    assert "mig-01" in tier.fences  # still fenced: the failed change 1 holds it
+    assert machine.fenced() == {("slurm-a", "mig-01"): "MIG change 1 of GPU 0 (failed)"}
