@@ -1232,7 +1232,7 @@ class KubernetesAdapter:
 
     # -- MIG layouts (MigPublisher) -------------------------------------------------------
 
-    def publish_mig(self, node: str, gpu: int, instances: Sequence[str]) -> None:
+    def publish_mig(self, node: str, gpu: int, instances: Sequence[str], reported: Any = None) -> None:
         """Have the GPU Operator's MIG manager give GPU ``gpu`` of ``node`` the instances
         ``instances`` (``"3g.20gb@0"``; adapters.k8s.mig says how): gpush's mig-parted config for
         the node is written into the MIG manager's ConfigMap (its other configs kept byte for byte)

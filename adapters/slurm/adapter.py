@@ -52,12 +52,15 @@ import os
 import posixpath
 import pwd
 import re
+import shlex
+import subprocess
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -66,6 +69,8 @@ from adapters.settings import key_value_pairs, load_settings
 from adapters.slurm.client import SlurmClient, make_client
 from adapters.slurm.identity import explain_refusal, resolve
 from adapters.slurm.limits import limit_reason
+from adapters.slurm.mig import GresConf, mig_devices, replace_file, with_node_gres
+from adapters.slurm.mig import counts as gres_counts
 from adapters.slurm.output import Positions, read_from, read_tail
 from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode, Submission
 from adapters.slurm.render import expand_filename, job_id_of, log_directory, log_paths, render
@@ -80,6 +85,8 @@ from broker.core.adapter import (
     Health,
     JobOutput,
     LogReader,
+    MigPublisher,
+    Misconfigured,
     NodeFencer,
     Owner,
     Placement,
@@ -87,6 +94,7 @@ from broker.core.adapter import (
     Rejected,
     Sharing,
     StatusPage,
+    Unreachable,
     submit_each,
 )
 from broker.core.clock import Clock, utcnow
@@ -184,6 +192,25 @@ class SlurmSettings(BaseModel):
         "unfinished cannot have ended normally, so slurmctld lost it (a crash) and it runs again",
     )
     cache_seconds: float = Field(1.0, ge=0)
+    # MIG layouts gpush changes (adapters.slurm.mig): where Slurm reads them, how it re-reads.
+    mig_gres_conf: str | None = Field(
+        None,
+        description="the gres.conf whose lines for a node gpush rewrites when it re-cuts one of the node's "
+        "GPUs (from the node agent's report); unset: this cluster takes no MIG layout from gpush",
+    )
+    mig_slurm_conf: str | None = Field(
+        None, description="the slurm.conf whose NodeName line's Gres= gpush sets to match (default: slurm_conf)"
+    )
+    mig_caps_dir: str = Field(
+        "/dev/nvidia-caps", description="where a node's MIG capability devices are ({node}: the node's name)"
+    )
+    mig_reload: str = Field(
+        "scontrol reconfigure",
+        description="what makes slurmctld and the node's slurmd read the rewritten files (shell words, "
+        "{node}: the node): scontrol reconfigure from Slurm 23.11; before, a restart of slurmctld and "
+        "of the node's slurmd, e.g. 'systemctl restart slurmctld && ssh {node} systemctl restart slurmd' "
+        "in a script",
+    )
     timeout: float = Field(30.0, gt=0)
 
     @field_validator("log_dir")
@@ -220,7 +247,14 @@ class SlurmAdapter:
     """gpush's adapter for one Slurm cluster (see the module docstring)."""
 
     # slurmctld serves submissions on several threads: a cycle's jobs go in one batch.
-    capabilities: ClassVar[frozenset[type]] = frozenset({BatchSubmitter, LogReader, NodeFencer, Preemptor})
+    capabilities: ClassVar[frozenset[type]] = frozenset(
+        {BatchSubmitter, LogReader, MigPublisher, NodeFencer, Preemptor}
+    )
+    # The node's agent re-cuts the GPU; publishing rewrites Slurm's files (adapters.slurm.mig).
+    changes_gpus: ClassVar[bool] = False
+    # slurmctld aborts every job on a node that registers another GRES count ("gres/gpu count
+    # mismatch", measured on 22.05), so a change waits until the node is empty.
+    needs_empty_node: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -255,6 +289,8 @@ class SlurmAdapter:
         self._cancelled_phantoms: set[str] = set()  # gpush's own, cancelled here: their record is not news
         self._foreign_phantoms: dict[str, SlurmJob] = {}  # other users' or brokers', reported by health
         self._positions = Positions()  # where the offsets ``logs`` handed out lie in their files
+        if not self.settings.mig_gres_conf:  # takes no MIG layout from gpush: say so to the broker
+            self.capabilities = SlurmAdapter.capabilities - {MigPublisher}
 
     # -- reads, shared within cache_seconds ---------------------------------------------
 
@@ -431,6 +467,100 @@ class SlurmAdapter:
             for n in nodes
             if n.reason.startswith(FENCE_PREFIX) and any(s in ("DRAIN", "DRAINING", "DRAINED") for s in n.states)
         }
+
+    # -- MIG layouts (MigPublisher; adapters.slurm.mig) -----------------------------------
+
+    def publish_mig(self, node: str, gpu: int, instances: Sequence[str], reported: Any = None) -> None:
+        """Offer GPU ``gpu`` of ``node`` as ``instances`` once its agent ``reported`` them:
+        the node's ``Name=gpu`` lines in ``mig_gres_conf`` name each instance's device
+        (from the GPU instance ids the agent reports), the node's ``Gres=`` in slurm.conf
+        adds them up, and ``mig_reload`` makes the daemons read both. Rewriting what is
+        written already changes nothing; the reload runs again while slurmctld still
+        offers other counts than the files (a reload that failed is retried)."""
+        gres_path, slurm_path = self._mig_files()
+        busy = self._node_busy(node)
+        if busy:
+            raise Unreachable(f"node {node} still runs jobs ({busy}): Slurm aborts them when its GRES change")
+        if reported is None:
+            raise Rejected(
+                f"Slurm takes a MIG layout from the node agent's report of the instances, and node {node} "
+                f"has not reported GPU {gpu} re-cut (gpush agent --allow-mig-changes re-cuts it first)"
+            )
+        gi_of = {f"{m.profile}@{m.placement_start}": m.gi_id for m in reported.mig_instances}
+        caps = self.settings.mig_caps_dir.replace("{node}", node)
+        gres = GresConf(_read(gres_path), str(gres_path))
+        new_gres = gres.with_gpu(node, gpu, mig_devices(gpu, caps, instances, gi_of))
+        wanted = gres_counts(GresConf(new_gres, str(gres_path)).devices(node))
+        old_slurm = _read(slurm_path)
+        new_slurm = with_node_gres(old_slurm, node, wanted, str(slurm_path))
+        if new_gres != gres.text:
+            replace_file(gres_path, new_gres)
+        if new_slurm != old_slurm:
+            replace_file(slurm_path, new_slurm)
+        if self._offered_counts(node) != wanted:
+            self._reload(node)
+
+    def mig_published(self, node: str, gpu: int) -> tuple[str, ...] | None:
+        """The instances GPU ``gpu`` of ``node`` offers: those gpush's lines in gres.conf
+        name, once slurmctld offers the counts the files add up to; None before (the
+        daemons have not read them) or where the GPU's lines are not gpush's (no comment
+        says where its instances lie)."""
+        gres_path, _ = self._mig_files()
+        devices = GresConf(_read(gres_path), str(gres_path)).devices(node)
+        mine = [d for d in devices if d.gpu == gpu and d.gi is not None]
+        if any(d.slot is None for d in mine) or self._offered_counts(node) != gres_counts(devices):
+            return None
+        found = self._node(node)
+        if any(s in ("DOWN", "NOT_RESPONDING", "UNKNOWN", "FUTURE") for s in found.states):
+            return None  # slurmd has not registered the files it read yet
+        return tuple(d.slot for d in mine if d.slot)
+
+    def _node(self, node: str) -> SlurmNode:
+        found = next((n for n in self._nodes() if n.name == node), None)
+        if found is None:
+            raise Rejected(f"Slurm has no node {node}")
+        return found
+
+    def _node_busy(self, node: str) -> str:
+        """Why ``node`` holds jobs now (its states or GRES in use), or '' when it holds none."""
+        with self._lock:
+            self._node_listing = None
+        found = self._node(node)
+        states = [s for s in found.states if s in ("ALLOCATED", "MIXED", "COMPLETING")]
+        used = [g.spec() for g in found.gres_used if g.count]
+        return ", ".join(s.lower() for s in states) or ", ".join(used)
+
+    def _mig_files(self) -> tuple[Path, Path]:
+        gres = self.settings.mig_gres_conf
+        slurm = self.settings.mig_slurm_conf or self.settings.slurm_conf
+        if not gres:
+            raise Rejected(f"Slurm cluster {self.name} takes no MIG layout from gpush: set its mig_gres_conf")
+        if not slurm:
+            raise Rejected(f"Slurm cluster {self.name}: set mig_slurm_conf (or slurm_conf), the slurm.conf to rewrite")
+        return Path(gres), Path(slurm)
+
+    def _offered_counts(self, node: str) -> Counter[str | None]:
+        with self._lock:
+            self._node_listing = None
+        return Counter({g.type: g.count for g in self._node(node).gres if g.name == "gpu"})
+
+    def _reload(self, node: str) -> None:
+        argv = shlex.split(self.settings.mig_reload.replace("{node}", node))
+        env = dict(os.environ)
+        if self.settings.slurm_conf:
+            env["SLURM_CONF"] = self.settings.slurm_conf
+        try:
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=self.settings.timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise Unreachable(f"mig_reload {self.settings.mig_reload!r} for {node}: {exc}") from None
+        with self._lock:
+            self._node_listing = None
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            raise Unreachable(
+                f"mig_reload {self.settings.mig_reload!r} for {node} exited {done.returncode}: "
+                f"{said[-1] if said else 'nothing said'}"
+            )
 
     def preempt(self, job_id: int, signal: str, grace_seconds: int) -> None:
         """Signal every live Slurm job of gpush job ``job_id`` (its batch script and all its
@@ -1174,3 +1304,11 @@ def _cursor_time(cursor: str | None) -> datetime | None:
         return datetime.fromtimestamp(int(cursor[2:]), UTC)
     except ValueError:
         return None
+
+
+def _read(path: Path) -> str:
+    """A Slurm config file gpush rewrites; :class:`Misconfigured` when it cannot be read."""
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise Misconfigured(f"cannot read {path}: {exc.strerror or exc}; gpush rewrites it for MIG changes") from None

@@ -345,11 +345,17 @@ class MigPublisher(Protocol):
     first and publishing only tells the cluster (Slurm, the simulator)."""
 
     changes_gpus: ClassVar[bool]
+    # The cluster aborts the jobs on a node whose GPUs change under them (Slurm: a node that
+    # registers another GRES count), so a change waits for the whole node to be empty.
+    needs_empty_node: ClassVar[bool] = False
 
-    def publish_mig(self, node: str, gpu: int, instances: Sequence[str]) -> None:
+    def publish_mig(self, node: str, gpu: int, instances: Sequence[str], reported: Any = None) -> None:
         """Offer GPU ``gpu`` of ``node`` as ``instances`` (profile names with their first
         memory slot, ``"3g.20gb@0"``; empty: MIG mode on, no instance). The GPU must hold
-        no job on an instance that is not in ``instances`` (:class:`Rejected` otherwise)."""
+        no job on an instance that is not in ``instances`` (:class:`Rejected` otherwise).
+        ``reported``: the node agent's report of that GPU
+        (:class:`broker.inventory.agent_report.GpuReport`) once the agent has re-cut it, for
+        a cluster that names the instances' devices (Slurm's gres.conf); None before."""
 
     def mig_published(self, node: str, gpu: int) -> tuple[str, ...] | None:
         """The instances the cluster offers on that GPU now (as ``publish_mig`` takes

@@ -325,8 +325,12 @@ class _PublishesMig:
     def changes_gpus(self: Any) -> bool:
         return bool(getattr(self.adapter, "changes_gpus", False))
 
-    def publish_mig(self: Any, node: str, gpu: int, instances: Sequence[str]) -> None:
-        return self._call("publish_mig", self.adapter.publish_mig, node, gpu, instances)
+    @property
+    def needs_empty_node(self: Any) -> bool:
+        return bool(getattr(self.adapter, "needs_empty_node", False))
+
+    def publish_mig(self: Any, node: str, gpu: int, instances: Sequence[str], reported: Any = None) -> None:
+        return self._call("publish_mig", self.adapter.publish_mig, node, gpu, instances, reported)
 
     def mig_published(self: Any, node: str, gpu: int) -> tuple[str, ...] | None:
         return self._call("mig_published", self.adapter.mig_published, node, gpu)

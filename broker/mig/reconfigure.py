@@ -470,6 +470,8 @@ class Reconfigurations:
     def _emptying(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):
         destroyed = Counter(change.from_layout) - Counter(change.target)
         profiles = {MigSlot.parse(text).profile for text in destroyed}
+        # A cluster that aborts the jobs on a node whose GPUs change (Slurm) needs it empty.
+        whole = bool(getattr(adapter, "needs_empty_node", False))
         holding = [
             job
             for job in session.execute(
@@ -477,26 +479,31 @@ class Reconfigurations:
             ).scalars()
             if job.placement
             and job.placement.get("node") == change.node
-            and job.placement.get("mig_profile") in profiles
+            and (whole or job.placement.get("mig_profile") in profiles)
         ]
         holders = [job.id for job in holding]
         if holding and self.policy is not None:
             self._preempt(session, change, holding, now)
         report = _report(session, change.node)
-        gpu = _gpu(report, change.gpu) if report else None
-        if gpu is not None:
+        busy_destroyed = []
+        for gpu in report.gpus if report is not None else ():
+            if gpu.index != change.gpu and not whole:
+                continue
             in_use = {p.mig_uuid for p in gpu.processes if p.mig_uuid}
-            busy_slots = [f"{m.profile}@{m.placement_start}" for m in gpu.mig_instances if m.uuid in in_use]
-        else:
-            busy_slots = []
-        busy_destroyed = [s for s in busy_slots if s in destroyed]
+            busy = [f"{m.profile}@{m.placement_start}" for m in gpu.mig_instances if m.uuid in in_use]
+            if gpu.index != change.gpu:
+                busy_destroyed += [f"{s} of GPU {gpu.index}" for s in busy]
+                busy_destroyed += [f"GPU {gpu.index}"] if gpu.processes and not gpu.mig_instances else []
+            else:
+                busy_destroyed += [s for s in busy if s in destroyed or whole]
         if not holders and not busy_destroyed:
+            what = f"no work on {change.node}" if whole else "no work on the instances that change"
             nxt = (
                 f"next, the agent of {change.node} re-cuts GPU {change.gpu} (it must run with --allow-mig-changes)"
                 if change.changed_by == "agent"
                 else f"next, {change.cluster} re-cuts GPU {change.gpu} itself"
             )
-            return self._move(session, change, "changing", now, f"empty: no work on the instances that change; {nxt}")
+            return self._move(session, change, "changing", now, f"empty: {what}; {nxt}")
         if late:
             what = ", ".join([f"job {i}" for i in holders] + [f"a process on {s}" for s in busy_destroyed])
             return self._end(
@@ -558,7 +565,9 @@ class Reconfigurations:
             return self._late(session, change, now, f"cluster {change.cluster} cannot publish a MIG layout")
         if same_instances(publisher.mig_published(change.node, change.gpu) or (), change.target):
             return self._move(session, change, "confirming", now, f"{change.cluster} offers that layout already")
-        publisher.publish_mig(change.node, change.gpu, list(change.target))
+        report = _report(session, change.node)
+        reported = _gpu(report, change.gpu) if report is not None else None
+        publisher.publish_mig(change.node, change.gpu, list(change.target), reported)
         return self._move(session, change, "confirming", now, f"{change.cluster} told of the {_which(change)}")
 
     def _confirming(self, session: Session, change: MigChange, adapter: ClusterAdapter, now: datetime, late: bool):

@@ -84,7 +84,6 @@ class FakeNvml:
         self.gpus = gpus
         self.driver = driver
         self.calls: list[str] = []
-        self._next_gi = {g.index: max(g.instances, default=0) + 1 for g in gpus}
 
     @classmethod
     def with_layouts(cls, model: str, layouts: list[list[str] | None]) -> FakeNvml:
@@ -271,8 +270,10 @@ class FakeNvml:
         compute = sum(gi.profile.compute_slices for gi in gpu.instances.values())
         if wanted & taken or compute + profile.compute_slices > gpu.model.compute_slices:
             raise nvml_error("NVML_ERROR_INSUFFICIENT_RESOURCES")
-        gi_id = self._next_gi[gpu.index]
-        self._next_gi[gpu.index] += 1
+        # The lowest free id. A real driver picks ids its own way (by profile and
+        # placement); what callers may rely on is what holds there too: ids are small
+        # (below 15 on an A100: the capability devices' numbering, 3 + 135 * gpu + 9 * id).
+        gi_id = next(i for i in range(1, len(gpu.instances) + 2) if i not in gpu.instances)
         gpu.instances[gi_id] = _GpuInstance(gi_id, profile, placement.start)
         return _Handle(gpu.index, gi_id)
 

@@ -512,7 +512,7 @@ class SimulatedCluster:
             self._save()
             return dict(self._fenced)
 
-    def publish_mig(self, node: str, gpu: int, instances: Sequence[str]) -> None:
+    def publish_mig(self, node: str, gpu: int, instances: Sequence[str], reported: Any = None) -> None:
         """Give GPU ``gpu`` of ``node`` the MIG layout ``instances`` (``"3g.20gb@0"``) at
         once: the node's pools and inventory change, and jobs waiting for the new
         instances start. Rejected when the layout is not one the GPU can hold, the GPU is

@@ -33,7 +33,12 @@ def test_every_adapter_declares_exactly_the_capabilities_it_has(kind):
 
 
 def test_the_real_adapters_declare_what_the_broker_uses():
-    assert declared(adapter_class("slurm")) == {BatchSubmitter, LogReader, NodeFencer, Preemptor}
+    assert declared(adapter_class("slurm")) == {BatchSubmitter, LogReader, MigPublisher, NodeFencer, Preemptor}
+    # A Slurm cluster takes MIG layouts from gpush only where its config says which files to rewrite.
+    plain = adapter_class("slurm")("s", {"slurm_conf": "/etc/slurm/slurm.conf"})
+    assert MigPublisher not in declared(plain) and NodeFencer in declared(plain)
+    mig = adapter_class("slurm")("s", {"slurm_conf": "/x/slurm.conf", "mig_gres_conf": "/x/gres.conf"})
+    assert MigPublisher in declared(mig) and MigPublisher in declared(instrument(mig, "s", "slurm"))
     assert declared(adapter_class("k8s")) == {
         BatchSubmitter,
         Scaler,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from broker.core.adapter import MigPublisher, NodeFencer, Rejected
 from broker.core.errors import InvalidRequest
@@ -52,7 +52,7 @@ class Tier:
     def fenced(self) -> dict[str, str]:
         return dict(self.fences)
 
-    def publish_mig(self, node: str, gpu: int, instances) -> None:
+    def publish_mig(self, node: str, gpu: int, instances, reported=None) -> None:
         if self.refuse:
             raise Rejected("the tier refuses")
         self.layouts[(node, gpu)] = tuple(instances)
@@ -206,6 +206,23 @@ def test_a_job_on_an_instance_the_change_keeps_does_not_hold_it_up(sessions, clo
     assert change(sessions).step == "changing"
 
 
+def test_a_cluster_that_needs_the_node_empty_waits_for_every_job_on_it(sessions, clock, tier, gpus, machine):
+    """Slurm aborts the jobs on a node whose GRES change: there a job on an instance the
+    change keeps, or on another GPU, holds the change up too, and is preempted if it may be."""
+    tier.needs_empty_node = True
+    keep_one = ["3g.20gb@4", "1g.5gb@0", "1g.5gb@1", "1g.5gb@2"]
+    ask(sessions, clock, tier, gpus, the_plan=plan(planned=keep_one))
+    with sessions() as session, session.begin():
+        session.add(_running_job(clock, profile="7g.40gb"))  # GPU 1's, untouched by the change
+    machine.advance()
+    assert change(sessions).step == "emptying"
+    with sessions() as session, session.begin():
+        session.execute(update(Job).values(state="succeeded"))
+    machine.advance()
+    assert change(sessions).step == "changing"
+    assert "empty: no work on mig-01;" in _notes(sessions)[-1]
+
+
 def test_an_agent_that_never_changes_the_gpu_rolls_the_change_back(sessions, clock, tier, gpus, machine):
     ask(sessions, clock, tier, gpus)
     machine.advance()
@@ -344,7 +361,7 @@ class ManagedTier(Tier):
         super().__init__()
         self.pending = False
 
-    def publish_mig(self, node: str, gpu: int, instances) -> None:
+    def publish_mig(self, node: str, gpu: int, instances, reported=None) -> None:
         super().publish_mig(node, gpu, instances)
         self.pending = True
 
