@@ -111,6 +111,7 @@ from adapters.k8s.mig import (
 )
 from adapters.k8s.render import (
     CONTAINER,
+    DEVICE_PLUGIN_CONFIG,
     GFD_PRODUCT,
     LABEL_BROKER,
     MIG_RESOURCE_PREFIX,
@@ -165,6 +166,7 @@ from broker.core.adapter import (
     JobOutput,
     LogReader,
     MigPublisher,
+    NodeConfigurer,
     NodeFencer,
     Owner,
     Placement,
@@ -361,6 +363,7 @@ class KubernetesAdapter:
             Preemptor,
             NodeFencer,
             MigPublisher,
+            NodeConfigurer,
         }
     )
     # The GPU Operator's MIG manager changes the GPU when the layout is published: no node
@@ -1229,6 +1232,38 @@ class KubernetesAdapter:
         if found is None:
             raise Rejected(f"Kubernetes cluster {self.name} has no node {node} (kubectl get nodes lists them)")
         return found
+
+    # -- setting a lent node up (NodeConfigurer) ---------------------------------------------
+
+    def configure_node(self, node: str, setup: Mapping[str, str]) -> None:
+        """Label ``node`` as the GPU Operator reads it: ``nvidia.com/device-plugin.config=<device_plugin>``
+        (the device plugin's config key: time-slicing replicas, MPS) and, with ``mig``,
+        ``nvidia.com/mig.config=<mig>`` with the MIG manager's state ``pending`` (``all-disabled``
+        makes whole GPUs of a MIG node). Labels already so are not touched."""
+        labels = (self._node(node).get("metadata") or {}).get("labels") or {}
+        patch: dict[str, str] = {}
+        if setup.get("device_plugin") and labels.get(DEVICE_PLUGIN_CONFIG) != setup["device_plugin"]:
+            patch[DEVICE_PLUGIN_CONFIG] = setup["device_plugin"]
+        if setup.get("mig") and labels.get(MIG_CONFIG_LABEL) != setup["mig"]:
+            patch.update({MIG_CONFIG_LABEL: setup["mig"], MIG_STATE_LABEL: "pending"})
+        if patch:
+            self.client.patch("nodes", None, node, {"metadata": {"labels": patch}})
+
+    def node_configured(self, node: str, setup: Mapping[str, str]) -> bool | None:
+        """Whether ``node`` has ``setup``: its labels say it, and the MIG manager reports
+        ``success`` for the ``mig`` config (``failed``: False; still at work: None)."""
+        labels = (self._node(node).get("metadata") or {}).get("labels") or {}
+        if setup.get("device_plugin") and labels.get(DEVICE_PLUGIN_CONFIG) != setup["device_plugin"]:
+            return None
+        if setup.get("mig"):
+            if labels.get(MIG_CONFIG_LABEL) != setup["mig"]:
+                return None
+            state = labels.get(MIG_STATE_LABEL)
+            if state == "failed":
+                return False
+            if state != "success":
+                return None
+        return True
 
     # -- MIG layouts (MigPublisher) -------------------------------------------------------
 

@@ -51,6 +51,8 @@ none declared means none offered):
   work landing on a node and let it land again (a MIG layout change drains its GPU first).
 - :class:`MigPublisher`: ``publish_mig(node, gpu, instances)``/``mig_published(node, gpu)``:
   the cluster offers a GPU's new MIG layout (broker.mig.reconfigure).
+- :class:`NodeConfigurer`: ``configure_node(node, setup)``/``node_configured(node, setup)``:
+  a node lent to the cluster is set up as the lending pool says (broker.scheduling.lending).
 - :class:`TenantQuotaKeeper`: ``tenant_quotas(quotas)`` renders the cluster's own limits for
   the tenants' GPU quotas (Kubernetes: a ResourceQuota in each tenant's namespace) and
   ``apply_tenant_quotas(plan)`` applies what changed. The broker's ledger enforces the
@@ -363,6 +365,20 @@ class MigPublisher(Protocol):
         ``pending``)."""
 
 
+class NodeConfigurer(Protocol):
+    """Sets a node's GPUs up as the cluster takes them when a lending pool moves the node
+    there (Kubernetes: the GPU Operator's device plugin config, time-slicing replicas or MPS,
+    and its MIG manager config). ``setup`` holds ``device_plugin`` and ``mig``, each a config
+    name the cluster knows, or either alone."""
+
+    def configure_node(self, node: str, setup: Mapping[str, str]) -> None:
+        """Ask the cluster to set ``node`` up as ``setup`` says (the node is fenced there)."""
+
+    def node_configured(self, node: str, setup: Mapping[str, str]) -> bool | None:
+        """True once ``node`` is set up so; None while the cluster takes it in; False when
+        the cluster failed to (the MIG manager's ``failed``)."""
+
+
 class RenderedConfig(Protocol):
     """A configuration an adapter rendered and may apply; shown to the admin as YAML."""
 
@@ -469,6 +485,7 @@ CAPABILITIES: dict[type, tuple[str, ...]] = {
     Preemptor: ("preempt",),
     NodeFencer: ("fence", "unfence", "fenced"),
     MigPublisher: ("publish_mig", "mig_published"),
+    NodeConfigurer: ("configure_node", "node_configured"),
 }
 
 _C = TypeVar("_C")

@@ -52,6 +52,7 @@ from broker.core.adapter import (
     JobOutput,
     LogReader,
     MigPublisher,
+    NodeConfigurer,
     NodeFencer,
     Owner,
     Placement,
@@ -336,10 +337,21 @@ class _PublishesMig:
         return self._call("mig_published", self.adapter.mig_published, node, gpu)
 
 
+class _ConfiguresNodes:
+    __slots__ = ()
+
+    def configure_node(self: Any, node: str, setup: Mapping[str, str]) -> None:
+        return self._call("configure_node", self.adapter.configure_node, node, setup)
+
+    def node_configured(self: Any, node: str, setup: Mapping[str, str]) -> bool | None:
+        return self._call("node_configured", self.adapter.node_configured, node, setup)
+
+
 _FORWARDERS: dict[type, type] = {
     Preemptor: _Preempts,
     NodeFencer: _Fences,
     MigPublisher: _PublishesMig,
+    NodeConfigurer: _ConfiguresNodes,
     BatchSubmitter: _SubmitsMany,
     Scaler: _Scales,
     TimesliceConfigurator: _ConfiguresTimeslicing,

@@ -168,11 +168,12 @@ def _reconcile(
 
     # A node that two clusters list and one of them keeps unavailable (drained, cordoned,
     # fenced: lent to the other, broker.scheduling.lending) is offered by the other alone:
-    # only the offering side's units are dealt to the GPUs and checked.
+    # only the offering side's units are dealt to the GPUs and checked. Unavailable on every
+    # side (a node between two clusters), nobody offers it: its first listing stands for it.
     for host in hosts.values():
         offering = [e for e in host.entries if not all(v.unit.labels.get("unavailable") for v in e.views)]
-        if offering and len(offering) < len(host.entries):
-            host.entries = offering
+        if len(offering) < len(host.entries):
+            host.entries = offering or host.entries[:1]
 
     # 2. Match each agent report to its host: exactly by a node name a cluster uses, else
     #    by short name; the newest report of a host wins.

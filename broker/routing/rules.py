@@ -347,6 +347,30 @@ class MigLayouts(BaseModel):
         return False
 
 
+_CONFIG_NAME = r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"  # a Kubernetes label value
+
+
+class NodeSetup(BaseModel):
+    """How a cluster sets a lent node's GPUs up when the node moves there (the GPU Operator's
+    configs on Kubernetes, by name): its sharing while that cluster has it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device_plugin: str | None = Field(
+        None,
+        pattern=_CONFIG_NAME,
+        description="the device plugin config (nvidia.com/device-plugin.config): time-slicing replicas or MPS",
+    )
+    mig: str | None = Field(
+        None,
+        pattern=_CONFIG_NAME,
+        description="the MIG manager config (nvidia.com/mig.config); all-disabled makes whole GPUs",
+    )
+
+    def labels(self) -> dict[str, str]:
+        return {k: v for k, v in (("device_plugin", self.device_plugin), ("mig", self.mig)) if v}
+
+
 class LendingPool(BaseModel):
     """Nodes that both of ``clusters`` list (slurmd and a kubelet on one machine), offered by
     one of them at a time and lent to the other as the queues call for it
@@ -372,15 +396,21 @@ class LendingPool(BaseModel):
         2.0, gt=0, le=1_000_000, description="GPU-equivalents of waiting work one side needs over the other"
     )
     max_moving: int = Field(2, ge=1, le=10_000, description="moves under way at once")
+    setup: dict[str, NodeSetup] = Field(
+        default_factory=dict,
+        description="per cluster, how it sets a node up when the node moves there (its sharing: "
+        "time-slicing replicas, MPS, a MIG layout); a cluster not named takes the node as it is",
+    )
 
     @model_validator(mode="after")
     def _two_clusters(self) -> LendingPool:
         if self.clusters[0] == self.clusters[1]:
             raise ValueError(f"a lending pool joins two clusters, not {self.clusters[0]} with itself")
-        unknown = sorted((set(self.minimum) | set(self.maximum)) - set(self.clusters))
+        unknown = sorted((set(self.minimum) | set(self.maximum) | set(self.setup)) - set(self.clusters))
         if unknown:
             raise ValueError(
-                f"minimum and maximum name the pool's clusters ({', '.join(self.clusters)}), not {', '.join(unknown)}"
+                f"minimum, maximum and setup name the pool's clusters ({', '.join(self.clusters)}), "
+                f"not {', '.join(unknown)}"
             )
         return self
 

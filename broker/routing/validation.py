@@ -667,3 +667,14 @@ def _check_sections(out: _Findings, policy: Policy, clusters: Mapping[str, Clust
                     ("lending", p, "clusters", n),
                     f"lending pool {p + 1} names cluster {name!r}, which is not registered (registered: {known})",
                 )
+        for name in pool.setup:
+            view = clusters.get(name)
+            if view is not None and view.kind != "k8s":
+                out.add(
+                    "error",
+                    None,
+                    ("lending", p, "setup", name),
+                    f"lending pool {p + 1} sets nodes up on {name}, a {view.kind} cluster: only Kubernetes "
+                    "clusters take a setup (the GPU Operator's device plugin and MIG manager configs); "
+                    f"a node moving to {name} is offered as its own configuration has it",
+                )

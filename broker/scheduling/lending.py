@@ -13,16 +13,21 @@ inventory deals the node's GPUs to the offering side only. Once a cycle,
    before the node is fenced, each step a :class:`broker.core.models.NodeMoveEvent`):
    ``draining``: fenced on the source, until gpush's jobs there have ended (a move whose
    reason went away meanwhile is ``called-off`` and the node offered where it was);
-   ``joining``: unfenced on the target, until the target offers the node's GPUs and the
-   source does not: ``done``;
+   ``configuring`` (a pool with a ``setup`` for the target, below); ``joining``: unfenced
+   on the target, until the target offers the node's GPUs and the source does not: ``done``;
 3. plans new moves from the jobs this cycle left waiting for capacity
    (:func:`broker.placement.lending.plan_moves`: the replay's rule, with the pool's
    hysteresis, minimums and maximums).
 
 A draining node's preemptible jobs (the policy's ``preemption`` section) are preempted for
-the move, as for a waiting job; the others run to their end. Left for later: changing the
-node's sharing mode on the way (each side offers the node as its own configuration says:
-a MIG layout on Slurm, time-slicing on Kubernetes).
+the move, as for a waiting job; the others run to their end.
+
+A pool's ``setup`` for the target changes the node's sharing on the way: once the node is
+empty on the source, ``configuring`` asks the target to set it up (Kubernetes: the GPU
+Operator's device plugin config, time-slicing replicas or MPS, and its MIG manager config;
+:class:`broker.core.adapter.NodeConfigurer`) while it is still fenced there, and unfences it
+when the target says it is done; a target that fails calls the move off and the source offers
+the node again. A Slurm target takes the node as its own configuration has it.
 """
 
 from __future__ import annotations
@@ -35,7 +40,15 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker.core.adapter import AdapterError, CapacityUnit, ClusterAdapter, NodeFencer, Sharing, capability
+from broker.core.adapter import (
+    AdapterError,
+    CapacityUnit,
+    ClusterAdapter,
+    NodeConfigurer,
+    NodeFencer,
+    Sharing,
+    capability,
+)
 from broker.core.clock import Clock
 from broker.core.gpus import gpu_model
 from broker.core.models import Job, NodeMove, NodeMoveEvent
@@ -122,7 +135,9 @@ class NodeLending:
             by_name = {n.name: n for n in lendable}
             for node, move in moves.items():
                 if node in by_name:
-                    said += self._carry_on(session, move, by_name[node], terms, demand, fencers, units, now)
+                    said += self._carry_on(
+                        session, move, by_name[node], terms, demand, fencers, units, now, pool, adapters
+                    )
             # Times as seconds before now: a node that moved ``age`` seconds ago has since=-age.
             for planned in plan_moves(terms, [_as_age(n) for n in lendable], demand, now=0.0):
                 move = NodeMove(
@@ -151,7 +166,12 @@ class NodeLending:
         fencers: Mapping[str, NodeFencer],
         units: Mapping[str, list[CapacityUnit]],
         now: datetime,
+        pool: LendingPool,
+        adapters: Mapping[str, ClusterAdapter],
     ) -> list[str]:
+        setup = pool.setup.get(move.target)
+        wanted = setup.labels() if setup is not None else {}
+        configurer = capability(adapters[move.target], NodeConfigurer) if wanted else None
         if move.step == "draining":
             if called_off(terms, node, demand):
                 fencers[move.source].unfence(move.node)
@@ -161,6 +181,34 @@ class NodeLending:
                 return [f"{move.node}: move to {move.target} called off"]
             if node.busy > 0:
                 return self._preempt(session, move, now)
+            if wanted:
+                if configurer is None:
+                    fencers[move.source].unfence(move.node)
+                    why = f"{move.target} cannot set a node up as the pool says ({_setup_text(wanted)})"
+                    _end(session, move, now, "called-off", f"{why}: {move.source} keeps it")
+                    return [f"{move.node}: move to {move.target} called off: {why}"]
+                configurer.configure_node(move.node, wanted)
+                move.step, move.step_at = "configuring", now
+                _event(
+                    session,
+                    move,
+                    now,
+                    "configuring",
+                    f"empty on {move.source}: {move.target} sets it up ({_setup_text(wanted)}), still fenced there",
+                )
+        if move.step == "configuring":
+            done = configurer.node_configured(move.node, wanted) if configurer is not None else False
+            if done is None:
+                return []
+            if not done:
+                fencers[move.source].unfence(move.node)
+                why = f"{move.target} failed to set it up ({_setup_text(wanted)})"
+                _end(session, move, now, "called-off", f"{why}: {move.source} offers it again")
+                return [f"{move.node}: move to {move.target} called off: {why}"]
+            fencers[move.target].unfence(move.node)
+            move.step, move.step_at = "joining", now
+            _event(session, move, now, "joining", f"set up on {move.target} ({_setup_text(wanted)}): unfenced there")
+        elif move.step == "draining":
             fencers[move.target].unfence(move.node)
             move.step, move.step_at = "joining", now
             _event(session, move, now, "joining", f"empty on {move.source}: unfenced on {move.target}")
@@ -231,10 +279,15 @@ class NodeLending:
                     replicas = unit.capacity if unit.sharing is Sharing.K8S_TIMESLICE and unit.gpus else 1
                     if model is not None:
                         offered.setdefault((name, unit.sharing), (model, max(replicas // max(len(unit.gpus), 1), 1)))
+        # A cluster that sets the node up on the way (the pool's setup) may serve work in a
+        # sharing the node does not have there yet: counted at one job per GPU of the node's model.
+        models = {key[0]: how[0] for key, how in offered.items()}
         out: dict[str, float] = defaultdict(float)
         for job, routes in waiting:
             for route in routes:
                 how = offered.get((route.cluster, route.sharing))
+                if how is None and route.cluster in pool.setup and route.cluster in models:
+                    how = (models[route.cluster], 1)
                 if how is not None:
                     out[route.cluster] += need(job.spec, route.sharing, *how)
                     break
@@ -254,6 +307,11 @@ def _gpus(units: Iterable[CapacityUnit], node: str) -> int:
 
 def _offers(units: Iterable[CapacityUnit], node: str) -> bool:
     return any(u.node == node and u.capacity > 0 and not u.labels.get("unavailable") for u in units)
+
+
+def _setup_text(setup: Mapping[str, str]) -> str:
+    names = {"device_plugin": "device plugin config", "mig": "MIG config"}
+    return ", ".join(f"{names[key]} {value}" for key, value in setup.items())
 
 
 def _event(session: Session, move: NodeMove, at: datetime, step: str, note: str) -> None:

@@ -234,10 +234,14 @@ class GpuPool:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, str], ...] = ()
     device_plugin_config: str | None = None
+    # The nodes' names, one per node; default <name>-0, <name>-1... (names a Slurm cluster shares)
+    names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.name):
             raise ValueError(f"pool name {self.name!r} must be a DNS label (lower-case letters, digits, '-')")
+        if self.names and len(self.names) != self.count:
+            raise ValueError(f"pool {self.name}: {len(self.names)} names for {self.count} nodes")
         if self.count < 0 or self.gpus_per_node < 0:
             raise ValueError(f"pool {self.name}: count and gpus_per_node must be >= 0")
         if self.replicas < 1:
@@ -326,7 +330,7 @@ class GpuPool:
         return f"custom-{self.name}"
 
     def node_names(self) -> list[str]:
-        return [f"{self.name}-{i}" for i in range(self.count)]
+        return list(self.names) if self.names else [f"{self.name}-{i}" for i in range(self.count)]
 
 
 @dataclass(frozen=True)
@@ -480,7 +484,7 @@ def node_manifest(
     address of its own in 10.64.0.0/10 and port 10250, where nothing answers.
     """
     devices = devices or node_devices(pool)
-    name = f"{pool.name}-{index}"
+    name = pool.node_names()[index]
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",

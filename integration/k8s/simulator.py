@@ -2579,8 +2579,8 @@ class Simulator:
         for pool in self.pools:
             for i in range(pool.count):
                 labels = {DEVICE_PLUGIN_CONFIG_LABEL: pool.device_plugin_config} if pool.device_plugin_config else {}
-                labels["kubernetes.io/hostname"] = f"{pool.name}-{i}"
-                own = self.plugin.pool_for(f"{pool.name}-{i}", pool)
+                labels["kubernetes.io/hostname"] = pool.node_names()[i]
+                own = self.plugin.pool_for(pool.node_names()[i], pool)
                 sharing = self.plugin.sharing_for(labels, own) if self._started else own.default_sharing()
                 manifests.append(node_manifest(pool, i, node_devices(own, sharing), kubelet=self.kubelet_endpoint))
         return manifests

@@ -12,6 +12,7 @@ from broker.core.adapter import (
     Closable,
     LogReader,
     MigPublisher,
+    NodeConfigurer,
     NodeFencer,
     Preemptor,
     Scaler,
@@ -50,6 +51,7 @@ def test_the_real_adapters_declare_what_the_broker_uses():
         Preemptor,
         NodeFencer,
         MigPublisher,
+        NodeConfigurer,
     }
     assert declared(adapter_class("sim")) == frozenset({LogReader, MigPublisher, NodeFencer, Preemptor, Scaler})
 

@@ -455,6 +455,21 @@ def test_a_node_in_both_clusters_offering_the_same_gpus():
     assert node_view(inventory, "slurm-a", "shared01").gpus[0].clusters == ("k8s-a", "slurm-a")
 
 
+def test_a_node_lent_between_two_clusters_is_offered_by_one_or_none():
+    """Lending (broker.scheduling.lending) keeps a shared node unavailable on one side, or on
+    both while it moves: neither is a GPU offered twice."""
+    report = agent("shared01", [gpu(0, node="shared01"), gpu(1, node="shared01")])
+    drained = slurm_units(slurm_node("shared01", "gpu:a100:2", states=("IDLE", "DRAIN")))
+    cordoned = k8s_units(k8s_whole_node("shared01", 2))
+    for unit in cordoned:
+        unit.labels["unavailable"] = "node shared01 is cordoned"
+    lent = run(slurm(drained), k8s(k8s_units(k8s_whole_node("shared01", 2))), reports=[report])
+    assert [f.kind for f in lent.findings if f.severity != "info"] == []
+    assert [g.clusters for g in node_view(lent, "k8s-a", "shared01").gpus] == [("k8s-a",), ("k8s-a",)]
+    moving = run(slurm(drained), k8s(cordoned), reports=[report])
+    assert [f.kind for f in moving.findings if f.severity != "info"] == []
+
+
 def test_a_node_split_between_two_clusters_is_fine():
     slurm_side = slurm_units(slurm_node("split01", "gpu:a100:2"))
     k8s_side = k8s_units(k8s_whole_node("split01", 2))

@@ -763,3 +763,32 @@ def test_the_mig_and_lending_sections_name_registered_clusters_and_say_how_to_wr
     assert "'ten' is not a duration" in str(bad)
     assert 'is not a window: write "HH:MM-HH:MM" in UTC' in str(bad)
     assert "joins two clusters, not a with itself" in str(bad)
+
+
+def test_a_lending_pool_sets_nodes_up_only_on_kubernetes() -> None:
+    text = (POLICIES / "default.yaml").read_text() + textwrap.dedent(
+        """
+        lending:
+          - nodes: [lend-*]
+            clusters: [slurm-a, k8s-a]
+            setup:
+              k8s-a: {device_plugin: time-sliced-4, mig: all-disabled}
+              slurm-a: {mig: all-1g.5gb}
+        """
+    )
+    loaded = load_policy(text, "p.yaml")
+    assert loaded.lending[0].setup["k8s-a"].labels() == {"device_plugin": "time-sliced-4", "mig": "all-disabled"}
+    report = validate(loaded, fleet("slurm", "k8s"))
+    assert "lending pool 1 sets nodes up on slurm-a, a slurm cluster: only Kubernetes" in messages(report.errors)
+    for setup, why in (
+        ("{c: {device_plugin: ts}}", "setup name the pool's clusters (a, b), not c"),
+        ('{a: {device_plugin: "no spaces"}}', "should match pattern"),
+        ("{a: {replicas: 4}}", "replicas"),
+    ):
+        bad = refused(
+            f"""
+            rules: [{{name: all, match: {{}}, route: {{cluster: slurm-a, sharing: slurm/exclusive}}}}]
+            lending: [{{nodes: [x], clusters: [a, b], setup: {setup}}}]
+            """
+        )
+        assert why in str(bad), str(bad)
