@@ -3,6 +3,7 @@ nodes, GPUs and slices as the clusters and the node agents see them, the drift
 between the two, the gres.conf that matches a node, and MIG layouts for the queue.
 """
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -18,6 +19,7 @@ from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster, MigChange, MigChangeEvent, NodeMove, NodeMoveEvent
 from broker.inventory import occupancy as holders
 from broker.inventory import report_store as nodereports
+from broker.inventory.events import MAX_EVENTS, fleet_events
 from broker.inventory.view import Inventory
 from broker.mig import queue as migqueue
 from broker.mig import reconfigure
@@ -229,6 +231,23 @@ def _change(c: MigChange, events: list[MigChangeEvent]) -> dict[str, Any]:
         "ended_at": c.ended_at,
         "events": [{"at": e.at, "step": e.step, "note": e.note} for e in events],
     }
+
+
+@router.get("/v1/events")
+def events(
+    session: Db,
+    _who: Admin,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 100,
+    since: datetime | None = None,
+    node: Annotated[str | None, Query(max_length=253)] = None,
+) -> list[dict[str, Any]]:
+    """The fleet's events, oldest first: each step of the MIG changes and of the nodes lent
+    between clusters (the newest ``limit``; at or after ``since``; of ``node``). Admins only:
+    they name every tenant's preempted jobs."""
+    if since is not None and since.tzinfo is None:
+        raise InvalidRequest("since needs a time zone: 2026-12-06T10:00:00Z")
+    with session.begin():
+        return [e.to_dict() for e in fleet_events(session, limit=limit, since=since, node=node)]
 
 
 @router.get("/v1/lending/moves")

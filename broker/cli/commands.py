@@ -310,6 +310,18 @@ def _watch(out: Output, view: Callable[[], Any], interval: float, *, done: Calla
             live.stop()
 
 
+def fleet_events(client: GpushClient, out: Output, *, limit: int, since: str | None, node: str | None) -> int:
+    """The fleet's events: MIG change and node move steps, oldest first."""
+    items = client.fleet_events(limit=limit, since=since, node=node)
+    if out.json_mode:
+        out.json(items)
+    elif not items:
+        out.note("no MIG change or node move yet (gpush mig apply makes changes; a policy's lending pools, moves)")
+    else:
+        out.print(console.fleet_events_table(items))
+    return EXIT_OK
+
+
 def events(client: GpushClient, out: Output, job_id: int) -> int:
     items = client.events(job_id)
     if out.json_mode:

@@ -327,6 +327,22 @@ def events_table(events: list[Any]) -> Table:
     return table
 
 
+def fleet_events_table(events: list[dict[str, Any]]) -> Table:
+    """``gpush events`` with no job: each step of the MIG changes and node moves."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("TIME", "WHAT", "NODE", "STEP", "NOTE"):
+        table.add_column(column, no_wrap=column != "NOTE", overflow="fold")
+    for e in events:
+        at = datetime.fromisoformat(e["at"]).astimezone().strftime("%m-%d %H:%M:%S")
+        if e["kind"] == "mig-change":  # where: "slurm-a GPU 0"
+            what = f"MIG {e['id']} GPU {e['where'].rsplit(' ', 1)[-1]}"
+        else:
+            what = f"move {e['id']}"
+        note = e["note"] if e["kind"] == "mig-change" else f"{e['where']}: {e['note']}"
+        table.add_row(at, what, e["node"], e["step"], note)
+    return table
+
+
 def tokens_table(tokens: list[Any]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("ID", "PREFIX", "USER", "TENANT", "ROLE", "NODES", "CREATED", "REVOKED", "DESCRIPTION"):

@@ -307,6 +307,12 @@ class GpushClient:
     def mig_change(self, change_id: int) -> dict[str, Any]:
         return self._request("GET", f"/v1/mig/changes/{change_id}")
 
+    def fleet_events(
+        self, *, limit: int | None = None, since: str | None = None, node: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The fleet's events (MIG change and node move steps), oldest first (admins)."""
+        return self._request("GET", "/v1/events", params=_params(limit=limit, since=since, node=node))
+
     def lending_moves(self, *, all: bool = False) -> list[dict[str, Any]]:
         return self._request("GET", "/v1/lending/moves", params=_params(all=all or None))
 

@@ -44,6 +44,7 @@ ROUTES = {
     ("GET", "/v1/mig/changes/{change_id}"): ("inventory", "200"),
     ("POST", "/v1/mig/changes/{change_id}:clear"): ("inventory", "200"),
     ("GET", "/v1/lending/moves"): ("inventory", "200"),
+    ("GET", "/v1/events"): ("inventory", "200"),
     ("GET", "/v1/nodes/{node}/gres-conf"): ("inventory", "200"),
     ("GET", "/v1/policy"): ("policy", "200"),
     ("POST", "/v1/policy"): ("policy", "201"),

@@ -12,6 +12,7 @@ from broker.core.adapter import MigPublisher, NodeFencer, Rejected
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import gpu_model
 from broker.core.models import Job, MigChange
+from broker.inventory.events import fleet_events
 from broker.inventory.report_store import save_report
 from broker.mig.layouts import MigSlot
 from broker.mig.plan import GpuPlan, MigPlan, Outcome
@@ -156,6 +157,9 @@ def test_a_change_goes_through_every_step_and_the_gpu_has_the_new_layout(session
     done = change(sessions)
     assert done.step == "done" and done.ended_at is not None
     assert steps(sessions) == ["planned", "draining", "emptying", "changing", "publishing", "confirming", "done"]
+    with sessions() as session:  # gpush events (no job) shows the same steps, of MIG change 1 of GPU 0
+        shown = [(e.kind, e.id, e.where, e.step) for e in fleet_events(session)]
+    assert shown == [("mig-change", 1, "slurm-a GPU 0", s) for s in steps(sessions)]
     assert sorted(tier.layouts[("mig-01", 0)]) == sorted(PLANNED)
     assert tier.fences == {} and machine.fenced() == {}
     gpu0 = collect(gpus, "mig-01").gpus[0]

@@ -92,6 +92,23 @@ def test_a_shared_node_is_offered_by_its_home_and_lent_when_the_other_side_waits
     assert "1 GPU-eq wait for k8s-a against 0 for slurm-a; lend idle" == move.reason
     admin = sdk(user="root", tenant="ops", role="admin")
     assert admin.lending_moves() == []  # none under way
+    # gpush events (no job): the fleet's events, each step of the move in order
+    events = admin.fleet_events()
+    assert [(e["kind"], e["node"], e["where"], e["step"]) for e in events] == [
+        ("node-move", "lend", "slurm-a -> k8s-a", step) for step in ("draining", "joining", "done")
+    ]
+    assert admin.fleet_events(node="elsewhere") == [] and len(admin.fleet_events(limit=1)) == 1
+    from rich.console import Console
+
+    from broker.cli.console import fleet_events_table
+
+    screen = Console(width=80, record=True, color_system=None)
+    screen.print(fleet_events_table(events))
+    shown = screen.export_text()
+    assert "move 1  lend  draining  slurm-a -> k8s-a: fenced on slurm-a" in shown, shown
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    with pytest.raises(Exception, match="403|admin"):
+        sdk(user="bob", tenant="ml").fleet_events()
     (shown,) = admin.lending_moves(all=True)
     assert (shown["node"], shown["step"], [e["step"] for e in shown["events"]]) == (
         "lend",
