@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +37,14 @@ from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
 from integration.brokers import QueueAccess
 from integration.k8s import apiserver, simulator
-from integration.k8s.gpu_nodes import GpuPool, time_slicing
+from integration.k8s.gpu_nodes import (
+    DEFAULT_MIG_PARTED_CONFIG,
+    MIG_CONFIG_LABEL,
+    MIG_CONFIG_STATE_LABEL,
+    MIG_PARTED_KEY,
+    GpuPool,
+    time_slicing,
+)
 from integration.slurm.cluster import SlurmClusterError, SlurmTestCluster, start
 from integration.test_slurm_adapter import Clock
 
@@ -45,22 +52,57 @@ PORTS = {"GPUSH_SLURMCTLD_PORT": "9517", "GPUSH_SLURMRESTD_PORT": "9520", "GPUSH
 OPERATOR = "gpu-operator"
 SHORT = {"sim-duration": "6"}  # seconds an inference Pod runs
 DEVICE_PLUGIN_CONFIG = "time-slicing-config"
+SEVEN, TWO = ("1g.5gb",) * 7, ("3g.20gb",) * 2  # mig01's layout in the Slurm test cluster's gres.conf
 POOLS = [
     GpuPool("gpu01", names=("gpu01",), product="NVIDIA-A100-SXM4-40GB", gpus_per_node=2, cpu="16", memory="64Gi"),
+    GpuPool(
+        "mig01",
+        names=("mig01",),
+        product="NVIDIA-A100-SXM4-40GB",
+        gpus_per_node=2,
+        mig_strategy="mixed",
+        mig_layout=(SEVEN, TWO),
+        mig_config="slurm-layout",
+        cpu="16",
+        memory="64Gi",
+    ),
     GpuPool("t4", product="Tesla-T4", gpus_per_node=1, replicas=2, cpu="16", memory="64Gi"),
 ]
-POLICY = """
+# The MIG manager's configs: MIG off, and Slurm's layout of mig01.
+MIG_PARTED = """\
+version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+  slurm-layout:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 7}
+    - devices: [1]
+      mig-enabled: true
+      mig-devices: {"3g.20gb": 2}
+"""
+RULES = """
 rules:
   - name: inference-time-sliced
     why: elastic inference tolerates sharing
     match: {kind: inference, isolation: [none], gpu_memory_gb: {max: 8}}
     route: {cluster: k8s-a, sharing: k8s/timeslice}
+  - name: isolated-on-mig
+    why: hardware isolation on the smallest MIG slice that holds the job
+    match: {isolation: hardware}
+    route: {cluster: slurm-a, sharing: slurm/mig}
   - name: training-whole
     why: training on whole GPUs
     match: {}
     route: {cluster: slurm-a, sharing: slurm/exclusive}
 preemption:
   grace: 1
+"""
+WHOLE_NODE = (
+    RULES
+    + """
 lending:
   - nodes: [gpu01]
     clusters: [slurm-a, k8s-a]
@@ -69,6 +111,21 @@ lending:
     setup:
       k8s-a: {device_plugin: time-sliced-4}
 """
+)
+# Kubernetes' MIG manager turns MIG off when it takes mig01, and gives Slurm's layout back
+# before the node goes home: Slurm's gres.conf holds for it again.
+MIG_NODE = (
+    RULES
+    + """
+lending:
+  - nodes: [mig01]
+    clusters: [slurm-a, k8s-a]
+    hold: 0
+    threshold: 0.4  # one 3g.20gb job (3/7 of a GPU) waiting brings it home
+    setup:
+      k8s-a: {mig: all-disabled, device_plugin: time-sliced-4, mig_on_leave: slurm-layout}
+"""
+)
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +157,30 @@ def simulated_durations(monkeypatch):
 
 
 class Site(QueueAccess):
-    def __init__(self, engine, sessions, pool: AdapterPool, clock, slurm: SlurmTestCluster):
-        self.sessions, self.pool, self.clock, self.slurm = sessions, pool, clock, slurm
+    def __init__(self, engine, sessions, pool: AdapterPool, clock, slurm: SlurmTestCluster, core, node: str):
+        self.sessions, self.pool, self.clock, self.slurm, self.core = sessions, pool, clock, slurm, core
         self.scheduler = Scheduler(engine, pool, clock=clock)
-        self.gpus = FakeNvml.with_layouts("A100-SXM4-40GB", [None, None])  # two whole GPUs, MIG off
+        self.node = node
+        self.mig_config = "slurm-layout" if node == "mig01" else None  # what the node's GPUs have
+        self.gpus = self._gpus()
         self.offered_twice: list = []
         self.cycles = 0
+
+    def _gpus(self) -> FakeNvml:
+        """The node's GPUs as its MIG config made them (the driver's view, behind its agent)."""
+        if self.mig_config == "slurm-layout":
+            return FakeNvml.with_layouts(
+                "A100-SXM4-40GB", [[f"1g.5gb@{i}" for i in range(7)], ["3g.20gb@0", "3g.20gb@4"]]
+            )
+        return FakeNvml.with_layouts("A100-SXM4-40GB", [None, None])  # two whole GPUs, MIG off
+
+    def follow_mig_manager(self) -> None:
+        """What the MIG manager applied to the node (label state ``success``), its GPUs now have."""
+        labels = self.core.read_node(self.node).metadata.labels or {}
+        applied = labels.get(MIG_CONFIG_LABEL) if labels.get(MIG_CONFIG_STATE_LABEL) == "success" else None
+        if applied and applied != self.mig_config:
+            self.mig_config = applied
+            self.gpus = self._gpus()
 
     def adapter(self, name: str):
         with self.sessions() as session:
@@ -114,8 +189,9 @@ class Site(QueueAccess):
 
     def cycle(self) -> None:
         """gpu01's agent reports, one scheduling cycle runs, and the inventory is checked."""
+        self.follow_mig_manager()
         with self.sessions() as session, session.begin():
-            save_report(session, collect(self.gpus, "gpu01", now=self.clock), by="agent", now=self.clock())
+            save_report(session, collect(self.gpus, self.node, now=self.clock), by="agent", now=self.clock())
         self.scheduler.run_cycle()
         self.cycles += 1
         inventories = {
@@ -124,8 +200,10 @@ class Site(QueueAccess):
         }
         with self.sessions() as session:
             reports = load_reports(session)
-        twice = [f for f in reconcile(inventories, reports, now=self.clock()).findings if f.kind == "gpu_claimed_twice"]
-        fenced = [name for name in ("slurm-a", "k8s-a") if "gpu01" in self.adapter(name).fenced()]
+        # (the other node both clusters list is in no pool of this test's policy: it is offered twice)
+        findings = reconcile(inventories, reports, now=self.clock()).findings
+        twice = [f for f in findings if f.kind == "gpu_claimed_twice" and f.node == self.node]
+        fenced = [name for name in ("slurm-a", "k8s-a") if self.node in self.adapter(name).fenced()]
         if twice or not fenced:
             self.offered_twice.append((self.cycles, fenced, [f.what for f in twice]))
 
@@ -160,7 +238,9 @@ class Site(QueueAccess):
 
 
 @pytest.fixture
-def site(engine, sessions, lend_slurm: SlurmTestCluster, tmp_path) -> Iterator[Site]:
+def make_site(engine, sessions, lend_slurm: SlurmTestCluster, tmp_path) -> Iterator[Callable[[str, str], Site]]:
+    """A site lending ``node`` under ``policy``."""
+    made: list[Site] = []
     clock = Clock()
     server = apiserver.start()
     kubeconfig = str(server.write_kubeconfig(tmp_path / "kubeconfig"))
@@ -173,6 +253,9 @@ def site(engine, sessions, lend_slurm: SlurmTestCluster, tmp_path) -> Iterator[S
             "metadata": {"name": DEVICE_PLUGIN_CONFIG},
             "data": {"whole": "version: v1\n", "time-sliced-4": time_slicing(4).render()},
         },
+    )
+    core.create_namespaced_config_map(
+        OPERATOR, {"metadata": {"name": DEFAULT_MIG_PARTED_CONFIG}, "data": {MIG_PARTED_KEY: MIG_PARTED}}
     )
     sim = simulator.Simulator(api, POOLS, device_plugin_config=DEVICE_PLUGIN_CONFIG).start()
     sim.create_nodes()
@@ -201,27 +284,33 @@ def site(engine, sessions, lend_slurm: SlurmTestCluster, tmp_path) -> Iterator[S
             actor="root",
             now=clock(),
         )
-    with sessions() as session, session.begin():
-        policystore.apply(
-            session,
-            POLICY,
-            comment="lending",
-            author="root",
-            now=clock(),
-            views=cluster_views(session, pool),
-            base_version=None,
-        )
-    made = Site(engine, sessions, pool, clock, lend_slurm)
-    yield made
+
+    def make(node: str, policy: str) -> Site:
+        with sessions() as session, session.begin():
+            policystore.apply(
+                session,
+                policy,
+                comment="lending",
+                author="root",
+                now=clock(),
+                views=cluster_views(session, pool),
+                base_version=None,
+            )
+        made.append(Site(engine, sessions, pool, clock, lend_slurm, core, node))
+        return made[-1]
+
+    yield make
     lend_slurm.cancel_all()
-    lend_slurm.run("scontrol", "update", "NodeName=gpu01", "State=RESUME", check=False)
+    for node in ("gpu01", "mig01"):
+        lend_slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
     pool.close()
     sim.stop()
     api.close()
     server.stop()
 
 
-def test_inference_borrows_a_slurm_node_set_up_time_sliced_and_training_brings_it_back(site: Site, lend_slurm):
+def test_inference_borrows_a_slurm_node_set_up_time_sliced_and_training_brings_it_back(make_site, lend_slurm):
+    site = make_site("gpu01", WHOLE_NODE)
     # gpu01 is offered by both at first: Kubernetes fences it, Slurm (its home) keeps it.
     site.cycle()
     assert site.adapter("k8s-a").fenced() == {"gpu01": "lent to slurm-a (gpush lending pool)"}
@@ -264,3 +353,52 @@ def test_inference_borrows_a_slurm_node_set_up_time_sliced_and_training_brings_i
     assert "gpu01" in site.adapter("k8s-a").fenced()
     # Never offered by both, in any cycle.
     assert site.offered_twice == [], site.offered_twice
+
+
+def test_inference_borrows_a_slurm_mig_node_time_sliced_and_training_brings_it_back(make_site, lend_slurm):
+    """The issue's case: Slurm's MIG node goes to Kubernetes time-slicing for a burst of
+    inference (the MIG manager turns MIG off there) and comes back to Slurm's MIG layout when
+    training waits again (the MIG manager gives the layout back before it leaves)."""
+    site = make_site("mig01", MIG_NODE)
+    site.cycle()
+    assert site.adapter("k8s-a").fenced() == {"mig01": "lent to slurm-a (gpush lending pool)"}
+    training = site.submit(
+        kind="training", isolation="hardware", gpu_memory_gb=20, command=["sleep", "600"], preemptible=True
+    )
+    site.cycle_until(lambda: site.job(training).state == "running", what="training runs on a 3g.20gb of mig01")
+    assert site.job(training).placement["mig_profile"] == "3g.20gb"
+
+    burst = [
+        site.submit(kind="inference", isolation="none", gpu_memory_gb=4, command=["serve"], labels=SHORT)
+        for _ in range(6)
+    ]
+    site.cycle_until(lambda: all(site.job(j).state in ("running", "succeeded") for j in burst), what="the burst runs")
+    first = site.moves()[0]
+    assert first[:3] == ("slurm-a", "k8s-a", "done") and first[3] == ["draining", "configuring", "joining", "done"]
+    assert site.mig_config == "all-disabled"  # MIG off: two whole GPUs, four time-slices each
+    units = [u for u in site.adapter("k8s-a").inventory() if u.node == "mig01"]
+    assert sum(u.capacity for u in units if u.sharing.value == "k8s/timeslice") == 8, units
+    assert not [u for u in units if u.sharing.value == "k8s/mig" and u.capacity]
+
+    site.cycle_until(lambda: all(site.job(j).state == "succeeded" for j in burst), what="the burst ends")
+    site.cycle_until(
+        lambda: site.job(training).state == "running" and len(site.moves()) >= 2,
+        timeout=90,
+        what="mig01 goes back to Slurm with its MIG layout and the training runs again",
+    )
+    back = site.moves()[1]
+    assert back[:3] == ("k8s-a", "slurm-a", "done") and back[3] == ["draining", "configuring", "joining", "done"]
+    assert site.mig_config == "slurm-layout"
+    assert site.job(training).placement["mig_profile"] == "3g.20gb"
+    node = lend_slurm.run("scontrol", "show", "node", "mig01").stdout
+    assert "DRAIN" not in node and "gpu:1g.5gb:7" in node
+    assert site.offered_twice == [], site.offered_twice
+    with site.sessions() as session:  # no drift: the agent's GPUs are what Slurm's gres.conf says
+        reports = load_reports(session)
+    inventories = {
+        name: ClusterInventory(name=name, kind=kind, units=site.adapter(name).inventory())
+        for name, kind in (("slurm-a", "slurm"), ("k8s-a", "k8s"))
+    }
+    findings = reconcile(inventories, reports, now=site.clock()).findings
+    critical = [f.what for f in findings if f.severity == "critical" and f.node == "mig01"]
+    assert critical == []

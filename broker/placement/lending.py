@@ -95,13 +95,13 @@ def plan_moves(
                 break
             if len(owned) - len(moves) <= keep or at_target + len(moves) >= cap:
                 break
-            how = "idle" if node.busy <= 0 else f"draining {node.busy:g} GPU-eq"
+            how = "idle" if node.busy <= 0 else f"runs {_eq(node.busy)} GPU-eq of work, to drain"
             moves.append(
                 Move(
                     node.name,
                     source,
                     target,
-                    f"{waiting[target]:g} GPU-eq wait for {target} against {waiting.get(source, 0.0):g} "
+                    f"{_eq(waiting[target])} GPU-eq wait for {target} against {_eq(waiting.get(source, 0.0))} "
                     f"for {source}; {node.name} {how}",
                 )
             )
@@ -130,3 +130,8 @@ def need(spec: JobSpec, sharing: Sharing, model: GpuModel, replicas_per_gpu: int
     if sharing is Sharing.K8S_TIMESLICE:
         return copies / max(replicas_per_gpu, 1)
     return float(copies)
+
+
+def _eq(value: float) -> str:
+    """GPU-equivalents as people read them: 4, 0.43, 1.5."""
+    return f"{value:.2f}".rstrip("0").rstrip(".")

@@ -366,9 +366,20 @@ class NodeSetup(BaseModel):
         pattern=_CONFIG_NAME,
         description="the MIG manager config (nvidia.com/mig.config); all-disabled makes whole GPUs",
     )
+    mig_on_leave: str | None = Field(
+        None,
+        pattern=_CONFIG_NAME,
+        description="the MIG manager config that gives the node back as the other cluster has it "
+        "(the layout Slurm's gres.conf names), applied once the node is empty here, before it leaves",
+    )
 
     def labels(self) -> dict[str, str]:
+        """What the node takes when it moves to this cluster."""
         return {k: v for k, v in (("device_plugin", self.device_plugin), ("mig", self.mig)) if v}
+
+    def leaving(self) -> dict[str, str]:
+        """What the node takes before it leaves this cluster."""
+        return {"mig": self.mig_on_leave} if self.mig_on_leave else {}
 
 
 class LendingPool(BaseModel):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -60,6 +60,8 @@ from broker.scheduling.preemption import preempt_for_fleet
 log = logging.getLogger("gpush.lending")
 _HOLDING = (JobState.SUBMITTED.value, JobState.RUNNING.value)
 FENCE_REASON = "lent to {other} (gpush lending pool)"
+# How long a node may take to be set up on the way (the MIG manager takes a minute or more).
+SETUP_TIMEOUT = timedelta(minutes=15)
 
 
 class NodeLending:
@@ -169,9 +171,9 @@ class NodeLending:
         pool: LendingPool,
         adapters: Mapping[str, ClusterAdapter],
     ) -> list[str]:
-        setup = pool.setup.get(move.target)
-        wanted = setup.labels() if setup is not None else {}
-        configurer = capability(adapters[move.target], NodeConfigurer) if wanted else None
+        # What the node takes on the way: the source's setup for leaving it (its MIG manager
+        # gives the target's layout back), the target's for joining it (its sharing there).
+        steps = _setups(pool, move, adapters)
         if move.step == "draining":
             if called_off(terms, node, demand):
                 fencers[move.source].unfence(move.node)
@@ -181,33 +183,39 @@ class NodeLending:
                 return [f"{move.node}: move to {move.target} called off"]
             if node.busy > 0:
                 return self._preempt(session, move, now)
-            if wanted:
-                if configurer is None:
+            if steps:
+                unable = [name for name, configurer, _ in steps if configurer is None]
+                if unable:
                     fencers[move.source].unfence(move.node)
-                    why = f"{move.target} cannot set a node up as the pool says ({_setup_text(wanted)})"
+                    why = f"{', '.join(unable)} cannot set a node up as the pool says"
                     _end(session, move, now, "called-off", f"{why}: {move.source} keeps it")
                     return [f"{move.node}: move to {move.target} called off: {why}"]
-                configurer.configure_node(move.node, wanted)
+                for _, configurer, setup in steps:
+                    configurer.configure_node(move.node, setup)
                 move.step, move.step_at = "configuring", now
                 _event(
                     session,
                     move,
                     now,
                     "configuring",
-                    f"empty on {move.source}: {move.target} sets it up ({_setup_text(wanted)}), still fenced there",
+                    f"empty on {move.source}; {_steps_text(steps)}, fenced on both meanwhile",
                 )
         if move.step == "configuring":
-            done = configurer.node_configured(move.node, wanted) if configurer is not None else False
-            if done is None:
+            states = [
+                configurer.node_configured(move.node, setup) if configurer else False for _, configurer, setup in steps
+            ]
+            late = now - move.step_at > SETUP_TIMEOUT
+            if any(state is None for state in states) and not late:
                 return []
-            if not done:
+            if not all(states):
                 fencers[move.source].unfence(move.node)
-                why = f"{move.target} failed to set it up ({_setup_text(wanted)})"
+                what = "was not set up in 15 min" if late and None in states else "failed to be set up"
+                why = f"the node {what} ({_steps_text(steps)})"
                 _end(session, move, now, "called-off", f"{why}: {move.source} offers it again")
                 return [f"{move.node}: move to {move.target} called off: {why}"]
             fencers[move.target].unfence(move.node)
             move.step, move.step_at = "joining", now
-            _event(session, move, now, "joining", f"set up on {move.target} ({_setup_text(wanted)}): unfenced there")
+            _event(session, move, now, "joining", f"set up as the pool says: unfenced on {move.target}")
         elif move.step == "draining":
             fencers[move.target].unfence(move.node)
             move.step, move.step_at = "joining", now
@@ -309,9 +317,25 @@ def _offers(units: Iterable[CapacityUnit], node: str) -> bool:
     return any(u.node == node and u.capacity > 0 and not u.labels.get("unavailable") for u in units)
 
 
-def _setup_text(setup: Mapping[str, str]) -> str:
+def _setups(
+    pool: LendingPool, move: NodeMove, adapters: Mapping[str, ClusterAdapter]
+) -> list[tuple[str, NodeConfigurer | None, dict[str, str]]]:
+    """(cluster, its configurer, setup) for what ``move``'s node takes on the way."""
+    out = []
+    leaving = pool.setup[move.source].leaving() if move.source in pool.setup else {}
+    joining = pool.setup[move.target].labels() if move.target in pool.setup else {}
+    for name, setup in ((move.source, leaving), (move.target, joining)):
+        if setup:
+            out.append((name, capability(adapters[name], NodeConfigurer), setup))
+    return out
+
+
+def _steps_text(steps: Sequence[tuple[str, object, Mapping[str, str]]]) -> str:
     names = {"device_plugin": "device plugin config", "mig": "MIG config"}
-    return ", ".join(f"{names[key]} {value}" for key, value in setup.items())
+    return "; ".join(
+        f"{cluster} sets it up ({', '.join(f'{names[key]} {value}' for key, value in setup.items())})"
+        for cluster, _, setup in steps
+    )
 
 
 def _event(session: Session, move: NodeMove, at: datetime, step: str, note: str) -> None:

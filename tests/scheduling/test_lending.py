@@ -131,7 +131,7 @@ def test_a_node_busy_at_home_drains_first_and_the_move_is_called_off_when_the_re
     cycle.run_cycle()
     with sessions() as session:
         (move,) = session.scalars(select(NodeMove)).all()
-    assert move.step == "draining" and "lend draining 1.71" in move.reason  # its 4 slices of 3/7
+    assert move.step == "draining" and "lend runs 1.71 GPU-eq of work, to drain" in move.reason  # its 4 slices of 3/7
     assert adapter(pool, sessions, "slurm-a").fenced() == {"lend": "lent to k8s-a (gpush lending pool)"}
     # The waiting inference is cancelled: nothing waits for k8s-a any more.
     from broker.intake import queue
