@@ -343,3 +343,49 @@ def test_the_page_calls_nothing_outside_the_broker(page, site):
     assert not re.search(r"https?://", response.text)
     index = json.loads(httpx.get(site.url + "/").text)  # not a browser: the JSON index, as before
     assert index["docs"] == "/docs"
+
+
+def test_an_admin_follows_mig_changes_and_node_moves_step_by_step(page, site, shots):
+    """The Admin page lists MIG changes and node moves with their steps (rows written as the
+    broker writes them; the steps themselves are tested in integration/test_slurm_mig.py and
+    integration/test_lending.py)."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from broker.core.models import MigChange, MigChangeEvent, NodeMove, NodeMoveEvent
+
+    at = datetime.now(UTC) - timedelta(minutes=5)
+    engine = create_engine(site.database_url)
+    with Session(engine) as session, session.begin():
+        change = MigChange(
+            cluster="slurm-a", node="mig-01", gpu=0, model="A100-SXM4-40GB", from_layout=["3g.20gb@0", "3g.20gb@4"],
+            to_layout=["2g.10gb@0", "2g.10gb@2", "3g.20gb@4"], target=["2g.10gb@0", "2g.10gb@2", "3g.20gb@4"],
+            step="done", rolling_back=False, changed_by="agent", reason="2 waiting 2g.10gb jobs", requested_by="root",
+            created_at=at, step_at=at,
+            ended_at=at + timedelta(minutes=2),
+        )  # fmt: skip
+        move = NodeMove(
+            node="lend-01", source="slurm-a", target="k8s-a", step="joining", reason="4 GPU-eq wait for k8s-a",
+            created_at=at, step_at=at,
+        )  # fmt: skip
+        session.add_all([change, move])
+        session.flush()
+        for step, note in (("planned", "asked by root"), ("emptying", "draining mig-01"), ("done", "<b>new</b>")):
+            session.add(MigChangeEvent(change_id=change.id, at=at, step=step, note=note))
+        session.add(NodeMoveEvent(move_id=move.id, at=at, step="draining", note="fenced on slurm-a"))
+    engine.dispose()
+    sign_in(page, site, "root")
+    page.get_by_role("link", name="Admin").click()
+    changes = page.get_by_test_id("mig-changes")
+    expect(changes).to_contain_text("mig-01 / GPU 0")
+    expect(changes).to_contain_text("3g.20gb@0, 3g.20gb@4 → 2g.10gb@0, 2g.10gb@2, 3g.20gb@4")
+    expect(changes).to_contain_text("<b>new</b>")  # a note is text, never markup
+    expect(page.get_by_test_id("node-moves")).to_contain_text("slurm-a → k8s-a")
+    page.get_by_text("Every step").click()
+    events = page.get_by_test_id("fleet-events")
+    expect(events).to_contain_text("MIG 1 emptying")
+    expect(events).to_contain_text("fenced on slurm-a")
+    page.screenshot(path=shots / "admin-mig.png", full_page=True)
+    expect(page.locator("main")).not_to_contain_text("null")  # nothing left out is drawn as "null"

@@ -40,7 +40,7 @@ function current(ticket) {
 
 function mount(...children) {
   const main = document.getElementById("main");
-  main.replaceChildren(...children);
+  main.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined && child !== false));
   return main;
 }
 
@@ -690,8 +690,9 @@ async function renderAdmin(ticket = app.ticket, note = null) {
     mount(h("p", { class: "note", text: "Only an admin's token sees this page." }));
     return;
   }
-  const [clusters, drift, history] = await Promise.all([api("/v1/clusters"), api("/v1/inventory/drift"),
-    api("/v1/policy/history")]);
+  const [clusters, drift, history, changes, moves, fleet] = await Promise.all([api("/v1/clusters"),
+    api("/v1/inventory/drift"), api("/v1/policy/history"), api("/v1/mig/changes?all=true&limit=20"),
+    api("/v1/lending/moves?all=true&limit=20"), api("/v1/events?limit=50")]);
   const editor = await policyEditor(ticket);
   if (!current(ticket)) return;
   const findings = drift;
@@ -723,6 +724,7 @@ async function renderAdmin(ticket = app.ticket, note = null) {
         h("td", { text: [f.cluster, f.node, f.gpu === null || f.gpu === undefined ? null : `GPU ${f.gpu}`].filter(Boolean).join(" / ") }),
         h("td", { text: f.what }), h("td", { class: "reason", text: f.why }), h("td", { class: "reason" }, withCode(f.fix))))))
       : h("p", { class: "muted", text: "No drift: every cluster agrees with its node agents." }),
+    ...fleetChanges(changes, moves, fleet),
     h("h2", { text: "Explain a job" }),
     h("form", { class: "filters", onsubmit: async (event) => {
       event.preventDefault();
@@ -748,6 +750,39 @@ async function renderAdmin(ticket = app.ticket, note = null) {
     note ? h("p", { class: "note", role: "status", text: note }) : null,
     editor);
   stamp();
+}
+
+// MIG layout changes (gpush mig apply) and nodes lent between clusters, with every step.
+function fleetChanges(changes, moves, fleet) {
+  const layout = (slots) => (slots && slots.length ? slots.join(", ") : "no instance");
+  const ended = (row) => ["done", "rolled-back", "cancelled", "called-off"].includes(row.step) ? "s-succeeded"
+    : row.step === "failed" ? "s-failed" : "s-running";
+  return [
+    h("h2", { text: "MIG changes and node moves" }),
+    changes.length ? h("table", { "data-testid": "mig-changes" },
+      h("thead", {}, h("tr", {}, ["change", "node / GPU", "layout", "step", "last"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, changes.map((c) => h("tr", {},
+        h("td", { text: `MIG ${c.id}` }), h("td", { text: `${c.cluster} / ${c.node} / GPU ${c.gpu}` }),
+        h("td", { class: "reason", text: `${layout(c.from)} → ${layout(c.to)}` }),
+        h("td", {}, h("span", { class: `badge ${ended(c)}`, text: c.rolling_back && !["rolled-back", "failed"]
+          .includes(c.step) ? `${c.step} (rolling back)` : c.step })),
+        h("td", { class: "reason", text: c.events.length ? c.events[c.events.length - 1].note : "" })))))
+      : h("p", { class: "muted", text: "No MIG change yet: gpush mig apply makes them, or the policy's mig section." }),
+    moves.length ? h("table", { "data-testid": "node-moves" },
+      h("thead", {}, h("tr", {}, ["move", "node", "from → to", "step", "why"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, moves.map((m) => h("tr", {},
+        h("td", { text: `move ${m.id}` }), h("td", { text: m.node }), h("td", { text: `${m.source} → ${m.target}` }),
+        h("td", {}, h("span", { class: `badge ${ended(m)}`, text: m.step })),
+        h("td", { class: "reason", text: m.reason })))))
+      : h("p", { class: "muted", text: "No node lent yet: the policy's lending pools lend them." }),
+    fleet.length ? h("details", {},
+      h("summary", { text: `Every step (${fleet.length} newest)` }),
+      h("ol", { class: "timeline", "data-testid": "fleet-events" }, fleet.slice().reverse().map((e) => h("li", {},
+        h("time", { datetime: e.at, text: when(e.at) }),
+        h("b", { text: `${e.kind === "mig-change" ? "MIG" : "move"} ${e.id} ${e.step}` }),
+        h("span", { class: "muted", text: ` ${e.node} (${e.where})` }),
+        h("div", { class: "why", text: e.note }))))) : null,
+  ];
 }
 
 function diffBlock(text) {
