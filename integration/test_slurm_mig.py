@@ -1,12 +1,14 @@
-"""`gpush mig apply` on the real Slurm test cluster: a GPU of mig01 re-cut while jobs run.
+"""`gpush mig apply` on the real Slurm test cluster: a GPU of mig01 re-cut while jobs run, on
+Debian 12's Slurm 22.05 and on each newer Slurm of SLURM_SUITES in its chroot (24.11, 26.05).
 
 The broker runs here in-process (PostgreSQL, the real scheduling cycle and API), with one
 cluster, ``slurm-mig``: a test cluster of its own (its own ports and files, since this test
 rewrites them), whose adapter rewrites gres.conf and slurm.conf (adapters.slurm.mig) and
 restarts slurmctld and mig01's slurmd (integration/slurm/reload.sh: Slurm 22.05 takes a
-node's new GRES counts only then). mig01's agent is ``gpush agent --allow-mig-changes`` in
-this process, over a stateful fake NVML (broker.nodeagent.nvml_fake) with the cluster's
-layout: GPU 0 seven 1g.5gb, GPU 1 two 3g.20gb. The test plays the driver too: the capability
+node's new GRES counts only then; the newer ones take them at ``scontrol reconfigure``).
+mig01's agent is ``gpush agent --allow-mig-changes`` in this process, over a stateful fake
+NVML (broker.nodeagent.nvml_fake) with the cluster's layout: GPU 0 seven 1g.5gb, GPU 1 two
+3g.20gb. The test plays the driver too: the capability
 device of each instance the agent creates appears under the cluster's fake /dev.
 """
 
@@ -36,6 +38,7 @@ from broker.nodeagent.nvml_fake import FakeNvml
 from broker.routing import versions as policystore
 from broker.routing.versions import cluster_views
 from integration.slurm.cluster import SlurmClusterError, SlurmTestCluster, start
+from integration.slurm_fixtures import SLURM_SUITES, chroot_cluster
 from integration.test_slurm_adapter import Broker, Clock
 
 HERE = Path(__file__).resolve().parent
@@ -61,8 +64,13 @@ SEVEN = [f"1g.5gb@{i}" for i in range(7)]
 TWO = ["3g.20gb@0", "3g.20gb@4"]
 
 
-@pytest.fixture(scope="module")
-def mig_slurm() -> Iterator[SlurmTestCluster]:
+@pytest.fixture(scope="module", params=["host", *SLURM_SUITES])
+def mig_slurm(request, slurm_chroots: dict[str, Path]) -> Iterator[SlurmTestCluster]:
+    """The host's Slurm (22.05) in a cluster of this module's own; and each newer Slurm of
+    SLURM_SUITES in its chroot (24.11, the newest Debian carries)."""
+    if request.param != "host":
+        yield from chroot_cluster(slurm_chroots, request.param, accounting=False)
+        return
     state = Path(tempfile.mkdtemp(prefix="gpush-slurm-mig-"))
     try:
         cluster = start(state, fresh=True, env=PORTS)
@@ -147,8 +155,13 @@ def site(engine, sessions, mig_slurm: SlurmTestCluster, tmp_path) -> Iterator[Si
         "cache_seconds": 0,
         "mig_gres_conf": str(etc / "gres.conf"),
         "mig_caps_dir": str(mig_slurm.state / "dev" / "{node}" / "nvidia-caps"),
+        # 22.05 takes new GRES counts only when slurmctld restarts (reload.sh restarts it and
+        # the node's slurmd); from 23.11 the default, scontrol reconfigure, restarts both.
         "mig_reload": f"{shlex.quote(str(RELOAD))} {shlex.quote(str(mig_slurm.state))} {{node}}",
     }
+    if mig_slurm.chroot is not None:
+        prefix = shlex.join(mig_slurm.command_prefix)
+        config.update(command_prefix=prefix, mig_reload=f"{prefix} scontrol reconfigure")
     with sessions() as session, session.begin():
         add_cluster(session, name=CLUSTER, kind="slurm", config=config, actor="root", now=clock())
     made = Site(engine, sessions, clock, mig_slurm)

@@ -253,7 +253,7 @@ class SlurmAdapter:
     # The node's agent re-cuts the GPU; publishing rewrites Slurm's files (adapters.slurm.mig).
     changes_gpus: ClassVar[bool] = False
     # slurmctld aborts every job on a node that registers another GRES count ("gres/gpu count
-    # mismatch", measured on 22.05), so a change waits until the node is empty.
+    # mismatch", measured on 22.05 and 24.11), so a change waits until the node is empty.
     needs_empty_node: ClassVar[bool] = True
 
     def __init__(

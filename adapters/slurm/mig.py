@@ -22,7 +22,8 @@ or a ``Name=gpu`` line with no ``NodeName`` (it holds for every node).
 Then the daemons must read the files: ``scontrol reconfigure`` on Slurm 23.11 and later
 (slurmctld and slurmd restart themselves), while Slurm 22.05 takes a node's new GRES counts
 only when slurmctld restarts and the node's slurmd re-reads gres.conf when it restarts
-(measured on Debian's 22.05.8; the adapter's ``mig_reload`` names the site's command).
+(measured on Debian's 22.05.8; 24.11 and 26.05 take both at ``scontrol reconfigure``; the adapter's
+``mig_reload`` names the site's command).
 """
 
 from __future__ import annotations
