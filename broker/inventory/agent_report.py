@@ -67,6 +67,14 @@ class GpuReport(_Strict):
     error: str | None = None  # what NVML said when reading this GPU failed (the rest still counts)
 
 
+class MigRefusal(_Strict):
+    """A MIG layout the broker asked for (``gpush mig apply``) that the agent did not make, and why."""
+
+    change: Annotated[int, Field(ge=1)]  # the MIG change's id
+    gpu: Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+    why: Text
+
+
 class NodeReport(_Strict):
     # The node's name as the clusters know it (hostname -s by default): a DNS name.
     node: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
@@ -77,3 +85,5 @@ class NodeReport(_Strict):
     cuda_version: Text | None = None
     gpus: list[GpuReport] = Field(default_factory=list, max_length=MAX_GPUS)
     error: str | None = None  # NVML could not be read at all (no driver, no library)
+    # Layouts asked for in the answer to the last report that the agent refused or failed to make.
+    mig_refused: list[MigRefusal] = Field(default_factory=list, max_length=MAX_GPUS)

@@ -540,7 +540,11 @@ class Reconfigurations:
             )
         row = session.get(NodeReportRow, change.node)
         if row is not None and row.received_at >= change.step_at:
-            gpu = _gpu(NodeReport.model_validate(row.report), change.gpu)
+            report = NodeReport.model_validate(row.report)
+            refused = [r.why for r in report.mig_refused if r.change == change.id and r.gpu == change.gpu]
+            if refused:  # the agent says it will not: no use waiting for the step to run out
+                return self._late(session, change, now, f"the agent of {change.node} did not make it: {refused[0]}")
+            gpu = _gpu(report, change.gpu)
             if gpu is not None and same_instances(reported_layout(gpu), change.target):
                 return self._move(
                     session,

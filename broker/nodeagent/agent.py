@@ -42,7 +42,7 @@ from broker import __version__
 from broker.core.clock import Clock, utcnow
 from broker.core.errors import EXIT_NOT_ALLOWED, GpushError
 from broker.core.gpus import GpuModel, model_of_nvml_product
-from broker.inventory.agent_report import GpuProcess, GpuReport, MigInstance, NodeReport
+from broker.inventory.agent_report import GpuProcess, GpuReport, MigInstance, MigRefusal, NodeReport
 from broker.nodeagent.nvml import (
     GPU_INSTANCE_PROFILE_INDEXES,
     VALUE_NOT_AVAILABLE_UINT,
@@ -415,12 +415,15 @@ def run_agent(
                         node,
                         ", ".join(str(w.get("gpu")) for w in wanted),
                     )
-                elif wanted and change_mig_layouts(library, report, wanted):
-                    report = collect(library, node, process_name=process_name, mps_control=mps_control)
-                    again = _deliver(
-                        http, url, headers, report, interval, sleep, should_stop, first_backoff, max_backoff
-                    )
-                    delivered += again is not None
+                elif wanted:
+                    made = change_mig_layouts(library, report, wanted)
+                    if made or made.refused:  # what is now, and what it did not make
+                        report = collect(library, node, process_name=process_name, mps_control=mps_control)
+                        report = report.model_copy(update={"mig_refused": made.refused})
+                        again = _deliver(
+                            http, url, headers, report, interval, sleep, should_stop, first_backoff, max_backoff
+                        )
+                        delivered += again is not None
             if once or should_stop():
                 break
             sleep(interval)
@@ -430,40 +433,59 @@ def run_agent(
     return delivered
 
 
-def change_mig_layouts(library: NvmlLibrary | None, report: NodeReport, wanted: list[dict[str, Any]]) -> bool:
+@dataclass
+class MigChangesMade:
+    """What :func:`change_mig_layouts` did: true when some GPU changed; ``refused`` the asks it
+    did not make, with why (the next report carries them to the broker)."""
+
+    changed: bool = False
+    refused: list[MigRefusal] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.changed
+
+
+def change_mig_layouts(library: NvmlLibrary | None, report: NodeReport, wanted: list[dict[str, Any]]) -> MigChangesMade:
     """Make the MIG layouts the broker asked for (``[{"change", "gpu", "layout"}]``, layout
     as ``"3g.20gb@0"``) through NVML (broker.nodeagent.mig_apply): instances in both layouts
-    stay, a busy one is never destroyed. True when some GPU changed. Refusals and NVML errors
-    are logged; the broker sees the layout the next report shows."""
+    stay, a busy one is never destroyed. Refusals and NVML errors are logged and returned,
+    for the next report to tell the broker (which then rolls the change back at once rather
+    than waiting for its step to run out); the broker sees the layout that report shows."""
     from broker.mig.layouts import MigSlot
     from broker.nodeagent.mig_apply import LayoutRefused, apply_layout_change, layout_change
 
     pynvml = import_pynvml()
     library = library if library is not None else PynvmlLibrary()
     gpus = {gpu.index: gpu for gpu in report.gpus}
-    changed = False
+    made = MigChangesMade()
+
+    def refuse(item: dict[str, Any], index: Any, why: str) -> None:
+        log.error("MIG change %s on GPU %s: %s", item.get("change"), index, why)
+        if isinstance(item.get("change"), int) and isinstance(index, int) and item["change"] >= 1 and index >= 0:
+            made.refused.append(MigRefusal(change=item["change"], gpu=index, why=why[:4096]))
+
     library.nvmlInit()
     try:
         for item in wanted:
             index, layout = item.get("gpu"), item.get("layout") or []
             gpu = gpus.get(index)
             if gpu is None:
-                log.error("MIG change %s: this node has no GPU %s", item.get("change"), index)
+                refuse(item, index, "this node has no such GPU")
                 continue
             try:
                 target = [MigSlot.parse(text) for text in layout]
                 change = layout_change(gpu, target)
                 for line in apply_layout_change(library, change):
                     log.info("MIG change %s: %s", item.get("change"), line)
-                changed = changed or not change.empty
+                made.changed = made.changed or not change.empty
             except (LayoutRefused, ValueError) as exc:
-                log.error("MIG change %s refused on GPU %s: %s", item.get("change"), index, exc)
+                refuse(item, index, f"refused: {exc}")
             except pynvml.NVMLError as exc:
-                log.error("MIG change %s on GPU %s: NVML failed: %s", item.get("change"), index, _describe(exc))
-                changed = True  # part of it may be done: report what is
+                refuse(item, index, f"NVML failed: {_describe(exc)}")
+                made.changed = True  # part of it may be done: report what is
     finally:
         library.nvmlShutdown()
-    return changed
+    return made
 
 
 def _deliver(

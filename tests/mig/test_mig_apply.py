@@ -193,3 +193,26 @@ def test_the_policys_automatic_mode_recuts_the_gpu_itself_outside_quiet_hours(
     clock.advance(600)  # the next plan: nothing left to gain, nothing asked
     cycle.run_cycle()
     assert len(admin.mig_changes(all=True)) == 1
+
+
+def test_an_agent_that_refuses_says_why_in_its_report_and_the_change_rolls_back_at_once(
+    engine, sessions, clock, slurm, gpus, agent, sdk
+):
+    cycle = scheduler(engine, slurm, clock)
+    twenty_gb_jobs(sessions, clock)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    agent()
+    admin = sdk(user="root", tenant="ops", role="admin")
+    admin.mig_apply(cluster="slurm-a")
+    cycle.run_cycle()  # fenced and empty: the agent's turn
+    gpus.gpus[0].processes.append((4242, 7, 512))  # a process on 1g.5gb@6 started meanwhile
+    clock.advance(5)
+    assert agent() == 2  # the report, then the one that says it refused
+    assert layout(gpus, 0) == ONES  # nothing destroyed under the process
+    cycle.run_cycle()
+    change = admin.mig_change(1)
+    notes = [e["note"] for e in change["events"]]
+    assert change["target"] == ONES and any(
+        "the agent of mig-01 did not make it: refused:" in n and "rolling back" in n for n in notes
+    ), notes

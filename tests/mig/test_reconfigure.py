@@ -227,6 +227,29 @@ def test_a_cluster_that_needs_the_node_empty_waits_for_every_job_on_it(sessions,
     assert "empty: no work on mig-01;" in _notes(sessions)[-1]
 
 
+def test_an_agent_that_refuses_the_layout_says_why_and_the_change_rolls_back_at_once(
+    sessions, clock, tier, gpus, machine
+):
+    """A process started on an instance after the node was emptied: the agent will not destroy
+    it, says so in its next report, and the change rolls back then, not when its step runs out."""
+    ask(sessions, clock, tier, gpus)
+    machine.advance()
+    assert change(sessions).step == "changing"
+    gpus.gpus[0].processes.append((4242, 1, 1024))  # on 3g.20gb@0 (GPU instance 1), which the change destroys
+    with sessions() as session:
+        wanted = wanted_by_agent(session, "mig-01")
+    made = change_mig_layouts(gpus, collect(gpus, "mig-01"), wanted)
+    assert not made and [(r.change, r.gpu) for r in made.refused] == [(1, 0)]
+    clock.advance(5)
+    with sessions() as session, session.begin():
+        told = collect(gpus, "mig-01", now=clock).model_copy(update={"mig_refused": made.refused})
+        save_report(session, told, by="agent", now=clock())
+    machine.advance()
+    row = change(sessions)
+    assert row.rolling_back and row.step in ("changing", "publishing", "confirming", "rolled-back")
+    assert "the agent of mig-01 did not make it: refused:" in " ".join(_notes(sessions))
+
+
 def test_an_agent_that_never_changes_the_gpu_rolls_the_change_back(sessions, clock, tier, gpus, machine):
     ask(sessions, clock, tier, gpus)
     machine.advance()
