@@ -169,6 +169,9 @@ class CapacityView:
     # the last cycle, by (cluster, model): a job that may run on any model keeps off a
     # model whose free units those jobs already need (see _take_best).
     pinned: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Nodes whose units their cluster offers none of now (drained, cordoned, fenced for a
+    # MIG change or a move), by (cluster, sharing, profile): node -> why, for waiting reasons.
+    closed: dict[tuple[str, Sharing, str | None], dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -206,6 +209,10 @@ class CapacityView:
                 # those to their own GPU below.
                 return max(memory_used.get((cluster, node), 0.0) - pending_memory.get((cluster, node), 0.0), 0.0)
 
+            for unit in live:
+                if unit.labels.get("unavailable") and unit.capacity > 0:
+                    key = (cluster, unit.sharing, unit.mig_profile)
+                    view.closed.setdefault(key, {})[unit.node] = unit.labels["unavailable"]
             memory_free = _timeslice_memory_free(live, running)
             by_sharing: dict[Sharing, list[Slot]] = defaultdict(list)
             for unit, memory in zip(live, memory_free, strict=True):
@@ -216,6 +223,18 @@ class CapacityView:
         for placement in pending:
             view.take(placement)
         return view
+
+    def _closed(self, cluster: str, sharing: Sharing, profile: str | None) -> str:
+        """``; mig01 offers none: node mig01 is drain: gpush: MIG change 3`` for a waiting
+        reason, when nodes with such units offer none now (at most two named)."""
+        nodes = self.closed.get((cluster, sharing, profile))
+        if not nodes:
+            return ""
+        # brackets for the why's own parentheses: the reason's last ")" is the count's, which
+        # the decision extends ("2 jobs ahead")
+        named = sorted((node, why.replace("(", "[").replace(")", "]")) for node, why in nodes.items())
+        more = f" and {len(named) - 2} more nodes" if len(named) > 2 else ""
+        return "; " + "; ".join(f"{node} offers none: {why}" for node, why in named[:2]) + more
 
     def clusters(self) -> list[str]:
         return list(self.slots)
@@ -436,8 +455,9 @@ class CapacityView:
         able = [s for s in shapes if s.profile == smallest]
         free = sum(s.free for s in able)
         total = sum(s.total for s in able)
+        closed = self._closed(cluster, sharing, smallest)
         return NoFit(
-            f"waiting for a {smallest} slice{of} on {cluster} ({free} of {total} free)",
+            f"waiting for a {smallest} slice{of} on {cluster} ({free} of {total} free{closed})",
             never=False,
             waiting_for=(cluster, sharing.value, smallest, model),
         )
@@ -739,8 +759,9 @@ class CapacityView:
         if best is None:
             free = sum(s.free for s in able)
             total = sum(s.total for s in able)
+            closed = self._closed(cluster, sharing, profile)
             return NoFit(
-                f"waiting for {what} on {cluster} ({free} of {total} free)",
+                f"waiting for {what} on {cluster} ({free} of {total} free{closed})",
                 never=False,
                 waiting_for=(cluster, sharing.value, profile, model),
             )

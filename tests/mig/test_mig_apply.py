@@ -87,6 +87,10 @@ def test_mig_apply_recuts_a_gpu_and_the_work_that_waited_runs(engine, sessions, 
     assert [g["change"] for g in applied["gpus"]] == [1]
     cycle.run_cycle()  # fenced, empty: the agent's turn
     assert admin.mig_change(1)["step"] == "changing"
+    waiting = [job(sessions, j) for j in jobs if job(sessions, j).state == "queued"]
+    assert waiting and all("mig-01 offers none: fenced for MIG change 1" in j.state_reason for j in waiting), [
+        j.state_reason for j in waiting
+    ]
     assert slurm_adapter(slurm, sessions).fenced() == {"mig-01": "gpush MIG change 1"}
     clock.advance(5)
     assert agent() == 2  # the report, then the one after the change
