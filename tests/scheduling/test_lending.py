@@ -171,3 +171,38 @@ def test_preemptible_work_on_a_draining_node_is_preempted_for_the_move(engine, s
     assert [job(sessions, j).state for j in waiting] == ["running"] * 12
     # mig-01 and k8s-a's MIG node run 6 of them again; 2 wait for a slice
     assert sorted(job(sessions, j).state for j in held) == ["queued"] * 2 + ["running"] * 6
+
+
+def test_a_broker_that_restarts_mid_move_carries_the_move_on_from_its_row(engine, sessions, clock, tmp_path):
+    """The move is a row: a new broker (new adapters, new scheduler) finds it draining and
+    carries it on; it plans no second move of the node, and the node is never offered by both."""
+
+    with sessions() as session, session.begin():  # the clusters' state in files, as servers keep it
+        for name in ("slurm-a", "k8s-a"):
+            config = {"fleet_yaml": FLEET, "state_file": str(tmp_path / f"{name}.json")}
+            add_cluster(session, name=name, kind="sim", config=config, actor="root", now=clock())
+    first = AdapterPool(clock)
+    apply_policy(sessions, first, clock, LENDING + "\npreemption:\n  grace: 10s\n")
+    cycle = scheduler(engine, first, clock)
+    training = {"kind": "training", "isolation": "hardware", "gpu_memory_gb": 20, "labels": {"sim-duration": "36000"}}
+    held = [submit(sessions, clock, preemptible=True, **training) for _ in range(8)]
+    cycle.run_cycle()
+    cycle.run_cycle()
+    serve = {"kind": "inference", "isolation": "none", "gpu_memory_gb": 4, "labels": {"sim-duration": "36000"}}
+    waiting = [submit(sessions, clock, **serve) for _ in range(12)]
+    cycle.run_cycle()
+    with sessions() as session:
+        (move,) = session.scalars(select(NodeMove)).all()
+    assert move.step == "draining"
+
+    second = AdapterPool(clock)  # the broker restarts: only the database and the clusters' state stay
+    cycle = scheduler(engine, second, clock)
+    for _ in range(6):
+        clock.advance(15)
+        cycle.run_cycle()
+        assert offered_twice(second, sessions, clock) == []
+    with sessions() as session:
+        moves = session.scalars(select(NodeMove)).all()
+    assert [(m.id, m.step) for m in moves] == [(move.id, "done")]
+    assert [job(sessions, j).state for j in waiting] == ["running"] * 12
+    assert all(job(sessions, j).state in ("running", "queued") for j in held)  # preempted ones queued again
