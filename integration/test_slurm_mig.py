@@ -26,13 +26,13 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from adapters.slurm.mig import cap_minor
 from broker.api.app import create_app
 from broker.client.sdk import GpushClient
 from broker.core import auth
 from broker.core.clusters import add_cluster
 from broker.core.models import Job, MigChange
 from broker.core.schemas import Role
+from broker.mig.config import mig_cap_minor as cap_minor
 from broker.nodeagent.agent import collect, run_agent
 from broker.nodeagent.nvml_fake import FakeNvml
 from broker.routing import versions as policystore

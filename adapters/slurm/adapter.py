@@ -63,7 +63,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from adapters.settings import key_value_pairs, load_settings
 from adapters.slurm.client import SlurmClient, make_client
@@ -206,11 +206,46 @@ class SlurmSettings(BaseModel):
     )
     mig_reload: str = Field(
         "scontrol reconfigure",
-        description="what makes slurmctld and the node's slurmd read the rewritten files (shell words, "
-        "{node}: the node): scontrol reconfigure from Slurm 23.11; before, a restart of slurmctld and "
-        "of the node's slurmd, e.g. 'systemctl restart slurmctld && ssh {node} systemctl restart slurmd' "
-        "in a script",
+        description="the command that makes slurmctld and the node's slurmd read the rewritten files "
+        "(a program and its arguments, {node}: the node; run without a shell): scontrol reconfigure from "
+        "Slurm 23.11; before, a script of the site's that restarts slurmctld and the node's slurmd",
     )
+
+    @field_validator("mig_gres_conf", "mig_slurm_conf")
+    @classmethod
+    def _a_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(f"{info.field_name} is a file's path; leave it out rather than empty")
+        return value
+
+    @field_validator("mig_reload")
+    @classmethod
+    def _a_command(cls, value: str) -> str:
+        try:
+            words = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"mig_reload {value!r} is not a command line: {exc}") from None
+        if not words:
+            raise ValueError(
+                "mig_reload is a command, e.g. 'scontrol reconfigure' or '/usr/local/sbin/slurm-reload {node}'"
+            )
+        shell = [w for w in words if w in ("&&", "||", ";", "|", ">", ">>", "<", "&")]
+        if shell:
+            raise ValueError(
+                f"mig_reload runs one program without a shell, so {shell[0]!r} would be an argument: "
+                "put the commands in a script and name it, e.g. '/usr/local/sbin/slurm-reload {node}'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _mig_files(self) -> SlurmSettings:
+        if self.mig_gres_conf and not (self.mig_slurm_conf or self.slurm_conf):
+            raise ValueError(
+                "mig_gres_conf needs the slurm.conf whose Gres= gpush sets too: give mig_slurm_conf "
+                "(or slurm_conf, the command-line backend's)"
+            )
+        return self
+
     timeout: float = Field(30.0, gt=0)
 
     @field_validator("log_dir")
@@ -486,17 +521,30 @@ class SlurmAdapter:
                 f"Slurm takes a MIG layout from the node agent's report of the instances, and node {node} "
                 f"has not reported GPU {gpu} re-cut (gpush agent --allow-mig-changes re-cuts it first)"
             )
-        gi_of = {f"{m.profile}@{m.placement_start}": m.gi_id for m in reported.mig_instances}
+        made = {f"{m.profile}@{m.placement_start}": (m.gi_id, m.ci_id) for m in reported.mig_instances}
         caps = self.settings.mig_caps_dir.replace("{node}", node)
         gres = GresConf(_read(gres_path), str(gres_path))
-        new_gres = gres.with_gpu(node, gpu, mig_devices(gpu, caps, instances, gi_of))
+        before = gres.devices(node)
+        # The GPU's own device, as its lines name it (MultipleFiles=), else beside the capabilities.
+        gpu_device = next(
+            (f for d in before if d.gpu == gpu for f in d.files if re.search(rf"/nvidia{gpu}\Z", f)),
+            f"{posixpath.dirname(caps.rstrip('/'))}/nvidia{gpu}",
+        )
+        devices = mig_devices(gpu, caps, instances, made, style=gres.style(node), gpu_device=gpu_device)
+        new_gres = gres.with_gpu(node, gpu, devices)
         wanted = gres_counts(GresConf(new_gres, str(gres_path)).devices(node))
         old_slurm = _read(slurm_path)
         new_slurm = with_node_gres(old_slurm, node, wanted, str(slurm_path))
-        if new_gres != gres.text:
-            replace_file(gres_path, new_gres)
-        if new_slurm != old_slurm:
-            replace_file(slurm_path, new_slurm)
+        try:
+            if new_gres != gres.text:
+                replace_file(gres_path, new_gres)
+            if new_slurm != old_slurm:
+                replace_file(slurm_path, new_slurm)
+        except OSError as exc:
+            raise Misconfigured(
+                f"cannot write {exc.filename or gres_path}: {exc.strerror or exc}; the broker rewrites gres.conf "
+                "and slurm.conf for MIG changes (run it where it may, or set mig_gres_conf to a file it may write)"
+            ) from None
         if self._offered_counts(node) != wanted:
             self._reload(node)
 
@@ -545,7 +593,11 @@ class SlurmAdapter:
         return Counter({g.type: g.count for g in self._node(node).gres if g.name == "gpu"})
 
     def _reload(self, node: str) -> None:
-        argv = shlex.split(self.settings.mig_reload.replace("{node}", node))
+        argv = shlex.split(self.settings.mig_reload.replace("{node}", node))  # checked by the settings
+        if argv[0] == "scontrol":  # Slurm's own command: where the cluster's commands run
+            prefix = shlex.split(self.settings.command_prefix or "")
+            command = posixpath.join(self.settings.bin_dir, "scontrol") if self.settings.bin_dir else "scontrol"
+            argv = [*prefix, command, *argv[1:]]
         env = dict(os.environ)
         if self.settings.slurm_conf:
             env["SLURM_CONF"] = self.settings.slurm_conf

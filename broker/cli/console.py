@@ -95,7 +95,14 @@ class Output:
         self.err_console.print(text)
 
     def print(self, renderable: Any) -> None:
-        self.console.print(renderable)
+        if self.console.is_terminal:
+            self.console.print(renderable)
+            return
+        # Piped: no colour codes, and no padding after the last column (a table's rows are
+        # padded to its widest, which makes every line as long as the longest reason).
+        with self.console.capture() as captured:
+            self.console.print(renderable)
+        self.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def _plain(value: Any) -> Any:

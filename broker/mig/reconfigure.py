@@ -42,6 +42,7 @@ change waits in ``emptying``), and the lent GPU machines of the device tool
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ STEPS = ("planned", "draining", "emptying", "changing", "publishing", "confirmin
 ENDINGS = ("done", "rolled-back", "cancelled", "failed")
 # Jobs that hold their units on the node until they end.
 _HOLDING = (JobState.SUBMITTED.value, JobState.RUNNING.value)
+
+log = logging.getLogger("gpush.mig")
 
 
 @dataclass(frozen=True)
@@ -448,6 +451,11 @@ class Reconfigurations:
         except AdapterError as exc:
             if late:
                 return self._late(session, change, now, f"{change.cluster} refused: {exc}")
+            return None
+        except Exception as exc:  # an adapter's bug must not stop every cycle: this change waits, then rolls back
+            log.exception("MIG change %s (%s): step %s failed", change.id, change.node, change.step)
+            if late:
+                return self._late(session, change, now, f"{change.cluster} failed: {type(exc).__name__}: {exc}")
             return None
 
     def _planned(

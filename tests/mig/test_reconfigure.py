@@ -54,6 +54,8 @@ class Tier:
         return dict(self.fences)
 
     def publish_mig(self, node: str, gpu: int, instances, reported=None) -> None:
+        if self.refuse == "bug":
+            raise KeyError("an adapter's bug")
         if self.refuse:
             raise Rejected("the tier refuses")
         self.layouts[(node, gpu)] = tuple(instances)
@@ -248,6 +250,22 @@ def test_an_agent_that_refuses_the_layout_says_why_and_the_change_rolls_back_at_
     row = change(sessions)
     assert row.rolling_back and row.step in ("changing", "publishing", "confirming", "rolled-back")
     assert "the agent of mig-01 did not make it: refused:" in " ".join(_notes(sessions))
+
+
+def test_an_adapter_that_fails_unexpectedly_holds_up_its_change_alone_then_it_rolls_back(
+    sessions, clock, tier, gpus, machine
+):
+    ask(sessions, clock, tier, gpus)
+    machine.advance()
+    clock.advance(5)
+    agent_round(sessions, clock, gpus)
+    tier.refuse = "bug"
+    machine.advance()  # publishing fails: no exception leaves advance(), the change waits
+    assert change(sessions).step == "publishing"
+    clock.advance(11 * 60)
+    machine.advance()
+    assert change(sessions).rolling_back
+    assert "slurm-a failed: KeyError:" in " ".join(_notes(sessions))
 
 
 def test_an_agent_that_never_changes_the_gpu_rolls_the_change_back(sessions, clock, tier, gpus, machine):
