@@ -158,9 +158,12 @@ def mig_apply(
         )
     if any(r.change is not None for r in requested):
         wake.set()
+    planned = result.to_dict()
     return {
         "dry_run": body.dry_run,
-        "summary": result.to_dict()["summary"],
+        "summary": planned["summary"],
+        "nodes": planned["nodes"],
+        "missing_agents": planned["missing_agents"],
         "gpus": [r.to_dict() for r in requested],
     }
 
@@ -237,7 +240,7 @@ def _change(c: MigChange, events: list[MigChangeEvent]) -> dict[str, Any]:
 def events(
     session: Db,
     _who: Admin,
-    limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 100,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 50,
     since: datetime | None = None,
     node: Annotated[str | None, Query(max_length=253)] = None,
 ) -> list[dict[str, Any]]:

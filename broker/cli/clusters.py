@@ -250,7 +250,9 @@ def mig_apply(
 
     Who re-cuts the GPU: on Kubernetes the GPU Operator's MIG manager; elsewhere
     the node's agent, which must run as `gpush agent --allow-mig-changes`. Slurm
-    cannot take a new layout from gpush yet. Admins only.
+    takes the new layout when its cluster config names the gres.conf gpush may
+    rewrite (mig_gres_conf; README: Which clusters take a new layout), and waits
+    for the whole node to be empty. `gpush events` shows every step. Admins only.
 
     \b
       gpush mig apply --cluster slurm-a --dry-run
@@ -302,9 +304,11 @@ def lending_moves(settings: Settings, show_all: bool, json_mode: bool) -> int:
     """The nodes moving between clusters now (--all: every move), each with its steps.
 
     \b
-    Steps: draining (fenced where it was, its jobs there run to their end), joining
-    (unfenced on the other side); then done, or called-off (the reason to move went
-    away while it drained: it stays where it was). Admins only."""
+    Steps: draining (fenced where it was; its jobs there end, or are preempted
+    if they may be), configuring (set up as the pool's setup says, fenced on
+    both), joining (unfenced on the other side); then done, or called-off (the
+    reason to move went away, or the setup failed: it stays where it was).
+    Admins only."""
     return commands.lending_moves(settings.client(), output(json_mode), show_all=show_all)
 
 

@@ -312,11 +312,19 @@ def _watch(out: Output, view: Callable[[], Any], interval: float, *, done: Calla
 
 def fleet_events(client: GpushClient, out: Output, *, limit: int, since: str | None, node: str | None) -> int:
     """The fleet's events: MIG change and node move steps, oldest first."""
-    items = client.fleet_events(limit=limit, since=since, node=node)
+    from broker.core.clock import utcnow
+
+    items = client.fleet_events(limit=limit, since=console.parse_when(since, utcnow(), "--since"), node=node)
     if out.json_mode:
         out.json(items)
     elif not items:
-        out.note("no MIG change or node move yet (gpush mig apply makes changes; a policy's lending pools, moves)")
+        where = " ".join(filter(None, [f"of node {node}" if node else "", f"since {since}" if since else ""]))
+        out.note(
+            f"no MIG change or node move {where}".rstrip()
+            if where
+            else "no MIG change or node move yet: gpush mig apply changes MIG layouts, and a policy's "
+            "lending pools move nodes"
+        )
     else:
         out.print(console.fleet_events_table(items))
     return EXIT_OK
@@ -950,7 +958,10 @@ def gres_conf(client: GpushClient, out: Output, *, node: str, style: str) -> int
     out.line("")
     out.line(f"# slurm.conf: on the NodeName={node} line")
     out.line(f"Gres={conf['gres']}")
-    out.note("then on the head node: scontrol reconfigure (or restart slurmd on the node if its GRES count changed)")
+    out.note(
+        "then make Slurm read it: scontrol reconfigure from Slurm 23.11; on 22.05 restart slurmctld and the "
+        "node's slurmd (a reconfigure keeps a node's old GRES counts there)"
+    )
     return EXIT_OK
 
 
@@ -1001,10 +1012,17 @@ def mig_apply(
         return EXIT_OK
     gpus = result["gpus"]
     if not gpus:
-        out.note("nothing to change: the MIG layouts already serve the waiting work as well as any (gpush mig plan)")
+        if not result.get("nodes"):
+            missing = ", ".join(result.get("missing_agents") or []) or "none"
+            out.note(
+                "nothing to change: no node agent reports a GPU here, so gpush does not know the GPUs "
+                f"(nodes without an agent: {missing}); run `gpush agent` on the nodes"
+            )
+        else:
+            out.note("nothing to change: the MIG layouts serve the waiting work as well as any (gpush mig plan)")
         return EXIT_OK
     for g in gpus:
-        layouts = f"{', '.join(g['today']) or 'no instance'} -> {', '.join(g['planned'])}"
+        layouts = f"{_layout(g['today'])} -> {_layout(g['planned'])}"
         if g["refused"]:
             out.line(f"{g['node']} GPU {g['gpu']}: not changed: {g['refused']}")
         elif dry_run:
@@ -1073,8 +1091,22 @@ def _print_events(out: Output, events: list[dict[str, Any]]) -> None:
             out.line(line)
 
 
+def _layout(slots: list[str]) -> str:
+    """A GPU's instances for people: ``7 x 1g.5gb`` for a run of four or more of a profile,
+    each with its slot otherwise (``3g.20gb@0, 2g.10gb@4``); ``--json`` has every slot."""
+    if not slots:
+        return "no instance"
+    runs: list[list[str]] = []
+    for slot in slots:
+        if runs and runs[-1][0].partition("@")[0] == slot.partition("@")[0]:
+            runs[-1].append(slot)
+        else:
+            runs.append([slot])
+    return ", ".join(f"{len(r)} x {r[0].partition('@')[0]}" if len(r) >= 4 else ", ".join(r) for r in runs)
+
+
 def _print_change(out: Output, change: dict[str, Any]) -> None:
-    layouts = f"{', '.join(change['from']) or 'no instance'} -> {', '.join(change['to'])}"
+    layouts = f"{_layout(change['from'])} -> {_layout(change['to'])}"
     back = " (rolling back)" if change["rolling_back"] and not change["ended_at"] else ""
     out.line(f"change {change['id']}  {change['cluster']}/{change['node']} GPU {change['gpu']}  {change['step']}{back}")
     for line in textwrap.wrap(layouts, 78, initial_indent="  ", subsequent_indent="    "):
@@ -1109,7 +1141,8 @@ def agent(
     node = node or socket.gethostname().split(".")[0]
     if recording and allow_mig_changes:
         raise InvalidRequest(
-            "--allow-mig-changes needs real GPUs: a recording replays what NVML said and cannot change"
+            "--allow-mig-changes needs real GPUs: a recording replays what NVML said and cannot change them; "
+            "leave out --allow-mig-changes to replay it, or run the agent on the node without --recording"
         )
     library = RecordedLibrary(Path(recording)) if recording else None
     if settings.url:

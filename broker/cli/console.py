@@ -340,7 +340,7 @@ def fleet_events_table(events: list[dict[str, Any]]) -> Table:
     for column in ("TIME", "WHAT", "NODE", "STEP", "NOTE"):
         table.add_column(column, no_wrap=column != "NOTE", overflow="fold")
     for e in events:
-        at = datetime.fromisoformat(e["at"]).astimezone().strftime("%m-%d %H:%M:%S")
+        at = local_time(datetime.fromisoformat(e["at"]))
         if e["kind"] == "mig-change":  # where: "slurm-a GPU 0"
             what = f"MIG {e['id']} GPU {e['where'].rsplit(' ', 1)[-1]}"
         else:

@@ -196,15 +196,15 @@ def logs(
 
 @click.command(context_settings=CONTEXT)
 @click.argument("job_id", type=int, required=False)
+@click.option("-n", "--limit", type=click.IntRange(1, 1000), help="Fleet events: the newest N (default 50).")
 @click.option(
-    "-n", "--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Fleet events: the newest N."
+    "--since", metavar="TIME", help="Fleet events since TIME: a date or time (2026-12-06T10:00) or an age (2h)."
 )
-@click.option("--since", metavar="TIME", help="Fleet events at or after TIME (2026-12-06T10:00:00Z).")
 @click.option("--node", help="Fleet events of this node.")
 @json_option
 @click.pass_obj
 def events(
-    settings: Settings, job_id: int | None, limit: int, since: str | None, node: str | None, json_mode: bool
+    settings: Settings, job_id: int | None, limit: int | None, since: str | None, node: str | None, json_mode: bool
 ) -> int:
     """Every state change of a job, with time and reason; with no JOB_ID, the fleet's events
     (admins): each step of the MIG layout changes (gpush mig apply) and of the nodes lent
@@ -214,12 +214,13 @@ def events(
     Examples:
       gpush events 42                  a job's state changes
       gpush events                     the fleet's newest 50 events
-      gpush events --node mig01 -n 20  one node's
+      gpush events --node mig01 -n 20  one node's newest 20
+      gpush events --since 2h          the last two hours
     """
     if job_id is None:
-        return commands.fleet_events(settings.client(), output(json_mode), limit=limit, since=since, node=node)
-    if since or node:
-        raise click.UsageError("--since and --node are for the fleet's events: leave out the job id")
+        return commands.fleet_events(settings.client(), output(json_mode), limit=limit or 50, since=since, node=node)
+    if since or node or limit:
+        raise click.UsageError("--since, --node and -n are for the fleet's events: leave out the job id")
     return commands.events(settings.client(), output(json_mode), job_id)
 
 

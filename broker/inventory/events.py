@@ -29,6 +29,10 @@ class FleetEvent:
     step: str
     note: str
 
+    cluster: str = ""  # the change's cluster, the move's source
+    gpu: int | None = None  # the change's GPU
+    target: str | None = None  # the move's target
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["at"] = self.at.isoformat()
@@ -36,7 +40,7 @@ class FleetEvent:
 
 
 def fleet_events(
-    session: Session, *, limit: int = 100, since: datetime | None = None, node: str | None = None
+    session: Session, *, limit: int = 50, since: datetime | None = None, node: str | None = None
 ) -> list[FleetEvent]:
     """The newest ``limit`` events (at or after ``since``; of ``node``), oldest first."""
     limit = max(1, min(limit, MAX_EVENTS))
@@ -60,10 +64,18 @@ def fleet_events(
         moves = moves.where(NodeMove.node == node)
     # (time, kind, event id): events of one cycle share a time, their ids keep their order
     keyed = [
-        ((e.at, 0, e.id), FleetEvent(e.at, "mig-change", c.id, c.node, f"{c.cluster} GPU {c.gpu}", e.step, e.note))
+        (
+            (e.at, 0, e.id),
+            FleetEvent(e.at, "mig-change", c.id, c.node, f"{c.cluster} GPU {c.gpu}", e.step, e.note, c.cluster, c.gpu),
+        )
         for e, c in session.execute(changes)
     ] + [
-        ((e.at, 1, e.id), FleetEvent(e.at, "node-move", m.id, m.node, f"{m.source} -> {m.target}", e.step, e.note))
+        (
+            (e.at, 1, e.id),
+            FleetEvent(
+                e.at, "node-move", m.id, m.node, f"{m.source} -> {m.target}", e.step, e.note, m.source, None, m.target
+            ),
+        )
         for e, m in session.execute(moves)
     ]
     keyed.sort(key=lambda pair: pair[0])

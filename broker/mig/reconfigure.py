@@ -211,10 +211,13 @@ def _refusal(
         return f"cluster {cluster} cannot be reached: {exc}", "agent"
     publisher = capability(adapter, MigPublisher)
     if publisher is None:
-        return (
-            f"cluster {cluster} cannot take a new MIG layout from gpush yet: "
-            "apply the plan's config by hand (gpush mig plan)"
-        ), "agent"
+        how = (
+            f"its config names no gres.conf to rewrite: gpush cluster add {cluster} --kind slurm --replace "
+            "--config mig_gres_conf=/etc/slurm/gres.conf ... (README: Which clusters take a new layout)"
+            if getattr(adapter, "kind", None) == "slurm"  # the pool's adapters say their kind
+            else "apply the plan's config by hand (gpush mig plan)"
+        )
+        return f"cluster {cluster} cannot take a new MIG layout from gpush: {how}", "agent"
     if publisher.changes_gpus:
         return None, "cluster"
     if node not in reports:

@@ -356,6 +356,16 @@ class NodeSetup(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    @field_validator("device_plugin", "mig", "mig_on_leave", mode="before")
+    @classmethod
+    def _config_name(cls, value: Any) -> Any:
+        if isinstance(value, str) and not re.match(_CONFIG_NAME, value):
+            raise ValueError(
+                f"{value!r} is not a config name: the name of a key in the GPU Operator's ConfigMap, a Kubernetes "
+                "label value (letters, digits, - _ ., at most 63, starting and ending with a letter or digit)"
+            )
+        return value
+
     device_plugin: str | None = Field(
         None,
         pattern=_CONFIG_NAME,

@@ -667,14 +667,25 @@ def _check_sections(out: _Findings, policy: Policy, clusters: Mapping[str, Clust
                     ("lending", p, "clusters", n),
                     f"lending pool {p + 1} names cluster {name!r}, which is not registered (registered: {known})",
                 )
-        for name in pool.setup:
+        for name, setup in pool.setup.items():
             view = clusters.get(name)
             if view is not None and view.kind != "k8s":
                 out.add(
                     "error",
                     None,
                     ("lending", p, "setup", name),
-                    f"lending pool {p + 1} sets nodes up on {name}, a {view.kind} cluster: only Kubernetes "
-                    "clusters take a setup (the GPU Operator's device plugin and MIG manager configs); "
-                    f"a node moving to {name} is offered as its own configuration has it",
+                    f"lending pool {p + 1} sets nodes up on {name}, a {view.kind} cluster, but only Kubernetes "
+                    f"clusters take a setup (the GPU Operator's device plugin and MIG manager configs): remove "
+                    f"setup.{name} (a node moving to {name} is offered as its own configuration has it)",
+                )
+                continue
+            other = clusters.get(next((c for c in pool.clusters if c != name), ""))
+            if setup.mig and not setup.mig_on_leave and other is not None and other.kind == "slurm":
+                out.add(
+                    "warning",
+                    None,
+                    ("lending", p, "setup", name),
+                    f"lending pool {p + 1}: {name} sets its nodes' MIG config to {setup.mig} but gives no "
+                    f"mig_on_leave, so a node goes back to {other.name} with that layout, not the one its gres.conf "
+                    f"names: add mig_on_leave (the MIG manager config of {other.name}'s layout)",
                 )

@@ -208,9 +208,17 @@ class NodeLending:
             if any(state is None for state in states) and not late:
                 return []
             if not all(states):
+                # The source takes the node back as it set it up for itself (its MIG manager may
+                # have begun giving the target's layout back).
+                own = pool.setup[move.source].labels() if move.source in pool.setup else {}
+                back = capability(adapters[move.source], NodeConfigurer) if own else None
+                if back is not None:
+                    back.configure_node(move.node, own)
                 fencers[move.source].unfence(move.node)
                 what = "was not set up in 15 min" if late and None in states else "failed to be set up"
                 why = f"the node {what} ({_steps_text(steps)})"
+                if False in states:
+                    why += "; the cluster says why (for the MIG manager: its Pod's log on the node)"
                 _end(session, move, now, "called-off", f"{why}: {move.source} offers it again")
                 return [f"{move.node}: move to {move.target} called off: {why}"]
             fencers[move.target].unfence(move.node)
@@ -262,10 +270,11 @@ class NodeLending:
 
     @staticmethod
     def _since(session: Session, nodes: Sequence[str]) -> dict[str, datetime]:
-        """When each node last finished moving."""
+        """When each node last finished moving, or last had a move called off (a move whose
+        setup failed is not tried again before the pool's ``hold`` is over)."""
         rows = session.execute(
             select(NodeMove.node, func.max(NodeMove.ended_at))
-            .where(NodeMove.node.in_(list(nodes)), NodeMove.step == "done")
+            .where(NodeMove.node.in_(list(nodes)), NodeMove.step.in_(("done", "called-off")))
             .group_by(NodeMove.node)
         )
         return {node: at for node, at in rows if at is not None}

