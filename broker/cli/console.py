@@ -377,7 +377,11 @@ def clusters_table(summaries: list[dict[str, Any]], *, width: int = 80) -> Table
             f"{mode} {row['gpu_free']:.1f}/{row['gpu_total']:.1f}" for mode, row in sorted(c["capacity"].items())
         )
         gpus = f"{c['gpu_free']:.1f}/{c['gpu_total']:.1f}"
-        rows.append([escape(c["name"]), c["kind"], health, str(c["nodes"]), gpus, sharing or "-"])
+        nodes = str(c["nodes"])
+        if c.get("nodes_unavailable"):  # drained, cordoned or fenced: their GPUs count as taken
+            nodes += f" ({c['nodes_unavailable']} closed)"
+            gpus += f" ({c['gpu_unavailable']:.1f} closed)"
+        rows.append([escape(c["name"]), c["kind"], health, nodes, gpus, sharing or "-"])
     columns = [
         Col("NAME", min=8, give=2),
         Col("KIND"),

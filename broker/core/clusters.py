@@ -190,6 +190,11 @@ def summarize(info: ClusterInfo, pool: AdapterPool) -> dict[str, Any]:
     out["gpu_total"] = sum(r["gpu_total"] for r in by_sharing.values())
     out["gpu_free"] = sum(r["gpu_free"] for r in by_sharing.values())
     out["nodes"] = len({u.node for u in units})
+    # Capacity the cluster lists but offers none of now (drained, cordoned, fenced: lent to
+    # another cluster or under a MIG change): counted in gpu_total as taken, named apart.
+    closed = [u for u in units if u.labels.get("unavailable")]
+    out["gpu_unavailable"] = sum(u.capacity * u.gpu_equivalent for u in closed)
+    out["nodes_unavailable"] = len({u.node for u in closed})
     return out
 
 
