@@ -143,6 +143,21 @@ def slurm_chroots() -> Iterator[dict[str, Path]]:
 _MOUNTED_HERE: set[str] = set()  # suites whose chroot this session mounted
 
 
+def own_cluster(prefix: str, ports: dict[str, str], what: str) -> Iterator[SlurmTestCluster]:
+    """A host Slurm test cluster of a test module's own (a fixture's body): its own ``ports``
+    and files, for tests that drain nodes or rewrite its config; started fresh, stopped and
+    deleted after (kept with GPUSH_KEEP_SLURM_STATE=1, to read its logs)."""
+    state = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        cluster = start(state, fresh=True, env=ports)
+    except SlurmClusterError as exc:
+        pytest.fail(f"the Slurm test cluster {what} did not start in {state}:\n{exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop(purge=not os.environ.get("GPUSH_KEEP_SLURM_STATE"))
+
+
 def chroot_cluster(chroots: dict[str, Path], suite: str, *, accounting: bool) -> Iterator[SlurmTestCluster]:
     """A test cluster on ``suite``'s Slurm (a fixture's body): started fresh, stopped after."""
     if suite not in SUITE_PORTS:

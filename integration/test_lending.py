@@ -15,16 +15,13 @@ no GPU is offered by both clusters, and at the end no job is lost.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from kubernetes import client, config
 from sqlalchemy import select
 
-from adapters.k8s import adapter as k8s_adapter
 from broker.core.clusters import AdapterPool, add_cluster, list_clusters
 from broker.core.models import NodeMove, NodeMoveEvent
 from broker.inventory.reconcile import reconcile
@@ -45,7 +42,9 @@ from integration.k8s.gpu_nodes import (
     GpuPool,
     time_slicing,
 )
-from integration.slurm.cluster import SlurmClusterError, SlurmTestCluster, start
+from integration.slurm.cluster import SlurmTestCluster
+from integration.slurm_fixtures import own_cluster
+from integration.test_k8s_adapter import simulated_durations  # noqa: F401  (autouse: sim-duration labels)
 from integration.test_slurm_adapter import Clock
 
 PORTS = {"GPUSH_SLURMCTLD_PORT": "9517", "GPUSH_SLURMRESTD_PORT": "9520", "GPUSH_SLURMD_PORT": "9521"}
@@ -130,30 +129,7 @@ lending:
 
 @pytest.fixture(scope="module")
 def lend_slurm() -> Iterator[SlurmTestCluster]:
-    state = Path(tempfile.mkdtemp(prefix="gpush-slurm-lend-"))
-    try:
-        cluster = start(state, fresh=True, env=PORTS)
-    except SlurmClusterError as exc:
-        pytest.fail(f"the Slurm test cluster for lending did not start in {state}:\n{exc}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop(purge=True)
-
-
-@pytest.fixture(autouse=True)
-def simulated_durations(monkeypatch):
-    """A job's label sim-duration becomes its Pods' running time in the simulator."""
-    real = k8s_adapter.render
-
-    def render(job_id, spec, placement, options, **kw):
-        manifest = real(job_id, spec, placement, options, **kw)
-        if "sim-duration" in spec.labels:
-            annotations = manifest.body["spec"]["template"]["metadata"]["annotations"]
-            annotations[simulator.ANN_DURATION] = spec.labels["sim-duration"]
-        return manifest
-
-    monkeypatch.setattr(k8s_adapter, "render", render)
+    yield from own_cluster("gpush-slurm-lend-", PORTS, "for lending")
 
 
 class Site(QueueAccess):

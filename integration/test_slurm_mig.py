@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shlex
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,8 +36,8 @@ from broker.nodeagent.agent import collect, run_agent
 from broker.nodeagent.nvml_fake import FakeNvml
 from broker.routing import versions as policystore
 from broker.routing.versions import cluster_views
-from integration.slurm.cluster import SlurmClusterError, SlurmTestCluster, start
-from integration.slurm_fixtures import SLURM_SUITES, chroot_cluster
+from integration.slurm.cluster import SlurmTestCluster
+from integration.slurm_fixtures import SLURM_SUITES, chroot_cluster, own_cluster
 from integration.test_slurm_adapter import Broker, Clock
 
 HERE = Path(__file__).resolve().parent
@@ -71,15 +70,7 @@ def mig_slurm(request, slurm_chroots: dict[str, Path]) -> Iterator[SlurmTestClus
     if request.param != "host":
         yield from chroot_cluster(slurm_chroots, request.param, accounting=False)
         return
-    state = Path(tempfile.mkdtemp(prefix="gpush-slurm-mig-"))
-    try:
-        cluster = start(state, fresh=True, env=PORTS)
-    except SlurmClusterError as exc:
-        pytest.fail(f"the Slurm test cluster for MIG changes did not start in {state}:\n{exc}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop(purge=not os.environ.get("GPUSH_KEEP_SLURM_STATE"))
+    yield from own_cluster("gpush-slurm-mig-", PORTS, "for MIG changes")
 
 
 class Site(Broker):
