@@ -484,7 +484,7 @@ def node_manifest(
     address of its own in 10.64.0.0/10 and port 10250, where nothing answers.
     """
     devices = devices or node_devices(pool)
-    name = pool.node_names()[index]
+    name = pool.names[index] if index < len(pool.names) else f"{pool.name}-{index}"
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
