@@ -322,8 +322,11 @@ def test_slurm_says_why_an_eighth_slice_job_waits(broker: Broker, slurm):
     for job_id in range(900001, 900009):
         adapter.submit(job_id, spec, slice_)
     deadline = time.monotonic() + 40  # a loaded 2-CPU machine: slurmctld's passes come late
+    page: dict = {}
     while True:
-        page = {b.job_id: b for b in adapter.statuses(None).jobs if b.job_id >= 900001}
+        # A page holds the jobs whose state or reason moved since the last one: keep the latest
+        # of each (a job reported pending before the others started is not reported again).
+        page.update({b.job_id: b for b in adapter.statuses(None).jobs if b.job_id >= 900001})
         states = Counter(b.state.value for b in page.values())
         if states["running"] == 7 and states["pending"] == 1:
             break
