@@ -76,6 +76,21 @@ done
 stop_daemon slurmdbd "$RUN/slurmdbd.pid"
 stop_daemon munged "$RUN/munged.pid"
 
+# 2b. A daemon its pid file does not name: Slurm 23.11+ restarts slurmctld and slurmd in a
+# new process on `scontrol reconfigure` (gpush's MIG changes run it), and a stop that
+# comes while the new one has not written its pid file yet would miss it. This cluster's
+# daemons are the ones started with its slurm.conf (-f CONF).
+for proc in /proc/[0-9]*; do
+    pid=${proc#/proc/}
+    named "$pid" slurmctld || named "$pid" slurmd || named "$pid" slurmrestd || continue
+    { tr '\0' '\n' <"$proc/cmdline"; } 2>/dev/null | grep -qxF "$CONF" || continue
+    alive "$pid" || continue
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 100); do alive "$pid" || break; sleep 0.1; done
+    alive "$pid" && kill -KILL "$pid" 2>/dev/null
+    echo "stopped $(cat "/proc/$pid/comm" 2>/dev/null || echo daemon) ($pid), which no pid file named"
+done
+
 # 3. A job step that survived anyway (its slurmd was killed, say). slurmstepd is a
 # daemon of its own; this cluster's are the ones that inherited SLURM_CONF=$CONF from
 # their slurmd. Kill each with everything it started, by pid.
