@@ -336,10 +336,10 @@ class SlurmAdapter:
                 self._listing = (now, self.client.jobs())
             return self._listing[1]
 
-    def _nodes(self) -> list[SlurmNode]:
+    def _nodes(self, fresh: bool = False) -> list[SlurmNode]:
         with self._lock:
             now = time.monotonic()
-            if self._node_listing is None or now - self._node_listing[0] > self.settings.cache_seconds:
+            if fresh or self._node_listing is None or now - self._node_listing[0] > self.settings.cache_seconds:
                 self._node_listing = (now, self.client.nodes())
             return self._node_listing[1]
 
@@ -563,17 +563,15 @@ class SlurmAdapter:
             return None  # slurmd has not registered the files it read yet
         return tuple(d.slot for d in mine if d.slot)
 
-    def _node(self, node: str) -> SlurmNode:
-        found = next((n for n in self._nodes() if n.name == node), None)
+    def _node(self, node: str, fresh: bool = False) -> SlurmNode:
+        found = next((n for n in self._nodes(fresh) if n.name == node), None)
         if found is None:
             raise Rejected(f"Slurm has no node {node}")
         return found
 
     def _node_busy(self, node: str) -> str:
         """Why ``node`` holds jobs now (its states or GRES in use), or '' when it holds none."""
-        with self._lock:
-            self._node_listing = None
-        found = self._node(node)
+        found = self._node(node, fresh=True)
         states = [s for s in found.states if s in ("ALLOCATED", "MIXED", "COMPLETING")]
         used = [g.spec() for g in found.gres_used if g.count]
         return ", ".join(s.lower() for s in states) or ", ".join(used)
@@ -588,9 +586,7 @@ class SlurmAdapter:
         return Path(gres), Path(slurm)
 
     def _offered_counts(self, node: str) -> Counter[str | None]:
-        with self._lock:
-            self._node_listing = None
-        return Counter({g.type: g.count for g in self._node(node).gres if g.name == "gpu"})
+        return Counter({g.type: g.count for g in self._node(node, fresh=True).gres if g.name == "gpu"})
 
     def _reload(self, node: str) -> None:
         argv = shlex.split(self.settings.mig_reload.replace("{node}", node))  # checked by the settings

@@ -209,14 +209,13 @@ class CapacityView:
                 # those to their own GPU below.
                 return max(memory_used.get((cluster, node), 0.0) - pending_memory.get((cluster, node), 0.0), 0.0)
 
-            for unit in live:
-                if unit.labels.get("unavailable") and unit.capacity > 0:
-                    key = (cluster, unit.sharing, unit.mig_profile)
-                    view.closed.setdefault(key, {})[unit.node] = unit.labels["unavailable"]
             memory_free = _timeslice_memory_free(live, running)
             by_sharing: dict[Sharing, list[Slot]] = defaultdict(list)
             for unit, memory in zip(live, memory_free, strict=True):
                 by_sharing[unit.sharing].append(Slot(unit, unit.free, memory))
+                if unit.labels.get("unavailable") and unit.capacity > 0:
+                    key = (cluster, unit.sharing, unit.mig_profile)
+                    view.closed.setdefault(key, {})[unit.node] = unit.labels["unavailable"]
             view.slots[cluster] = dict(by_sharing)
             for sharing, slots in by_sharing.items():
                 view._groups[(cluster, sharing)] = SlotGroup(slots, sharing, workload)
