@@ -10,9 +10,9 @@ from fastapi import APIRouter
 from broker.api.deps import Agent, AppClock, Db
 from broker.api.responses import AUTH, BODY, errors
 from broker.core import auth
+from broker.fleet import mig_changes
 from broker.inventory import report_store as nodereports
 from broker.inventory.agent_report import NodeReport
-from broker.mig import reconfigure
 
 router = APIRouter(tags=["inventory"], responses=errors(*AUTH))
 
@@ -23,7 +23,7 @@ def agent_report(report: NodeReport, session: Db, who: Agent, clock: AppClock) -
     auth.check_may_report(who, report.node)  # an agent token reports for its own nodes only
     with session.begin():
         row = nodereports.save_report(session, report, by=who.user, now=clock())
-        # MIG layouts the broker wants on this node's GPUs now (broker.mig.reconfigure):
+        # MIG layouts the broker wants on this node's GPUs now (broker.fleet.mig_changes):
         # an agent started with --allow-mig-changes makes them and reports again.
-        wanted = reconfigure.wanted_by_agent(session, report.node)
+        wanted = mig_changes.wanted_by_agent(session, report.node)
         return {"node": row.node, "collected_at": row.collected_at, "received_at": row.received_at, "mig": wanted}

@@ -17,12 +17,12 @@ from broker.core import clusters
 from broker.core.clusters import AdapterPool
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster, MigChange, MigChangeEvent, NodeMove, NodeMoveEvent
+from broker.fleet import mig_changes as changes
 from broker.inventory import occupancy as holders
 from broker.inventory import report_store as nodereports
 from broker.inventory.events import MAX_EVENTS, fleet_events
 from broker.inventory.view import Inventory
 from broker.mig import queue as migqueue
-from broker.mig import reconfigure
 from broker.mig.config import GRES_STYLES, render_gres_conf
 
 router = APIRouter(tags=["inventory"], responses=errors(*AUTH, 403, 404, 422))
@@ -37,7 +37,7 @@ def _inventory_of(session: Session, cluster: str | None, adapters: AdapterPool, 
     # MIG changes that ended badly are findings too (a failed one keeps its node fenced).
     with session.begin():
         inventory.add(
-            f for f in reconfigure.change_findings(session, clock()) if cluster is None or f.cluster == cluster
+            f for f in changes.change_findings(session, clock()) if cluster is None or f.cluster == cluster
         )
     return inventory
 
@@ -126,7 +126,7 @@ class MigApply(BaseModel):
 def mig_apply(
     body: MigApply, session: Db, who: Admin, adapters: Adapters, clock: AppClock, wake: Wake
 ) -> dict[str, Any]:
-    """Change the GPUs the MIG plan re-cuts, one recorded change per GPU (broker.mig.reconfigure);
+    """Change the GPUs the MIG plan re-cuts, one recorded change per GPU (broker.fleet.mig_changes);
     the scheduler moves each through its steps. ``dry_run``: say what would change."""
     with session.begin():
         info = None
@@ -145,7 +145,7 @@ def mig_apply(
         raise NotFound(f"no agent reports node {body.node!r}, so gpush does not know its GPUs: run `gpush agent` on it")
     with session.begin():
         result = migqueue.plan_for(session, reports, inventory, cluster=info, repartition_busy=body.repartition_busy)
-        requested = reconfigure.request_changes(
+        requested = changes.request_changes(
             session,
             result.plan,
             cluster_of,
@@ -178,7 +178,7 @@ def mig_changes(
         if not all:
             query = query.where(MigChange.ended_at.is_(None))
         rows = list(session.execute(query).scalars())
-        events = reconfigure.events_of(session, [c.id for c in rows])
+        events = changes.events_of(session, [c.id for c in rows])
         return [_change(c, events[c.id]) for c in rows]
 
 
@@ -198,8 +198,8 @@ def mig_change_clear(
                 raise NotFound(f"cluster {name} is not registered any more")
             return adapters.get(infos[name])
 
-        reconfigure.clear_change(session, change, adapter_of, by=who.user, now=clock())
-        result = _change(change, reconfigure.events_of(session, [change_id])[change_id])
+        changes.clear_change(session, change, adapter_of, by=who.user, now=clock())
+        result = _change(change, changes.events_of(session, [change_id])[change_id])
     wake.set()
     return result
 
@@ -211,7 +211,7 @@ def mig_change(change_id: int, session: Db, _who: Admin) -> dict[str, Any]:
         change = session.get(MigChange, change_id)
         if change is None:
             raise NotFound(f"no MIG change {change_id} (gpush mig changes --all lists them)")
-        return _change(change, reconfigure.events_of(session, [change_id])[change_id])
+        return _change(change, changes.events_of(session, [change_id])[change_id])
 
 
 def _change(c: MigChange, events: list[MigChangeEvent]) -> dict[str, Any]:

@@ -50,9 +50,9 @@ none declared means none offered):
 - :class:`NodeFencer`: ``fence(node, reason)``/``unfence(node)``/``fenced()``: stop new
   work landing on a node and let it land again (a MIG layout change drains its GPU first).
 - :class:`MigPublisher`: ``publish_mig(node, gpu, instances)``/``mig_published(node, gpu)``:
-  the cluster offers a GPU's new MIG layout (broker.mig.reconfigure).
+  the cluster offers a GPU's new MIG layout (broker.fleet.mig_changes).
 - :class:`NodeConfigurer`: ``configure_node(node, setup)``/``node_configured(node, setup)``:
-  a node lent to the cluster is set up as the lending pool says (broker.scheduling.lending).
+  a node lent to the cluster is set up as the lending pool says (broker.fleet.lending).
 - :class:`TenantQuotaKeeper`: ``tenant_quotas(quotas)`` renders the cluster's own limits for
   the tenants' GPU quotas (Kubernetes: a ResourceQuota in each tenant's namespace) and
   ``apply_tenant_quotas(plan)`` applies what changed. The broker's ledger enforces the

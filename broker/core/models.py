@@ -157,7 +157,7 @@ class Preemption(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     victim_id: Mapped[int] = mapped_column(BigId, ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     # The waiting job it is for, or (``mig_change_id``) the MIG layout change that empties
-    # the victim's GPU (broker.mig.reconfigure).
+    # the victim's GPU (broker.fleet.mig_changes).
     preemptor_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     mig_change_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("mig_changes.id", ondelete="CASCADE"))
     # "priority" or "reclaim" (broker.placement.preemption.Choice.why; reclaims are
@@ -281,7 +281,7 @@ class NodeReport(Base):
 
 
 class MigChange(Base):
-    """One GPU's MIG layout change (broker.mig.reconfigure): from ``from_layout`` to
+    """One GPU's MIG layout change (broker.fleet.mig_changes): from ``from_layout`` to
     ``to_layout`` (instances as ``"3g.20gb@0"``), one step at a time, each step an event
     (:class:`MigChangeEvent`). ``target`` is the layout the GPU is being brought to now:
     ``to_layout``, or ``from_layout`` once a step ran out of time and the change rolls back.
@@ -335,7 +335,7 @@ class MigChangeEvent(Base):
 
 
 class NodeMove(Base):
-    """A lendable node moving from ``source`` to ``target`` (broker.scheduling.lending):
+    """A lendable node moving from ``source`` to ``target`` (broker.fleet.lending):
     fenced on the source, emptied there, then offered by the target. ``step`` is where it
     is (``draining``, ``joining``) or how it ended (``done``, ``called-off``, ``failed``);
     each step is a :class:`NodeMoveEvent`."""

@@ -1,5 +1,5 @@
-"""The fleet's own events: each step of a MIG layout change (broker.mig.reconfigure) and of a
-node lent between clusters (broker.scheduling.lending), merged in time order.
+"""The fleet's own events: each step of a MIG layout change (broker.fleet.mig_changes) and of a
+node lent between clusters (broker.fleet.lending), merged in time order.
 
 ``gpush events`` with no job shows them (GET /v1/events), as ``kubectl get events`` shows a
 cluster's; ``gpush mig changes ID`` and ``gpush lending moves`` show one kind at a time.

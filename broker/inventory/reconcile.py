@@ -167,7 +167,7 @@ def _reconcile(
             node_views[(inv.name, node)] = nv
 
     # A node that two clusters list and one of them keeps unavailable (drained, cordoned,
-    # fenced: lent to the other, broker.scheduling.lending) is offered by the other alone:
+    # fenced: lent to the other, broker.fleet.lending) is offered by the other alone:
     # only the offering side's units are dealt to the GPUs and checked. Unavailable on every
     # side (a node between two clusters), nobody offers it: its first listing stands for it.
     for host in hosts.values():

@@ -382,7 +382,7 @@ def run_agent(
     3. 401/403: raise :class:`AgentTokenRejected` (stops the agent); any other 4xx: log
        the broker's message and carry on;
     4. the broker's answer may carry MIG layouts it wants on this node's GPUs (a ``gpush
-       mig apply`` under way, broker.mig.reconfigure): with ``allow_mig_changes`` the agent
+       mig apply`` under way, broker.fleet.mig_changes): with ``allow_mig_changes`` the agent
        makes them (:func:`change_mig_layouts`) and reports again at once; without, it logs
        that it leaves them (the change then rolls back when its step runs out of time);
     5. sleep ``interval`` (or stop after one round when ``once``).

@@ -305,7 +305,7 @@ def _quiet_window(value: Any) -> Any:
 
 
 class MigLayouts(BaseModel):
-    """MIG layouts that follow the queue (broker.mig.reconfigure). Without this section a
+    """MIG layouts that follow the queue (broker.fleet.mig_changes). Without this section a
     layout changes only when an admin runs ``gpush mig apply``.
 
     With ``automatic``, the scheduler plans every ``every`` seconds as ``gpush mig plan``

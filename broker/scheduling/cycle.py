@@ -24,9 +24,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import DateTime, Engine, func, select, type_coerce
-from sqlalchemy.orm import Session
 
 from broker.core.adapter import (
     AdapterError,
@@ -35,7 +35,6 @@ from broker.core.adapter import (
     Placement,
     Sharing,
     TenantQuotaKeeper,
-    Unreachable,
     capability,
 )
 from broker.core.clock import Clock
@@ -43,20 +42,16 @@ from broker.core.clusters import AdapterPool, ClusterInfo, list_clusters
 from broker.core.db import session_factory
 from broker.core.metrics import observe_cycle
 from broker.core.models import Job, Tenant
-from broker.core.schemas import JobSpec
 from broker.core.states import JobState, set_reasons, set_states
-from broker.inventory.report_store import DriftWatch, load_reports, reconciled
-from broker.inventory.view import Finding
-from broker.mig.reconfigure import Reconfigurations
 from broker.placement.capacity import CapacityView
 from broker.placement.decision import CycleDecisions, Held, Placed, WaitCause
 from broker.placement.fairshare import FairShare
 from broker.scheduling.claim import Candidate, Claim
-from broker.scheduling.lending import NodeLending
-from broker.scheduling.preemption import Preemptions, terms_of
+from broker.scheduling.parts import CycleParts, cycle_parts
+from broker.scheduling.preemption import terms_of
 from broker.scheduling.steps import CycleReport, rows_by_id, unplaced
 from broker.scheduling.submission import Submission
-from broker.scheduling.sync import StatusChanges, StatusSync
+from broker.scheduling.sync import StatusChanges
 
 log = logging.getLogger("gpush.scheduler")
 S = JobState
@@ -68,8 +63,6 @@ IDS_PER_QUERY = 1000
 _CLAIM_READERS = 2
 # A status page with this many jobs changing is written in two halves side by side.
 _SYNC_SPLIT = 1000
-# Parsed job specs a scheduler keeps (a few MB).
-_SPECS_KEPT = 4096
 # created_at as the database returns it: the claim only orders by it, so the conversion
 # of every row to an aware UTC datetime (models.UTCDateTime) is skipped.
 _CREATED_AT = type_coerce(Job.created_at, DateTime(timezone=True))
@@ -78,20 +71,24 @@ _CREATED_AT = type_coerce(Job.created_at, DateTime(timezone=True))
 class Scheduler:
     """One scheduling cycle of the broker, run by the elected leader.
 
-    Each cycle, in order:
+    Each cycle, in order (:meth:`run_cycle` reads as this list):
 
-    1. Recover: a job left in ``submitting`` (its broker died between the adapter call
+    1. Carry on: a job left in ``submitting`` (its broker died between the adapter call
        and the database write) is looked up by its gpush id: ``submitted`` if the
-       cluster has it, back to ``queued`` if not. Nothing is lost or doubled.
+       cluster has it, back to ``queued`` if not. Nothing is lost or doubled. MIG layout
+       changes under way (broker.fleet.mig_steps) move on a step, and the policy's
+       automatic mode asks for the plan's; their nodes take no new work meanwhile.
     2. Sync statuses: each cluster's changes since its cursor move jobs to
        ``running``, ``succeeded``, ``failed`` or ``cancelled``, each change in the
        order the cluster reported it. The changes are read here and written beside
        steps 3 to 7, which count them as made (the ledger, the capacity and the
        cancels read what the changes touch before they are written); a cluster's
        cursor moves once its changes are in.
-    3. Cancel: jobs a user cancelled while a cluster had them are cancelled there.
+    3. Cancel: jobs a user cancelled while a cluster had them are cancelled there, and
+       preemption victims are told and stopped (broker.scheduling.preemption).
     4. Capacity: each healthy cluster's inventory, minus the placements it has not
-       started yet. A cluster that keeps tenants' quotas on its side too
+       started yet, the units drift findings break and the nodes fleet changes fence.
+       A cluster that keeps tenants' quotas on its side too
        (:class:`broker.core.adapter.TenantQuotaKeeper`: Kubernetes with a namespace per
        tenant) is handed the quotas the ledger read, and writes what changed; the
        ledger remains what holds tenants to them (step 6).
@@ -110,6 +107,14 @@ class Scheduler:
        adapter call), the adapter is called, then ``submitted`` with the backend id;
        a refusal fails the job, an unreachable cluster puts it back in the queue.
        Placed jobs go through this step in batches while step 6 decides the next ones.
+    8. Preempt: jobs that wait for capacity may preempt running ones (the policy's
+       ``preemption`` section; broker.scheduling.preemption chooses and tells).
+    9. Lend: the policy's lending pools move nodes between two clusters as the jobs
+       waiting for capacity call for it (broker.fleet.lending).
+    10. Record what the held and waiting jobs wait for.
+
+    The collaborators of the steps come from :func:`broker.scheduling.parts.cycle_parts`
+    (or are handed in as ``parts``); none of them knows this class.
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class Scheduler:
         clock: Clock,
         policy_source: Callable[[object], object | None] | None = None,
         claim_limit: int = 1000,
+        parts: CycleParts | None = None,
     ):
         self.engine = engine
         self.sessions = session_factory(engine)
@@ -127,22 +133,14 @@ class Scheduler:
         self.clock = clock
         self.claim_limit = claim_limit
         self._policy_source = policy_source
-        # Units that drift findings break (broker.inventory.report_store): never placed on.
-        self.drift = DriftWatch()
-        self.status_sync = StatusSync(self.sessions, clock, self._adapter)
-        self.preemptions = Preemptions(self.sessions, clock, self._adapter, self._stored_spec)
-        # MIG layout changes under way (gpush mig apply): moved on each cycle; their nodes
-        # take no new work meanwhile.
-        self._clusters: dict[str, ClusterInfo] = {}
-        # Nodes two clusters share, lent as their queues call for it (the policy's lending pools).
-        self.node_lending = NodeLending(self.sessions, clock, self._adapter_named)
-        self.reconfigurations = Reconfigurations(
-            self.sessions, clock, self._adapter_named, findings_of=self._findings_on
-        )
-        # Parsed specs by their fingerprint (jobs.spec_hash: the spec without its
-        # idempotency key). Queues are full of copies of one spec (arrays, sweeps,
-        # retries), and validating a stored spec again costs more than deciding it.
-        self._specs: dict[str, JobSpec] = {}
+        parts = parts if parts is not None else cycle_parts(self.sessions, adapters, clock)
+        self.clusters = parts.clusters
+        self.specs = parts.specs
+        self.reconfigurations = parts.reconfigurations
+        self.status_sync = parts.status_sync
+        self.preemptions = parts.preemptions
+        self.drift = parts.drift
+        self.node_lending = parts.node_lending
         # GPUs that jobs pinned to a GPU model waited for last cycle (CapacityView.pinned).
         self._pinned_waiting: dict[tuple[str, str], int] = {}
 
@@ -151,19 +149,16 @@ class Scheduler:
     @observe_cycle  # its duration, steps and outcomes to /metrics (broker.core.metrics)
     def run_cycle(self) -> CycleReport:
         report = CycleReport()
-        with self.sessions() as session:
-            clusters = {c.name: c for c in list_clusters(session, enabled_only=True)}
+        clusters = self.enabled_clusters()
         with report.timing("recover"):
-            self.recover(clusters, report)
-        self._clusters = clusters
+            self.recover(clusters, report)  # 1
         with report.timing("mig"):
-            self.layouts(clusters)
-        # Steps 2 to 4 never touch queued jobs: the claim (step 5) reads them meanwhile.
-        claim = Claim(self.sessions, self.claim_limit)
+            self.move_mig_changes(clusters)  # 1
+        claim = Claim(self.sessions, self.claim_limit)  # 5, read beside steps 2 to 4
         sync: StatusChanges | None = None
         try:
-            with report.timing("sync"):
-                # Victims told of a preemption: their end requeues them (steps 2 and 3).
+            with report.timing("sync"):  # 2
+                # Victims told of a preemption: their end requeues them.
                 preempting = self.preemptions.in_flight().victims
                 sync = self.status_sync.read_statuses(clusters, report, preempting=preempting)
             # What steps 3 to 6 read of the jobs the changes touch is read now, before the
@@ -175,10 +170,10 @@ class Scheduler:
             with report.timing("cancel"):
                 wanted = self.read_cancel_requests(sync)
             sync.start(self.status_sync)
-            with report.timing("cancel"):
+            with report.timing("cancel"):  # 3
                 self.act_on_cancels(clusters, wanted, report)
                 self.preemptions.act(clusters, report)
-            with report.timing("inventory"):
+            with report.timing("inventory"):  # 4
                 view = self.read_inventory(clusters, report, booked)
                 self.keep_tenant_quotas(clusters, ledger[2], report, skip=view.unavailable)
         except BaseException:
@@ -187,20 +182,38 @@ class Scheduler:
                 sync.wait(report, raise_error=False)
             raise
         try:
-            claim.wait(report)
-            self.place(clusters, view, report, claim=claim, ledger=ledger)
+            claim.wait(report)  # 5
+            decided = self.place(clusters, view, report, claim=claim, ledger=ledger)  # 6, 7
+            if decided.blocked and decided.preempting:
+                with report.timing("preempt"):  # 8
+                    told = self.preemptions.choose(
+                        clusters, decided.policy, view, decided.blocked, decided.fair.gaps(), report
+                    )
+                decided.told(told)
+            if decided.lending:
+                with report.timing("lend"):  # 9
+                    self.node_lending.step(decided.policy, decided.blocked)
+            with report.timing("write"):  # 10
+                self._write_waits(decided.held, decided.waiting, report)
         except BaseException:
             sync.wait(report, raise_error=False)
             raise
         sync.wait(report)
         return report
 
-    def _adapter(self, info: ClusterInfo) -> ClusterAdapter:
-        return self.adapters.get(info)
+    def enabled_clusters(self) -> dict[str, ClusterInfo]:
+        """The clusters this cycle works with (the enabled ones), by name."""
+        with self.sessions() as session:
+            clusters = {c.name: c for c in list_clusters(session, enabled_only=True)}
+        self.clusters.enabled = clusters
+        return clusters
 
-    def layouts(self, clusters: dict[str, ClusterInfo]) -> None:
+    def _adapter(self, info: ClusterInfo) -> ClusterAdapter:
+        return self.clusters.of(info)
+
+    def move_mig_changes(self, clusters: dict[str, ClusterInfo]) -> None:
         """MIG layout changes: the policy's automatic mode asks for the plan's, and every
-        change under way moves on (broker.mig.reconfigure)."""
+        change under way moves on (broker.fleet.mig_steps)."""
         with self.sessions() as session:
             policy = self._policy(session)
         settings = policy.mig if policy is not None else None
@@ -211,21 +224,6 @@ class Scheduler:
                     log.info("MIG change %s asked: %s GPU %s -> %s", asked.change, asked.node, asked.gpu, asked.planned)
         for line in self.reconfigurations.advance():
             log.info("%s", line)
-
-    def _adapter_named(self, name: str) -> ClusterAdapter:
-        info = self._clusters.get(name)
-        if info is None:
-            raise Unreachable(f"cluster {name} is not registered or is disabled")
-        return self._adapter(info)
-
-    def _findings_on(self, session: Session, cluster: str, node: str) -> list[Finding]:
-        """The inventory's findings on ``node`` now (a MIG change's drift check)."""
-        info = self._clusters.get(cluster)
-        if info is None:
-            return []
-        reports = load_reports(session)
-        inventory = reconciled({cluster: info}, reports, self.adapters, now=self.clock())
-        return [f for f in inventory.findings if f.node == node]
 
     # 1 ------------------------------------------------------------------------------
 
@@ -426,7 +424,9 @@ class Scheduler:
         *,
         claim: Claim | None = None,
         ledger: tuple[dict[str, float], dict[str, float], dict[str, float]] | None = None,
-    ) -> None:
+    ) -> Decided:
+        """Steps 6 and 7: each claimed job decided, the placed ones submitted in batches
+        meanwhile; what the others wait for is returned for steps 8 to 10."""
         if claim is None:
             claim = Claim(self.sessions, self.claim_limit)
             claim.wait(report)
@@ -451,7 +451,7 @@ class Scheduler:
         # Batches of about an eighth of what the cycle may decide: the first is written
         # while the rest is decided, and the last one, which nothing overlaps, stays small.
         batch = min(max(self.claim_limit * len(claim.tenants) // 8, 100), Submission.BATCH)
-        submission = Submission(self, clusters, batch=batch)
+        submission = Submission(self.sessions, self.clock, self._adapter, clusters, batch=batch)
         held: list[tuple[int, str]] = []
         waiting: list[tuple[Candidate, str]] = []
         # Jobs waiting for capacity, with their routes: those that may preempt (step 8), and
@@ -464,7 +464,7 @@ class Scheduler:
         try:
             while (tenant := next_tenant()) is not None:
                 job = claim.pop(tenant, report)
-                job.spec = self._spec(job)
+                job.spec = self.specs.of(job)
                 outcome = decisions.decide(job)
                 if isinstance(outcome, Placed):
                     submission.add(job, outcome.placement)
@@ -481,34 +481,7 @@ class Scheduler:
         claim_in_loop = report.seconds["claim"] - claim_before
         report.seconds["decide"] = time.perf_counter() - decide_begin - claim_in_loop
         submission.close(report)
-        if blocked and preempting:
-            with report.timing("preempt"):
-                told = self.preemptions.choose(clusters, policy, view, blocked, fair.gaps(), report)
-            waiting = [(job, told.get(job.job_id, reason)) for job, reason in waiting]
-        if lending:
-            with report.timing("lend"):
-                self.node_lending.step(policy, blocked)
-        with report.timing("write"):
-            self._write_waits(held, waiting, report)
-
-    def _stored_spec(self, spec_hash: str, document: str | dict) -> JobSpec:
-        """A stored spec parsed (its JSON text, or the dict the database gave), once per fingerprint."""
-        spec = self._specs.get(spec_hash)
-        if spec is None:
-            if isinstance(document, str):
-                spec = JobSpec.model_validate_json(document)
-            else:
-                spec = JobSpec.model_validate(document)
-            if len(self._specs) >= _SPECS_KEPT:
-                self._specs.clear()
-            self._specs[spec_hash] = spec
-        return spec
-
-    def _spec(self, job: Candidate) -> JobSpec:
-        spec = self._stored_spec(job.spec_hash, job.document)
-        if spec.idempotency_key != job.idempotency_key:
-            spec = spec.model_copy(update={"idempotency_key": job.idempotency_key})
-        return spec
+        return Decided(policy, fair, held, waiting, blocked, preempting=preempting, lending=lending)
 
     def read_ledger(self, sync: StatusChanges) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         """GPU-equivalents each tenant holds (less what the status changes end), and the
@@ -548,6 +521,25 @@ class Scheduler:
             # the same jobs wait cycle after cycle for the same thing.
             set_reasons(session, S.QUEUED, {j.job_id: r for j, r in waiting if r != j.state_reason})
             report.waiting += len(waiting)
+
+
+@dataclass
+class Decided:
+    """What steps 6 and 7 leave to steps 8 to 10: the jobs held, those waiting (with what
+    for), and those waiting for capacity with their routes (what may preempt, what the
+    lending pools weigh)."""
+
+    policy: Any
+    fair: FairShare
+    held: list[tuple[int, str]]
+    waiting: list[tuple[Candidate, str]]
+    blocked: list[tuple[Candidate, list]]
+    preempting: bool = False  # the policy preempts
+    lending: bool = False  # the policy has lending pools
+
+    def told(self, reasons: Mapping[int, str]) -> None:
+        """The waiting jobs' reasons, with what the preemption step told them."""
+        self.waiting = [(job, reasons.get(job.job_id, reason)) for job, reason in self.waiting]
 
 
 @dataclass

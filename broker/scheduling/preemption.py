@@ -33,10 +33,11 @@ from sqlalchemy import select, update
 from broker.core.adapter import AdapterError, ClusterAdapter, Placement, Preemptor, capability
 from broker.core.clock import Clock
 from broker.core.clusters import ClusterInfo
-from broker.core.models import Job, JobEvent
+from broker.core.models import Job
 from broker.core.models import Preemption as PreemptionRow
 from broker.core.schemas import JobSpec
 from broker.core.states import JobState
+from broker.fleet.eviction import DEFAULT_SIGNAL, how_told, preemption_event
 from broker.intake.queue import last_events
 from broker.placement.preemption import Blocked, Planner, Running, Terms, Waiting
 from broker.routing.evaluation import preemptible
@@ -45,8 +46,6 @@ from broker.scheduling.steps import CycleReport
 log = logging.getLogger("gpush.scheduler")
 S = JobState
 ACTOR = "scheduler"
-EVENT = "preemption"
-DEFAULT_SIGNAL = "SIGTERM"
 
 
 def terms_of(policy) -> Terms | None:
@@ -55,14 +54,6 @@ def terms_of(policy) -> Terms | None:
     if section is None:
         return None
     return Terms(section.min_priority_gap, section.reclaim, section.reclaims_per_hour)
-
-
-def how_told(spec: JobSpec, policy) -> tuple[str, int]:
-    """The signal a victim gets and its grace in seconds: its checkpoint's, else SIGTERM
-    and the policy's grace."""
-    if spec.checkpoint is not None:
-        return spec.checkpoint.signal, spec.checkpoint.grace
-    return DEFAULT_SIGNAL, policy.preemption.grace
 
 
 def _seconds(seconds: int) -> str:
@@ -306,60 +297,3 @@ class Preemptions:
 @dataclass(frozen=True)
 class _Victim(Running):
     told: tuple[str, int] = (DEFAULT_SIGNAL, 60)  # (signal, grace seconds)
-
-
-def preemption_event(job_id: int, state: JobState, reason: str, now: datetime) -> JobEvent:
-    """A note on a job's events about its preemption (the job stays in ``state``)."""
-    return JobEvent(
-        job_id=job_id, at=now, type=EVENT, from_state=state.value, to_state=state.value, reason=reason, actor=ACTOR
-    )
-
-
-def preempt_for_fleet(
-    session,
-    policy,
-    jobs: Sequence[Job],
-    *,
-    why: str,
-    kind: str,
-    now: datetime,
-    mig_change_id: int | None = None,
-) -> list[tuple[int, str, int]]:
-    """Preempt the running, preemptible ``jobs`` for a change of the fleet rather than for a
-    waiting job (a MIG layout change, a node lent to another cluster): a preemption row
-    each (``kind``: ``mig-change`` or ``lending``; ``why`` its reason), which step 3 of the
-    cycle tells and stops as any other, and the status sync queues again. Jobs already
-    being preempted, not running, or not preemptible are left. Returns (job, signal,
-    grace) of those asked."""
-    asked = set(
-        session.execute(
-            select(PreemptionRow.victim_id).where(
-                PreemptionRow.victim_id.in_([job.id for job in jobs]), PreemptionRow.ended_at.is_(None)
-            )
-        ).scalars()
-    )
-    out = []
-    for job in jobs:
-        if job.id in asked or job.state != S.RUNNING.value:
-            continue
-        spec = JobSpec.model_validate(job.spec)
-        if not preemptible(policy, spec, job.tenant):
-            continue
-        signal, grace = how_told(spec, policy)
-        session.add(
-            PreemptionRow(
-                victim_id=job.id,
-                preemptor_id=None,
-                mig_change_id=mig_change_id,
-                why=kind,
-                reason=why,
-                signal=signal,
-                grace_seconds=grace,
-                gpu_equivalents=job.gpu_equivalents or 0.0,
-                placement=job.placement,
-                requested_at=now,
-            )
-        )
-        session.add(preemption_event(job.id, S.RUNNING, f"{why}: to be told with {signal}", now))
-        out.append((job.id, signal, grace))
-    return out

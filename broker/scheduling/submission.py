@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from queue import SimpleQueue
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from broker.core.adapter import AdapterError, Owner, Placement, Rejected, Sharing, submit_batch
+from broker.core.adapter import AdapterError, ClusterAdapter, Owner, Placement, Rejected, Sharing, submit_batch
+from broker.core.clock import Clock
 from broker.core.clusters import ClusterInfo
 from broker.core.states import JobState, set_states
 from broker.scheduling.claim import Candidate
 from broker.scheduling.steps import CycleReport, add_counts, unplaced
-
-if TYPE_CHECKING:
-    from broker.scheduling.cycle import Scheduler
 
 S = JobState
 ACTOR = "scheduler"
@@ -40,11 +38,18 @@ class Submission:
     BATCH = 500  # the most jobs of one batch
     WRITERS = 2
 
-    def __init__(self, scheduler: Scheduler, clusters: dict[str, ClusterInfo], *, batch: int = BATCH):
-        self.scheduler = scheduler
-        self.sessions = scheduler.sessions
-        self.clock = scheduler.clock
-        self._adapter = scheduler._adapter
+    def __init__(
+        self,
+        sessions,
+        clock: Clock,
+        adapter_of: Callable[[ClusterInfo], ClusterAdapter],
+        clusters: dict[str, ClusterInfo],
+        *,
+        batch: int = BATCH,
+    ):
+        self.sessions = sessions
+        self.clock = clock
+        self._adapter = adapter_of
         self.clusters = clusters
         self.size = batch
         self.batch: list[tuple[Candidate, Placement]] = []

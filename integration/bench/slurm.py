@@ -221,10 +221,10 @@ class TracedScheduler(Scheduler):
         self._read: tuple[float, float] | None = None
         read_statuses = self.status_sync.read_statuses
 
-        def timed_read(clusters, report):
+        def timed_read(clusters, report, **options):
             begin = time.time()
             try:
-                return read_statuses(clusters, report)
+                return read_statuses(clusters, report, **options)
             finally:
                 self._read = (begin, time.time())
 

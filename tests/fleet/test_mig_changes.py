@@ -1,5 +1,6 @@
-"""MIG layout changes step by step (broker.mig.reconfigure): fence, empty, change through the
-node agent (a stateful fake NVML), publish, confirm, admit; deadlines, rollback, resuming."""
+"""MIG layout changes step by step (broker.fleet.mig_changes, broker.fleet.mig_steps): fence,
+empty, change through the node agent (a stateful fake NVML), publish, confirm, admit;
+deadlines, rollback, resuming."""
 
 from __future__ import annotations
 
@@ -12,12 +13,7 @@ from broker.core.adapter import MigPublisher, NodeFencer, Rejected
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import gpu_model
 from broker.core.models import Job, MigChange
-from broker.inventory.events import fleet_events
-from broker.inventory.report_store import save_report
-from broker.mig.layouts import MigSlot
-from broker.mig.plan import GpuPlan, MigPlan, Outcome
-from broker.mig.reconfigure import (
-    Reconfigurations,
+from broker.fleet.mig_changes import (
     StepLimits,
     change_findings,
     clear_change,
@@ -25,6 +21,11 @@ from broker.mig.reconfigure import (
     request_changes,
     wanted_by_agent,
 )
+from broker.fleet.mig_steps import Reconfigurations
+from broker.inventory.events import fleet_events
+from broker.inventory.report_store import save_report
+from broker.mig.layouts import MigSlot
+from broker.mig.plan import GpuPlan, MigPlan, Outcome
 from broker.nodeagent.agent import change_mig_layouts, collect
 from broker.nodeagent.nvml_fake import FakeNvml
 

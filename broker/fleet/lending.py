@@ -53,9 +53,9 @@ from broker.core.clock import Clock
 from broker.core.gpus import gpu_model
 from broker.core.models import Job, NodeMove, NodeMoveEvent
 from broker.core.states import JobState
+from broker.fleet.eviction import preempt_for_fleet
 from broker.placement.lending import LendableNode, LendingTerms, called_off, need, plan_moves
 from broker.routing.rules import LendingPool, Policy
-from broker.scheduling.preemption import preempt_for_fleet
 
 log = logging.getLogger("gpush.lending")
 _HOLDING = (JobState.SUBMITTED.value, JobState.RUNNING.value)

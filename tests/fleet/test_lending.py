@@ -1,4 +1,4 @@
-"""Lending a node two clusters share, in the live cycle (broker/scheduling/lending.py), on
+"""Lending a node two clusters share, in the live cycle (broker/fleet/lending.py), on
 simulated clusters that both list the node ``lend``: offered by one side at a time, moved
 when the other side's work waits, never offered by both."""
 
