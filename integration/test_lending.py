@@ -4,7 +4,7 @@ Both clusters list ``gpu01`` (two A100-40GB): slurmd's in a Slurm test cluster o
 own (its own ports: the test drains and resumes its nodes), and a simulated kubelet's in the
 node simulator behind the project's Kubernetes API test server. The broker runs in-process on
 PostgreSQL with the real scheduling cycle; gpu01's agent reports over a stateful fake NVML
-(broker.nodeagent.nvml_fake). Kubernetes also has ``t4-0``, a time-sliced T4.
+(tests.doubles.fake_nvml). Kubernetes also has ``t4-0``, a time-sliced T4.
 
 The policy's lending pool makes Slurm gpu01's home and has Kubernetes set it up with the device
 plugin config ``time-sliced-4`` (four time-slicing replicas a GPU) when it takes the node; on
@@ -28,7 +28,6 @@ from broker.inventory.reconcile import reconcile
 from broker.inventory.report_store import load_reports, save_report
 from broker.inventory.view import ClusterInventory
 from broker.nodeagent.agent import collect
-from broker.nodeagent.nvml_fake import FakeNvml
 from broker.routing import versions as policystore
 from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
@@ -46,6 +45,7 @@ from integration.slurm.cluster import SlurmTestCluster
 from integration.slurm_fixtures import own_cluster
 from integration.test_k8s_adapter import simulated_durations  # noqa: F401  (autouse: sim-duration labels)
 from integration.test_slurm_adapter import Clock
+from tests.doubles.fake_nvml import FakeNvml
 
 PORTS = {"GPUSH_SLURMCTLD_PORT": "9517", "GPUSH_SLURMRESTD_PORT": "9520", "GPUSH_SLURMD_PORT": "9521"}
 OPERATOR = "gpu-operator"

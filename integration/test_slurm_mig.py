@@ -7,7 +7,7 @@ rewrites them), whose adapter rewrites gres.conf and slurm.conf (adapters.slurm.
 restarts slurmctld and mig01's slurmd (integration/slurm/reload.sh: Slurm 22.05 takes a
 node's new GRES counts only then; the newer ones take them at ``scontrol reconfigure``).
 mig01's agent is ``gpush agent --allow-mig-changes`` in this process, over a stateful fake
-NVML (broker.nodeagent.nvml_fake) with the cluster's layout: GPU 0 seven 1g.5gb, GPU 1 two
+NVML (tests.doubles.fake_nvml) with the cluster's layout: GPU 0 seven 1g.5gb, GPU 1 two
 3g.20gb. The test plays the driver too: the capability
 device of each instance the agent creates appears under the cluster's fake /dev.
 """
@@ -33,12 +33,12 @@ from broker.core.models import Job, MigChange
 from broker.core.schemas import Role
 from broker.mig.config import mig_cap_minor as cap_minor
 from broker.nodeagent.agent import collect, run_agent
-from broker.nodeagent.nvml_fake import FakeNvml
 from broker.routing import versions as policystore
 from broker.routing.versions import cluster_views
 from integration.slurm.cluster import SlurmTestCluster
 from integration.slurm_fixtures import SLURM_SUITES, chroot_cluster, own_cluster
 from integration.test_slurm_adapter import Broker, Clock
+from tests.doubles.fake_nvml import FakeNvml
 
 HERE = Path(__file__).resolve().parent
 RELOAD = HERE / "slurm" / "reload.sh"

@@ -36,7 +36,8 @@ from broker.api import (
     usage,
 )
 from broker.api.limits import EdgeLimits, HttpLimits
-from broker.core import auth, metrics
+from broker.api.metrics import app_registry
+from broker.core import auth
 from broker.core.clock import Clock, utcnow
 from broker.core.clusters import AdapterPool
 from broker.core.db import session_factory
@@ -63,7 +64,7 @@ def create_app(
     app.state.token_cache = auth.TokenCache(ttl=token_cache_ttl)
     app.state.wakeup = Wakeup()  # the scheduling loop of this process waits on it (broker.api.server)
     app.state.adapters = AdapterPool(clock, on_change=app.state.wakeup.set)
-    app.state.metrics_registry = metrics.app_registry(engine)
+    app.state.metrics_registry = app_registry(engine)
     app.state.limits = limits
     app.add_middleware(EdgeLimits, limits=limits)
 

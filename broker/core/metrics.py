@@ -14,7 +14,8 @@ Two kinds of metrics, kept apart because they live in different places:
   so scrape a single-worker broker, or each worker.
 - **Queue depth** is read from the database at scrape time (:class:`QueueDepth`, one
   ``GROUP BY``), so every broker process on one database exports the same numbers.
-  Each app gets its own registry (:func:`app_registry`) holding its engine's collector
+  Each app gets its own registry (broker.api.metrics.app_registry) holding its engine's
+  collectors (this one, and the GPU-equivalent seconds of broker.accounting.metrics)
   beside the process metrics: two apps in one process (tests) never clash.
 
 Labels stay few: clusters, sharing modes, tenants, job kinds and states, adapter
@@ -32,9 +33,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -65,7 +66,6 @@ from broker.core.adapter import (
     TimesliceConfigurator,
     declared,
 )
-from broker.core.clock import utcnow
 from broker.core.db import session_factory
 from broker.core.errors import Unauthenticated
 from broker.core.models import Job
@@ -558,41 +558,7 @@ class QueueDepth(Collector):
         yield depth
 
 
-class GpuSeconds(Collector):
-    """``gpush_gpu_equivalent_seconds_total``: GPU-equivalent seconds by tenant, cluster and
-    sharing mode, from the job events (broker.accounting.usage: a MIG slice counts its
-    fraction of the GPU, an MPS share its percentage, a time-sliced job its memory
-    budget's fraction, whole GPUs whole), running jobs up to the scrape. Each process
-    reads the history once (100,000 events a scrape at most, so a scrape stays short),
-    then only the events appended since its last scrape."""
-
-    def __init__(self, engine: Engine):
-        from broker.accounting.usage import UsageLedger
-
-        self._sessions = session_factory(engine)
-        self._ledger = UsageLedger()
-        self._lock = threading.Lock()
-
-    def collect(self) -> Iterator[Metric]:
-        counter = CounterMetricFamily(
-            "gpush_gpu_equivalent_seconds",
-            "GPU-equivalent seconds used by jobs, by tenant, cluster and sharing mode (from the job events).",
-            labels=["tenant", "cluster", "sharing"],
-        )
-        try:
-            with self._lock, self._sessions() as session:
-                # At most 5 pages of 20,000 events a scrape: on a long history the first
-                # scrapes stay short and the counter catches up over a few of them.
-                totals = self._ledger.update(session, utcnow(), max_pages=5)
-        except SQLAlchemyError as exc:
-            log.warning("metrics: GPU usage unavailable: %s", exc)
-            return
-        for labels, seconds in sorted(totals.items()):
-            counter.add_metric(list(labels), seconds)
-        yield counter
-
-
-class _Forward(Collector):
+class Forward(Collector):
     """Another registry's metrics, as part of this one."""
 
     def __init__(self, registry: CollectorRegistry):
@@ -600,16 +566,6 @@ class _Forward(Collector):
 
     def collect(self) -> Iterator[Metric]:
         return self._registry.collect()
-
-
-def app_registry(engine: Engine) -> CollectorRegistry:
-    """What one app's ``GET /metrics`` exports: its database's queue depth and this
-    process's metrics."""
-    registry = CollectorRegistry()
-    registry.register(QueueDepth(engine))
-    registry.register(GpuSeconds(engine))
-    registry.register(_Forward(REGISTRY))
-    return registry
 
 
 def check_scrape_token(authorization: str | None) -> None:
@@ -626,10 +582,3 @@ def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, 
     """The registry in the format the scraper asked for (OpenMetrics or Prometheus text)."""
     encode, content_type = choose_encoder(accept or "")
     return encode(registry), content_type
-
-
-def serve(engine: Engine, port: int, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
-    """Export the same metrics on a port of their own, in a thread, for a process that
-    runs no API (``gpush scheduler run``); returns the server (``shutdown()`` stops it).
-    Nothing checks a token there: bind it where only Prometheus reaches."""
-    return start_http_server(port, addr, registry=app_registry(engine))

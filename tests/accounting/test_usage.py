@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import generate_latest
 
+from broker.accounting.metrics import GpuSeconds
 from broker.accounting.usage import UsageLedger, job_usage, per_replica, summarize
 from broker.core.auth import Principal
-from broker.core.metrics import GpuSeconds
 from broker.core.models import Job, JobEvent
 from broker.core.schemas import JobSpec, Role
 from broker.core.states import set_state

@@ -11,7 +11,7 @@ from adapters.slurm.mig import GresConf, counts, expand, mig_devices, of_minor, 
 from broker.core.adapter import Rejected
 from broker.mig.config import mig_cap_minor, render_gres_conf
 from broker.nodeagent.agent import collect
-from broker.nodeagent.nvml_fake import FakeNvml
+from tests.doubles.fake_nvml import FakeNvml
 
 CAPS = "/dev/nvidia-caps"
 # As the test cluster's start.sh writes it: GPU 0 seven 1g.5gb (instances 7-13), GPU 1 two 3g.20gb (1, 2).

@@ -18,6 +18,7 @@ from prometheus_client import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.api import metrics as exported
 from broker.core import metrics
 from broker.core.adapter import BatchSubmitter, Unreachable
 from broker.core.clusters import AdapterPool, add_cluster, list_clusters
@@ -118,7 +119,7 @@ def test_openmetrics_is_served_to_a_scraper_that_asks_for_it(http):
 
 def test_a_process_without_the_api_serves_the_same_metrics_on_its_own_port(engine, http):
     assert http(user="alice", tenant="ml").post("/v1/jobs", json=TRAIN).status_code == 201
-    server, thread = metrics.serve(engine, 0)
+    server, thread = exported.serve(engine, 0)
     try:
         text = httpx.get(f"http://127.0.0.1:{server.server_port}/metrics").text
     finally:
@@ -271,7 +272,7 @@ def metric_names(expr: str) -> set[str]:
 def exported_names(engine) -> set[str]:
     """Every sample name the broker's /metrics may carry (a histogram's _bucket, ...)."""
     suffixes = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_count", "_sum", "_created"]}
-    text = generate_latest(metrics.app_registry(engine)).decode()
+    text = generate_latest(exported.app_registry(engine)).decode()
     return {
         family.name + suffix
         for family in text_string_to_metric_families(text)

@@ -27,7 +27,7 @@ from broker.inventory.report_store import save_report
 from broker.mig.layouts import MigSlot
 from broker.mig.plan import GpuPlan, MigPlan, Outcome
 from broker.nodeagent.agent import change_mig_layouts, collect
-from broker.nodeagent.nvml_fake import FakeNvml
+from tests.doubles.fake_nvml import FakeNvml
 
 A100 = "A100-SXM4-40GB"
 TODAY = ["3g.20gb@0", "3g.20gb@4"]

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from broker.core.clusters import AdapterPool, add_cluster
 from broker.core.models import MigChange
 from broker.nodeagent.agent import run_agent
-from broker.nodeagent.nvml_fake import FakeNvml
+from tests.doubles.fake_nvml import FakeNvml
 from tests.scheduling.test_cycle import DEFAULT_POLICY, FLEET, apply_policy, job, scheduler, submit
 
 ONES = [f"1g.5gb@{i}" for i in range(7)]

@@ -11,7 +11,7 @@ from broker.mig.layouts import MigSlot
 from broker.nodeagent.agent import collect
 from broker.nodeagent.mig_apply import LayoutRefused, apply_layout_change, layout_change
 from broker.nodeagent.nvml import import_pynvml
-from broker.nodeagent.nvml_fake import FakeNvml
+from tests.doubles.fake_nvml import FakeNvml
 
 SEVEN_SMALL = [f"1g.5gb@{i}" for i in range(7)]
 

@@ -1,4 +1,4 @@
-"""A stateful NVML for tests and the simulated fleet: MIG GPUs whose layout can change.
+"""A stateful NVML for tests: MIG GPUs whose layout can change.
 
 :class:`FakeNvml` implements the agent's read calls (:class:`broker.nodeagent.nvml.NvmlLibrary`)
 and the calls that change a MIG layout, with pynvml's names, arguments and errors, over
