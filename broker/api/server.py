@@ -20,9 +20,9 @@ from sqlalchemy import Engine
 
 from broker.api.app import create_app
 from broker.api.limits import HttpLimits
-from broker.client.embedded import open_database
 from broker.core.clock import utcnow
 from broker.core.config import database_url
+from broker.core.db import open_database
 from broker.scheduling.cycle import Scheduler
 from broker.scheduling.leader import run_scheduler_loop
 

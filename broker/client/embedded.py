@@ -20,34 +20,11 @@ from broker.client.sdk import EMBEDDED_URL, GpushClient
 from broker.core import auth
 from broker.core.clock import utcnow
 from broker.core.config import config_dir
-from broker.core.db import (
-    check_schema,
-    current_revision,
-    head_revision,
-    is_sqlite,
-    make_engine,
-    session_factory,
-    upgrade,
-)
+from broker.core.db import open_database, session_factory
 from broker.core.errors import Unauthenticated
 from broker.core.schemas import Role
 
 LOCAL_TENANT = "default"
-
-
-def open_database(url: str, *, auto_upgrade: bool | None = None) -> Engine:
-    """An engine on ``url`` whose schema is at head.
-
-    SQLite (embedded, one user) is upgraded on open; a shared PostgreSQL is upgraded
-    only by ``gpush db upgrade``, an admin's deliberate step, unless asked.
-    """
-    engine = make_engine(url)
-    if auto_upgrade if auto_upgrade is not None else is_sqlite(engine):
-        if current_revision(engine) != head_revision():
-            upgrade(engine)
-    else:
-        check_schema(engine)
-    return engine
 
 
 def credentials_path() -> Path:

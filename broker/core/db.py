@@ -152,3 +152,18 @@ def check_schema(engine: Engine) -> None:
         raise Unavailable(
             f"the database schema is at {current or 'nothing'}, gpush needs {head}: run `gpush db upgrade`"
         )
+
+
+def open_database(url: str, *, auto_upgrade: bool | None = None) -> Engine:
+    """An engine on ``url`` whose schema is at head.
+
+    SQLite (embedded, one user) is upgraded on open; a shared PostgreSQL is upgraded
+    only by ``gpush db upgrade``, an admin's deliberate step, unless asked.
+    """
+    engine = make_engine(url)
+    if auto_upgrade if auto_upgrade is not None else is_sqlite(engine):
+        if current_revision(engine) != head_revision():
+            upgrade(engine)
+    else:
+        check_schema(engine)
+    return engine

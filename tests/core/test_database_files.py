@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from broker.client.embedded import open_database
+from broker.core.db import open_database
 
 
 @pytest.fixture
