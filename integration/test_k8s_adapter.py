@@ -30,7 +30,8 @@ simulator = pytest.importorskip("integration.k8s.simulator")
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-import adapters.k8s.adapter as k8s_adapter  # noqa: E402
+import adapters.k8s.jobs as k8s_jobs  # noqa: E402
+import adapters.k8s.logs as k8s_logs  # noqa: E402
 from adapters.k8s import KubernetesAdapter  # noqa: E402
 from adapters.k8s.states import OOM_REASON  # noqa: E402
 from broker.core.adapter import BackendJob, BackendState, Placement, Rejected, Sharing, Unreachable  # noqa: E402
@@ -66,7 +67,7 @@ def wait_for(check: Callable[[], Any], timeout: float = 15.0, what: str = "condi
 @pytest.fixture(autouse=True)
 def simulated_durations(monkeypatch):
     """Job labels sim-duration / sim-exit become the simulator's Pod annotations."""
-    real = k8s_adapter.render
+    real = k8s_jobs.render
 
     def render(job_id, spec, placement, options, **kw):
         manifest = real(job_id, spec, placement, options, **kw)
@@ -77,7 +78,7 @@ def simulated_durations(monkeypatch):
             annotations[simulator.ANN_EXIT_CODE] = spec.labels["sim-exit"]
         return manifest
 
-    monkeypatch.setattr(k8s_adapter, "render", render)
+    monkeypatch.setattr(k8s_jobs, "render", render)
 
 
 @pytest.fixture
@@ -497,7 +498,7 @@ def test_logs_tail_and_offsets_continue_where_the_last_read_ended(adapter, monke
     assert adapter.logs(31, backend_id, tail=0).text == ""
     # Small chunks: every read returns at most MAX_LOG_CHUNK characters from its offset; the
     # byte limit the adapter asks for cuts multi-byte characters, which must come back whole.
-    monkeypatch.setattr(k8s_adapter, "MAX_LOG_CHUNK", 7)
+    monkeypatch.setattr(k8s_logs, "MAX_LOG_CHUNK", 7)
     read, offset = [], 0
     while True:
         out = adapter.logs(31, backend_id, offset=offset)

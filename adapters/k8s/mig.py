@@ -3,7 +3,7 @@
 This module owns the pure part of :class:`broker.core.adapter.NodeFencer` and
 :class:`broker.core.adapter.MigPublisher` on Kubernetes: which labels and annotations say what,
 the nvidia-mig-parted config gpush keeps per node, and how it is merged into the MIG manager's
-ConfigMap. The adapter (adapters.k8s.adapter) reads and writes the objects.
+ConfigMap. adapters.k8s.nodes and adapters.k8s.mig_publish read and write the objects.
 
 - **Fencing** is a cordon (``spec.unschedulable``, as ``kubectl cordon``) with the reason in the
   annotation ``gpush.io/fenced``, so gpush tells its own cordons from an admin's. A node cordoned

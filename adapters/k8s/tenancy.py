@@ -1,7 +1,7 @@
 """Tenants on Kubernetes: which namespace a tenant's jobs go to, and the ResourceQuota that backs its GPU quota.
 
-Pure functions over settings, owners and inventory records; the adapter (adapters.k8s.adapter)
-creates and applies what they render. What callers may assume:
+Pure functions over settings, owners and inventory records; adapters.k8s.namespaces creates
+and applies what they render. What callers may assume:
 
 - **A namespace per tenant** (``namespace_mode=per-tenant``). :meth:`TenantNamespaces.namespace_for`
   takes the job's :class:`broker.core.adapter.Owner` (the tenant of the token that submitted it,

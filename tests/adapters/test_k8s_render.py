@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from adapters.k8s import KubernetesAdapter
-from adapters.k8s.adapter import format_cursor, parse_cursor
 from adapters.k8s.client import AlreadyExists, Gone, KubeClient, NotFound, WatchBatch, WatchEvent, _status_error
 from adapters.k8s.inventory import gpu_requests_by_node, node_units
 from adapters.k8s.render import (
@@ -33,6 +32,7 @@ from adapters.k8s.render import (
     render,
 )
 from adapters.k8s.states import OOM_REASON, Observed, backend_job, shorten_unschedulable
+from adapters.k8s.status import format_cursor, parse_cursor
 from adapters.k8s.timeslice import TimesliceState, render_timeslice, replicas_in
 from broker.core.adapter import BackendState, ClusterAdapter, Placement, Rejected, Sharing, Unreachable
 from broker.core.errors import InvalidRequest

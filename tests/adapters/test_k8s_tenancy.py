@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from adapters.k8s.adapter import KubernetesSettings, parse_backend_id
+from adapters.k8s.context import parse_backend_id
 from adapters.k8s.inventory import node_units
+from adapters.k8s.settings import KubernetesSettings
 from adapters.k8s.tenancy import (
     QUOTA_NAME,
     TenantNamespaces,
