@@ -13,9 +13,10 @@ rules that share a kind (``gpu_claimed_twice``) in this order. Checks across hos
 GPU UUID on two hosts) and across a cluster (no agent at all, a cluster that did not
 answer) are reconcile's own steps.
 
-One module of about 650 lines, over the project's 600, on purpose: it is the list of
+One module of about 670 lines, over the project's 600, on purpose: it is the list of
 every host rule, each a short function with the docstring an operator reads when a
-finding surprises them, and reading them side by side in the order they run is the point.
+finding surprises them, and reading them side by side in the order they run is the point
+(a new finding is a function and a line in :data:`HOST_RULES`, here, not a new module).
 """
 
 from __future__ import annotations

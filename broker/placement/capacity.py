@@ -22,11 +22,11 @@ are taken whole or not at all. What callers may assume:
   share or a replica lives on one GPU, so an inventory that reports these modes per
   GPU (``CapacityUnit.gpus`` of one index) is fitted per GPU, and the placement names
   the GPU (``Placement.gpus``). Among the GPUs where the job fits, the choice is
-  FGD's (:func:`broker.placement.fragmentation.choose`, after Weng et al., ATC '23): the GPU
+  FGD's (:func:`broker.placement.fgd.choose`, after Weng et al., ATC '23): the GPU
   whose use raises its node's fragmentation least, with FGD's tolerance band
-  (:data:`broker.placement.fragmentation.TOLERANCE_MILLI`) across nodes and best fit by the
+  (:data:`broker.placement.fgd.TOLERANCE_MILLI`) across nodes and best fit by the
   node's free shared GPU among near-equals. Fragmentation is measured against the
-  view's ``workload`` (its one-GPU shapes, :func:`broker.placement.fragmentation.single_gpu`:
+  view's ``workload`` (its one-GPU shapes, :func:`broker.placement.fgd.single_gpu`:
   nothing else lands on a shared GPU). Without one, each cluster and mode learns its
   own: the shares of the jobs the view was asked to fit there so far (placed or not:
   a job that waits is demand too), plus one pseudo-job each of 1/8, 1/4, 1/2 and a
@@ -55,20 +55,24 @@ with enough free units, found by bisection. Per-GPU slots as one entry per node 
 free level (free units, the node's free shared milli-GPU, node order), so a node's
 change moves one entry per level it has, not one per GPU. FGD scores a bounded
 candidate set: one node per distinct free level of each shape (at most
-:data:`LEVELS` levels from the fullest up, each found by bisection; the first node
-of a level is the one with the least free, FGD's tie-break; at most
-:data:`PER_LEVEL` looked at for one whose GPU passes the memory guard), then the
-GPUs of the chosen node; the increase of a level is computed once per workload and
-cached. Within those bounds the result is :func:`~broker.placement.fragmentation.choose`'s over
+:data:`~broker.placement.slots.LEVELS` levels from the fullest up, each found by
+bisection; the first node of a level is the one with the least free, FGD's tie-break;
+at most :data:`~broker.placement.slots.PER_LEVEL` looked at for one whose GPU passes
+the memory guard), then the GPUs of the chosen node; the increase of a level is
+computed once per workload and cached. Within those bounds the result is :func:`~broker.placement.fgd.choose`'s over
 every node: MPS (101 levels) and time-slicing with up to 127 replicas a GPU always
 are. Running totals per shape give the "n of m free" of a waiting job without a
 scan. Every change of a slot's free units goes through the view, which keeps that
-order. The index itself is :mod:`broker.placement.slots`.
+order. The index, and FGD's bounded search over it (:func:`~broker.placement.slots.fgd_gpu`),
+are :mod:`broker.placement.slots`.
 
 This module is one piece of about 800 lines on purpose: :class:`CapacityView` is one
 invariant (every change of free units goes through it, so the index, the replicas it
-spread and the memory guard stay in step), and its per-mode fits share that state;
-split across modules, the invariant would be too.
+spread and the memory guard stay in step), and its per-mode fits (whole GPUs, MIG, MPS,
+time-slicing) take, refund and record through that one state; split across modules,
+the invariant would be too. What does not touch that state lives elsewhere: the index
+and FGD's search over it in :mod:`broker.placement.slots`, the measure in
+:mod:`broker.placement.fgd`.
 """
 
 from __future__ import annotations
@@ -82,23 +86,16 @@ from dataclasses import dataclass, field, replace
 from broker.core.adapter import CapacityUnit, Placement, Sharing
 from broker.core.gpus import gpu_model
 from broker.core.schemas import JobSpec
-from broker.placement.fragmentation import (
-    MILLI,
-    TOLERANCE_MILLI,
-    WorkloadDistribution,
-)
+from broker.placement.fgd import MILLI, WorkloadDistribution
 from broker.placement.slots import (
-    LEVELS,
     MEMORY_SLACK,
     PER_GPU_SHARING,
-    PER_LEVEL,
     Shape,
     Slot,
     SlotGroup,
     canonical_model,
+    fgd_gpu,
     fgd_gpu_on_node,
-    gpu_has_memory,
-    node_holds,
 )
 
 
@@ -627,7 +624,7 @@ class CapacityView:
             group.fragmentation.observe(max(units * MILLI // shape.capacity, 1), replicas)
             break
         if replicas == 1:  # the common case, without the bookkeeping of several
-            position = self._fgd(group, able, memory_gb)
+            position = fgd_gpu(group, able, memory_gb)
             if position is None:
                 return None
             units = able[group.shape_at[position]]
@@ -639,13 +636,13 @@ class CapacityView:
         picks: list[tuple[int, int]] = []
         node = None
         if replicas > 1:
-            node = self._fgd(group, able, memory_gb, replicas)
+            node = fgd_gpu(group, able, memory_gb, replicas)
             node = None if node is None else group.node_of[node]
         for _ in range(replicas):
             if node is not None:
                 position = fgd_gpu_on_node(group, able, memory_gb, node)
             else:
-                position = self._fgd(group, able, memory_gb)
+                position = fgd_gpu(group, able, memory_gb)
             if position is None:
                 for taken, units in reversed(picks):
                     self._refund(group, taken, units, memory_gb)
@@ -657,61 +654,6 @@ class CapacityView:
                 slot.memory_free_gb -= memory_gb
             picks.append((position, units))
         return picks
-
-    @staticmethod
-    def _fgd(group: SlotGroup, able: dict[Shape, int], memory_gb: float, replicas: int = 1) -> int | None:
-        """FGD's choice among the per-GPU slots of ``able`` shapes with ``memory_gb`` of
-        GPU memory unclaimed (on nodes with room for ``replicas`` such replicas): the
-        least increase of fragmentation; within :data:`TOLERANCE_MILLI` of it, the node
-        left with the least free shared GPU, then the earlier node; on that node, its
-        GPU of least increase, then least left free, then lowest index. Scores one node
-        per free level of a shape (the first of a level is the node with the least
-        free: the tie-break's choice), looking at a few for one that passes the filters."""
-        fragmentation = group.fragmentation
-        known = fragmentation.known
-        need = memory_gb - MEMORY_SLACK
-        found: list[tuple[float, int, int]] = []  # (increase, node's free milli after, node)
-        least = math.inf
-        for shape, units in able.items():
-            order = shape.order
-            size = len(order)
-            capacity = shape.capacity
-            demand = units * MILLI // capacity
-            i = bisect_left(order, (units,))
-            levels = 0
-            while i < size and levels < LEVELS:
-                entry = order[i]
-                free = entry[0]
-                end = bisect_left(order, (free + 1,), i)
-                if memory_gb or replicas > 1:
-                    # The first node at this level whose GPU there has the memory (a few looked at).
-                    j, stop = i, min(end, i + PER_LEVEL)
-                    while j < stop and not (
-                        (not memory_gb or gpu_has_memory(group, order[j][2], shape, free, need))
-                        and (replicas == 1 or node_holds(group, order[j][2], able, memory_gb, replicas))
-                    ):
-                        j += 1
-                    if j == stop:
-                        i = end
-                        levels += 1
-                        continue
-                    entry = order[j]
-                increase = known.get((capacity, free, units))
-                if increase is None:
-                    increase = fragmentation.increase(capacity, free, units)
-                found.append((increase, entry[1] - demand, entry[2]))
-                if increase < least:
-                    least = increase
-                i = end
-                levels += 1
-        if not found:
-            return None
-        limit = least + TOLERANCE_MILLI
-        node = None
-        for increase, after, k in found:
-            if increase <= limit and (node is None or (after, k) < node):
-                node = (after, k)
-        return fgd_gpu_on_node(group, able, memory_gb, node[1])
 
     def _shared_placement(self, spec, cluster, sharing, group: SlotGroup, picks, replicas, partition) -> Placement:
         slots = group.slots

@@ -7,12 +7,15 @@ capacity, GPU memory, per GPU or per node: everything the per-job filters look a
 shape's slots sorted by free units, with running totals for "n of m free"; FGD's measure
 for shared GPUs is cached per (capacity, free, units) until the workload it is measured
 against changes (:class:`SharedFragmentation`). The view changes free units only through
-:meth:`SlotGroup.set_free`, which keeps that order. The capacity module's docstring says
-how fits use it.
+:meth:`SlotGroup.set_free`, which keeps that order. FGD's choice over the index lives
+beside it: :func:`fgd_gpu` scores a bounded candidate set (one node per free level of a
+shape) and :func:`fgd_gpu_on_node` picks that node's GPU. The capacity module's docstring
+says how fits use them.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -21,8 +24,9 @@ from functools import cache
 
 from broker.core.adapter import CapacityUnit, Sharing
 from broker.core.gpus import gpu_model
-from broker.placement.fragmentation import (
+from broker.placement.fgd import (
     MILLI,
+    TOLERANCE_MILLI,
     TaskShape,
     WorkloadDistribution,
     gpu_increase,
@@ -351,3 +355,58 @@ def gpu_has_memory(group: SlotGroup, k: int, shape: Shape, free: int, need: floa
             if memory is None or memory >= need:
                 return True
     return False
+
+
+def fgd_gpu(group: SlotGroup, able: dict[Shape, int], memory_gb: float, replicas: int = 1) -> int | None:
+    """FGD's choice among the per-GPU slots of ``able`` shapes with ``memory_gb`` of
+    GPU memory unclaimed (on nodes with room for ``replicas`` such replicas): the
+    least increase of fragmentation; within :data:`TOLERANCE_MILLI` of it, the node
+    left with the least free shared GPU, then the earlier node; on that node, its
+    GPU of least increase, then least left free, then lowest index. Scores one node
+    per free level of a shape (the first of a level is the node with the least
+    free: the tie-break's choice), looking at a few for one that passes the filters."""
+    fragmentation = group.fragmentation
+    known = fragmentation.known
+    need = memory_gb - MEMORY_SLACK
+    found: list[tuple[float, int, int]] = []  # (increase, node's free milli after, node)
+    least = math.inf
+    for shape, units in able.items():
+        order = shape.order
+        size = len(order)
+        capacity = shape.capacity
+        demand = units * MILLI // capacity
+        i = bisect_left(order, (units,))
+        levels = 0
+        while i < size and levels < LEVELS:
+            entry = order[i]
+            free = entry[0]
+            end = bisect_left(order, (free + 1,), i)
+            if memory_gb or replicas > 1:
+                # The first node at this level whose GPU there has the memory (a few looked at).
+                j, stop = i, min(end, i + PER_LEVEL)
+                while j < stop and not (
+                    (not memory_gb or gpu_has_memory(group, order[j][2], shape, free, need))
+                    and (replicas == 1 or node_holds(group, order[j][2], able, memory_gb, replicas))
+                ):
+                    j += 1
+                if j == stop:
+                    i = end
+                    levels += 1
+                    continue
+                entry = order[j]
+            increase = known.get((capacity, free, units))
+            if increase is None:
+                increase = fragmentation.increase(capacity, free, units)
+            found.append((increase, entry[1] - demand, entry[2]))
+            if increase < least:
+                least = increase
+            i = end
+            levels += 1
+    if not found:
+        return None
+    limit = least + TOLERANCE_MILLI
+    node = None
+    for increase, after, k in found:
+        if increase <= limit and (node is None or (after, k) < node):
+            node = (after, k)
+    return fgd_gpu_on_node(group, able, memory_gb, node[1])

@@ -14,7 +14,7 @@ import pytest
 from broker.core.adapter import BackendState, CapacityUnit, Placement, Sharing
 from broker.core.schemas import JobSpec
 from broker.placement.capacity import CapacityView, Fit, NoFit
-from broker.placement.fragmentation import NodeState, TaskShape, WorkloadDistribution, best_fit, choose, single_gpu
+from broker.placement.fgd import NodeState, TaskShape, WorkloadDistribution, best_fit, choose, single_gpu
 from broker.simulation.cluster import SimulatedCluster
 from broker.simulation.fleet import load_fleet
 
@@ -384,7 +384,7 @@ def test_fgd_takes_the_half_gpu_that_fits_exactly_where_best_fit_strands_a_slive
 @pytest.mark.parametrize("seed", range(6))
 def test_the_view_chooses_as_fgd_over_every_node_would(seed: int) -> None:
     """The view scores one GPU per free level, not every node: on random fleets its
-    choices are those of broker.placement.fragmentation.choose over all nodes."""
+    choices are those of broker.placement.fgd.choose over all nodes."""
     rng = random.Random(seed)
     workload = WorkloadDistribution(
         (TaskShape(50), TaskShape(100), TaskShape(250), TaskShape(500), TaskShape(1000)), (0.3, 0.3, 0.2, 0.1, 0.1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.placement.fragmentation import SharedGpuNodes, SharedNode, TaskShape, WorkloadDistribution
+from broker.placement.fgd import TaskShape, WorkloadDistribution
+from broker.placement.fragmentation import SharedGpuNodes, SharedNode
 from broker.simulation.inflation import (
     CpuTask,
     inflate,

@@ -17,7 +17,7 @@ from broker.core.schemas import Isolation, Kind
 from broker.routing import rules as policy_rules
 from broker.routing.policy import Match, Policy, cluster_view, load_policy, validate
 from broker.routing.rules import MAX_RULES
-from broker.routing.validation import shadowed_by
+from broker.routing.shadowing import shadowed_by
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "examples" / "fleet.yaml"

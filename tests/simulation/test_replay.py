@@ -12,21 +12,14 @@ import pytest
 
 from broker.core.adapter import Sharing
 from broker.core.errors import InvalidRequest
-from broker.placement.fragmentation import (
-    NodeState,
-    SharedGpuNodes,
-    SharedNode,
-    TaskShape,
-    WorkloadDistribution,
-    best_fit,
-    choose,
-    node_fragmentation,
-)
+from broker.placement.fgd import NodeState, TaskShape, WorkloadDistribution, best_fit, choose, node_fragmentation
+from broker.placement.fragmentation import SharedGpuNodes, SharedNode
 from broker.routing.policy import load_policy
 from broker.simulation.fleet import load_fleet, load_fleet_file
 from broker.simulation.inflation import inflation_arrivals, inflation_experiment
 from broker.simulation.replay import replay
-from broker.simulation.report import run_simulation, summary_lines
+from broker.simulation.report import run_simulation
+from broker.simulation.report_text import summary_lines
 from broker.simulation.shared import CpuWork, replay_shared
 from broker.simulation.traces import load_openb, openb_policy, pod_job, read_pods, trace_model
 from broker.simulation.workload import TenantTerms, parse_workload, read_workload, whole_gpu_fleet, whole_gpu_policy

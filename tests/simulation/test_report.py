@@ -16,7 +16,8 @@ from broker.simulation.fleet import load_fleet_file
 from broker.simulation.plots import CAPTIONS, figures, run_colours, same_steps, time_weighted_bins
 from broker.simulation.progress import Progress, Silent
 from broker.simulation.replay import replay
-from broker.simulation.report import run_simulation, summary_lines
+from broker.simulation.report import run_simulation
+from broker.simulation.report_text import summary_lines
 from broker.simulation.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
