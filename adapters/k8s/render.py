@@ -44,7 +44,8 @@ from typing import Any
 
 from broker.core.adapter import Placement, Rejected, Sharing
 from broker.core.gpus import MODELS, gpu_model
-from broker.core.schemas import JobSpec, parse_memory_mib, parse_time_limit
+from broker.core.schemas import JobSpec
+from broker.core.spec_values import parse_memory_mib, parse_time_limit
 from broker.jobenv.environment import job_environment
 
 DOMAIN = "gpush.io"

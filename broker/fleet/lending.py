@@ -55,7 +55,8 @@ from broker.core.models import Job, NodeMove, NodeMoveEvent
 from broker.core.states import JobState
 from broker.fleet.eviction import preempt_for_fleet
 from broker.placement.lending import LendableNode, LendingTerms, called_off, need, plan_moves
-from broker.routing.rules import LendingPool, Policy
+from broker.routing.fleet_sections import LendingPool
+from broker.routing.rules import Policy
 
 log = logging.getLogger("gpush.lending")
 _HOLDING = (JobState.SUBMITTED.value, JobState.RUNNING.value)

@@ -46,7 +46,8 @@ from broker.inventory.report_store import load_reports, reconciled
 from broker.inventory.view import CRITICAL, Finding
 from broker.mig.layouts import MigSlot
 from broker.mig.queue import plan_for
-from broker.routing.rules import MigLayouts, Policy
+from broker.routing.fleet_sections import MigLayouts
+from broker.routing.rules import Policy
 
 log = logging.getLogger("gpush.mig")
 

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# MILLI, TaskShape and WorkloadDistribution are also imported from here by the replays
-# of broker.simulation (shared, inflation, traces, workload).
 from broker.placement.fgd import DECIMALS, MILLI, TOLERANCE_MILLI, NodeState, TaskShape, WorkloadDistribution
 
 PLACEMENTS = ("fgd", "best-fit", "first-fit")

@@ -25,7 +25,8 @@ from dataclasses import replace
 
 from broker.core.adapter import Placement, Rejected, Sharing
 from broker.core.gpus import gpu_model
-from broker.core.schemas import JobSpec, parse_time_limit
+from broker.core.schemas import JobSpec
+from broker.core.spec_values import parse_time_limit
 from broker.simulation.fleet import FleetCluster
 from broker.simulation.pools import (
     MIG_SHARINGS,

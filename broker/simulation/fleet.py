@@ -45,7 +45,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, GpuModel, gpu_model, mig_layout_problem
-from broker.core.schemas import parse_memory_mib
+from broker.core.spec_values import parse_memory_mib
 from broker.core.yamltext import excerpt, load_yaml
 
 _NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"

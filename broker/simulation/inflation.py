@@ -38,13 +38,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.core.errors import InvalidRequest
-from broker.placement.fragmentation import (
-    MILLI,
-    SharedGpuNodes,
-    SharedNode,
-    TaskShape,
-    WorkloadDistribution,
-)
+from broker.placement.fgd import MILLI, TaskShape, WorkloadDistribution
+from broker.placement.fragmentation import SharedGpuNodes, SharedNode
 from broker.simulation.results import run_label
 
 # -- the inflation experiment ------------------------------------------------------------

@@ -427,7 +427,7 @@ IDLE_TARGET = 0.10
 
 def table(runs: Sequence[LayoutRun]) -> list[str]:
     """The comparison as lines of at most 80 characters."""
-    from broker.simulation.report import _duration_text, _percent
+    from broker.simulation.report_text import duration_text, percent
 
     summaries = [r.summary() for r in runs]
     widths = [max(len(s["label"]), 11) + 2 for s in summaries]
@@ -441,14 +441,14 @@ def table(runs: Sequence[LayoutRun]) -> list[str]:
         out = []
         for s in summaries:
             w = s["waits"].get(kind)
-            out.append("-" if w is None else f"{_duration_text(w['p50'])} / {_duration_text(w['p95'])}")
+            out.append("-" if w is None else f"{duration_text(w['p50'])} / {duration_text(w['p95'])}")
         return out
 
     gpus = summaries[0]["physical_gpus"]
     lines = [
         head,
-        row(f"GPU held, mean (of {gpus})", [_percent(s["allocation_mean"]) for s in summaries]),
-        row("fleet idle at the peak hours", [_percent(s["idle_at_peaks"]) for s in summaries]),
+        row(f"GPU held, mean (of {gpus})", [percent(s["allocation_mean"]) for s in summaries]),
+        row("fleet idle at the peak hours", [percent(s["idle_at_peaks"]) for s in summaries]),
     ]
     kinds = [k for k in ("training", "inference", "batch") if any(k in s["waits"] for s in summaries)]
     lines += [row(f"{kind} wait p50 / p95", waits(kind)) for kind in kinds]

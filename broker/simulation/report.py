@@ -25,13 +25,7 @@ from broker.simulation.inflation import INFLATION_VARIANTS, inflation_experiment
 from broker.simulation.plots import write_plots
 from broker.simulation.progress import Silent
 from broker.simulation.replay import PLACEMENT_ON_FLEET, replay
-
-# Also imported from here: summary_lines (broker.cli.simulate), _duration_text and _percent
-# (broker.simulation.layouts). They are the report's words, in report_text.
-from broker.simulation.report_text import duration_text as _duration_text  # noqa: F401
-from broker.simulation.report_text import percent as _percent  # noqa: F401
 from broker.simulation.report_text import report_markdown
-from broker.simulation.report_text import summary_lines as summary_lines
 from broker.simulation.results import run_label
 from broker.simulation.shared import replay_shared
 from broker.simulation.workload import TenantTerms, load_workload

@@ -23,18 +23,12 @@ from dataclasses import dataclass
 
 from broker.core.adapter import Placement, Sharing
 from broker.core.errors import InvalidRequest
-from broker.core.schemas import Isolation, JobSpec, parse_memory_mib
+from broker.core.schemas import Isolation, JobSpec
+from broker.core.spec_values import parse_memory_mib
 from broker.placement.capacity import Fit, NoFit, replicas_of
 from broker.placement.decision import CycleDecisions, Placed, WaitCause, Waiting
-from broker.placement.fragmentation import (
-    MILLI,
-    PLACEMENTS,
-    SharedGpuNodes,
-    SharedNode,
-    Slot,
-    TaskShape,
-    WorkloadDistribution,
-)
+from broker.placement.fgd import MILLI, TaskShape, WorkloadDistribution
+from broker.placement.fragmentation import PLACEMENTS, SharedGpuNodes, SharedNode, Slot
 from broker.routing.policy import Policy
 from broker.simulation.loop import PROGRESS_EVERY, ReplayJob, ReplayLoop, WaitingQueue, fair_share_note
 from broker.simulation.results import FRAGMENTATION_NOTE, STRANDED_NOTE, JobRecord, ReplayResult, Timeline

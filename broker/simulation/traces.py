@@ -42,7 +42,8 @@ from pathlib import Path
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import GpuModel, gpu_model
 from broker.core.schemas import Isolation, JobSpec, Kind
-from broker.placement.fragmentation import MILLI, SharedNode, TaskShape
+from broker.placement.fgd import MILLI, TaskShape
+from broker.placement.fragmentation import SharedNode
 from broker.routing.policy import Policy
 from broker.simulation.fleet import Fleet, FleetCluster, FleetGpu, FleetNode
 from broker.simulation.inflation import CpuTask

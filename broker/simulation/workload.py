@@ -37,12 +37,11 @@ from typing import Any
 
 from broker.core.adapter import Sharing
 from broker.core.errors import InvalidRequest
-from broker.core.schemas import Isolation, JobSpec, parse_time_limit
+from broker.core.schemas import Isolation, JobSpec
+from broker.core.spec_values import parse_time_limit
 from broker.core.yamltext import excerpt, load_yaml
 from broker.intake.jobfile import validate_spec
-from broker.placement.fragmentation import (
-    TaskShape,
-)
+from broker.placement.fgd import TaskShape
 from broker.routing.policy import Policy
 from broker.simulation.fleet import Fleet, FleetCluster
 

@@ -1,7 +1,7 @@
 """Scheduling-cycle throughput at scale, on PostgreSQL against a simulated fleet.
 
 What it measures, on a database of its own (created for the run, dropped at the end)
-with two simulated clusters (broker/simulation/cluster.py) registered under the names the
+with two simulated clusters (broker/simulation/cluster/) registered under the names the
 shipped policy routes to, ``slurm-a`` and ``k8s-a``, and ``policies/default.yaml``
 active:
 

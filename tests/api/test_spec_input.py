@@ -85,7 +85,7 @@ def test_100_000_items_are_refused_naming_the_limit(http, fields, setting):
 
 
 def test_a_batch_over_its_limit_is_refused_naming_the_limit(http, monkeypatch, sessions):
-    from broker.core.schemas import spec_limits
+    from broker.core.spec_values import spec_limits
 
     monkeypatch.setenv("GPUSH_MAX_BATCH_JOBS", "2")
     spec_limits.cache_clear()

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from broker.core.errors import GpushError, InvalidRequest
-from broker.core.schemas import JobBatch, JobSpec, spec_limits
+from broker.core.schemas import JobBatch, JobSpec
+from broker.core.spec_values import spec_limits
 from broker.intake.jobfile import validate_spec
 
 

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from broker.core.adapter import BackendState, Unreachable
-from broker.core.schemas import format_duration
+from broker.core.spec_values import format_duration
 from broker.simulation.cluster.state import ClusterState
 from broker.simulation.pools import Pool, SimJob, UnitClass
 

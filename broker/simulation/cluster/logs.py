@@ -7,7 +7,7 @@ is where and on what it started and how it ended, and its stderr why it failed.
 from __future__ import annotations
 
 from broker.core.adapter import MAX_LOG_CHUNK, BackendState, JobOutput, Rejected
-from broker.core.schemas import format_duration
+from broker.core.spec_values import format_duration
 from broker.simulation.cluster.engine import EventEngine
 from broker.simulation.cluster.persistence import StateFile
 from broker.simulation.cluster.state import FINISHED, ClusterState, to_dt
