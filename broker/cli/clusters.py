@@ -1,18 +1,24 @@
 """``gpush`` commands on clusters and their GPUs: registering clusters (cluster), the
 reconciled GPU inventory and its drift (inventory), and the per-backend configuration
-gpush renders or applies: Kubernetes time-slicing (k8s), Slurm gres.conf (slurm) and
-MIG layouts (mig)."""
+gpush renders or applies: Kubernetes time-slicing (k8s) and Slurm gres.conf (slurm).
+MIG layouts and the nodes lent between clusters are broker.cli.fleet's."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from broker.cli import commands
+from broker.cli import console
+from broker.cli.console import Output
+from broker.cli.input_files import read_job_file
 from broker.cli.settings import CONTEXT, Settings, format_option, json_option, output
+from broker.core.errors import EXIT_ERROR, EXIT_OK
+
+if TYPE_CHECKING:  # imported where used: `gpush --help` need not load pydantic models
+    from broker.client.sdk import GpushClient
 
 
 @click.group(context_settings=CONTEXT)
@@ -33,7 +39,7 @@ def cluster() -> None:
 @click.option("--replace", is_flag=True, help="Change the configuration of a registered cluster.")
 @json_option
 @click.pass_obj
-def cluster_add(
+def cluster_add_command(
     settings: Settings, name, kind, fleet, fleet_cluster, speed, kubeconfig, kube_context, namespace, pairs, replace,
     json_mode,
 ) -> int:  # fmt: skip
@@ -53,28 +59,59 @@ def cluster_add(
                 raise click.UsageError(f"--{key} is a Kubernetes setting: use it with --kind k8s")
             config[key] = str(Path(value).expanduser().resolve()) if key == "kubeconfig" else value
     if fleet:
-        config["fleet_yaml"] = commands.read_job_file(fleet, lambda: sys.stdin.read(), what="fleet file")
+        config["fleet_yaml"] = read_job_file(fleet, lambda: sys.stdin.read(), what="fleet file")
     if fleet_cluster:
         config["cluster"] = fleet_cluster
     if speed is not None:
         config["speed"] = speed
-    return commands.cluster_add(
-        settings.client(), output(json_mode), name=name, kind=kind, config=config, replace=replace
-    )
+    return cluster_add(settings.client(), output(json_mode), name=name, kind=kind, config=config, replace=replace)
+
+
+def cluster_add(
+    client: GpushClient, out: Output, *, name: str, kind: str, config: dict[str, Any], replace: bool
+) -> int:
+    summary = client.add_cluster(name, kind, config, replace=replace)
+    if out.json_mode:
+        out.json(summary)
+    else:
+        out.line(f"cluster {name} ({kind}) registered: {_capacity_line(summary)}")
+    return EXIT_OK
+
+
+def _capacity_line(summary: dict[str, Any]) -> str:
+    health = summary["health"]
+    state = "healthy" if health["ok"] else f"UNHEALTHY ({health['detail']})"
+    return f"{state}, {summary['nodes']} nodes, {summary['gpu_free']:.1f} of {summary['gpu_total']:.1f} GPUs free"
 
 
 @cluster.command("list", context_settings=CONTEXT)
 @format_option
 @click.pass_obj
-def cluster_list(settings: Settings, json_mode: bool, fmt: str) -> int:
+def cluster_list_command(settings: Settings, json_mode: bool, fmt: str) -> int:
     """Registered clusters with health and capacity."""
-    return commands.cluster_list(settings.client(), output(json_mode, fmt))
+    return cluster_list(settings.client(), output(json_mode, fmt))
+
+
+def cluster_list(client: GpushClient, out: Output) -> int:
+    summaries = client.list_clusters()
+    if out.json_mode:
+        out.json(summaries)
+        return EXIT_OK
+    if out.fmt == "name":
+        for c in summaries:
+            out.line(c["name"])
+        return EXIT_OK
+    if not summaries:
+        out.note("no clusters: an admin adds one with `gpush cluster add NAME --kind sim|slurm|k8s ...`")
+        return EXIT_OK
+    out.print(console.clusters_table(summaries, width=out.console.width))
+    return EXIT_OK
 
 
 @cluster.command("remove", context_settings=CONTEXT)
 @click.argument("name")
 @click.pass_obj
-def cluster_remove(settings: Settings, name: str) -> int:
+def cluster_remove_command(settings: Settings, name: str) -> int:
     """Forget cluster NAME (admins). Jobs on it are not touched."""
     settings.client().remove_cluster(name)
     click.echo(f"cluster {name} removed")
@@ -105,7 +142,7 @@ _NODE_LABEL = click.option("--node-label", metavar="KEY=VALUE", help="Only the n
     metavar="NAMESPACE/NAME",
     help="Where the device plugin reads its config.",
 )
-def timeslice_render(replicas: int, node_label: str | None, config_map: str) -> int:
+def timeslice_render_command(replicas: int, node_label: str | None, config_map: str) -> int:
     """Print the ConfigMap and the ClusterPolicy for `kubectl apply -f -` (with --node-label,
     the `kubectl label nodes` command to run after, in a comment)."""
     from adapters.k8s.timeslice import render_timeslice
@@ -124,7 +161,7 @@ def timeslice_render(replicas: int, node_label: str | None, config_map: str) -> 
 @_NODE_LABEL
 @json_option
 @click.pass_obj
-def timeslice_apply(settings: Settings, cluster: str, replicas: int, node_label: str | None, json_mode) -> int:
+def timeslice_apply_command(settings: Settings, cluster: str, replicas: int, node_label: str | None, json_mode) -> int:
     """Apply time-slicing to Kubernetes cluster CLUSTER through its API (admins)."""
     result = settings.client().apply_timeslice(cluster, replicas, node_label)
     if json_mode:
@@ -138,40 +175,88 @@ def timeslice_apply(settings: Settings, cluster: str, replicas: int, node_label:
 # -- inventory -------------------------------------------------------------------------
 
 
+SEVERITIES = ("critical", "warning", "info")
+
+
 @click.group("inventory", invoke_without_command=True, context_settings=CONTEXT)
 @click.option("-M", "--cluster", help="Only this cluster.")
 @click.option("--gpus", is_flag=True, help="A row per physical GPU too.")
 @format_option
 @click.pass_context
-def inventory(ctx: click.Context, cluster: str | None, gpus: bool, json_mode: bool, fmt: str) -> int | None:
+def inventory_group(ctx: click.Context, cluster: str | None, gpus: bool, json_mode: bool, fmt: str) -> int | None:
     """The GPU inventory of every cluster, reconciled with the node agents (per cluster, node, GPU)."""
     if ctx.invoked_subcommand is not None:
         return None
     settings: Settings = ctx.obj
-    return commands.inventory(settings.client(), output(json_mode, fmt), cluster=cluster, gpus=gpus)
+    return inventory(settings.client(), output(json_mode, fmt), cluster=cluster, gpus=gpus)
 
 
-@inventory.command("drift", context_settings=CONTEXT)
+def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bool) -> int:
+    """The reconciled inventory: per cluster and sharing mode, then per node (and GPU)."""
+    view = client.inventory(cluster)
+    if out.json_mode:
+        out.json(view)
+        return EXIT_OK
+    if out.fmt == "name":
+        for c in view["clusters"]:
+            for n in c["nodes"]:
+                out.line(f"{c['name']}/{n['name']}")
+        return EXIT_OK
+    if not view["clusters"] and not view.get("unscheduled"):
+        out.note("no clusters and no agent reports: add a cluster (gpush cluster add) or run `gpush agent` on a node")
+        return EXIT_OK
+    out.print(console.inventory_clusters_table(view, width=out.console.width))
+    out.line("")
+    out.print(console.inventory_nodes_table(view, gpus=gpus, width=out.console.width))
+    counts = view.get("findings_by_severity", {})
+    if any(counts.values()):
+        summary = ", ".join(f"{counts[s]} {s}" for s in SEVERITIES if counts.get(s))
+        out.note(f"drift: {summary}; `gpush inventory drift` says what is wrong and how to fix it")
+    return EXIT_OK
+
+
+@inventory_group.command("drift", context_settings=CONTEXT)
 @click.option("--cluster", help="Only this cluster.")
 @click.option(
     "--severity",
-    type=click.Choice(commands.SEVERITIES),
+    type=click.Choice(SEVERITIES),
     default="info",
     show_default=True,
     help="Show findings this bad or worse.",
 )
 @click.option(
     "--fail-on",
-    type=click.Choice(commands.SEVERITIES[:2]),
+    type=click.Choice(SEVERITIES[:2]),
     help="Exit 1 when a finding this bad or worse exists (monitoring, CI).",
 )
 @json_option
 @click.pass_obj
-def inventory_drift(
+def inventory_drift_command(
     settings: Settings, cluster: str | None, severity: str, fail_on: str | None, json_mode: bool
 ) -> int:
     """Where the clusters and the GPUs disagree, worst first: what is wrong, why it matters, the fix."""
-    return commands.drift(settings.client(), output(json_mode), cluster=cluster, severity=severity, fail_on=fail_on)
+    return drift(settings.client(), output(json_mode), cluster=cluster, severity=severity, fail_on=fail_on)
+
+
+def drift(client: GpushClient, out: Output, *, cluster: str | None, severity: str, fail_on: str | None) -> int:
+    """Drift findings at ``severity`` or worse, worst first. With ``fail_on``, exit 1 when
+    a finding of that severity or worse exists (for monitoring scripts)."""
+    keep = SEVERITIES[: SEVERITIES.index(severity) + 1]
+    findings = [f for f in client.drift(cluster) if f["severity"] in keep]
+    if out.json_mode:
+        out.json(findings)
+    elif not findings:
+        out.note("no drift: the clusters and the GPUs agree" + ("" if severity == "info" else f" (at {severity})"))
+    else:
+        for i, finding in enumerate(findings):
+            if i:
+                out.line("")
+            out.print(console.finding_text(finding))
+    if fail_on is not None:
+        worst = SEVERITIES[: SEVERITIES.index(fail_on) + 1]
+        if any(f["severity"] in worst for f in findings):
+            return EXIT_ERROR
+    return EXIT_OK
 
 
 @click.group(context_settings=CONTEXT)
@@ -190,127 +275,28 @@ def slurm() -> None:
 )
 @json_option
 @click.pass_obj
-def slurm_gres_conf(settings: Settings, node: str, style: str, json_mode: bool) -> int:
+def slurm_gres_conf_command(settings: Settings, node: str, style: str, json_mode: bool) -> int:
     """The gres.conf lines and slurm.conf Gres= field that match what NODE's agent sees."""
-    return commands.gres_conf(settings.client(), output(json_mode), node=node, style=style)
+    return gres_conf(settings.client(), output(json_mode), node=node, style=style)
 
 
-@click.group(context_settings=CONTEXT)
-def mig() -> None:
-    """MIG layouts: plan them for the queue, change them, follow the changes."""
-
-
-@mig.command("plan", context_settings=CONTEXT)
-@click.option("--cluster", help="Plan this cluster's nodes and the jobs routed to it (default: every reported node).")
-@click.option("--repartition-busy", is_flag=True, help="Also re-cut GPUs with work on some instances (kept in place).")
-@click.option("--enable-mig", is_flag=True, help="Also propose MIG on MIG-capable GPUs that have it off.")
-@click.option(
-    "--show",
-    type=click.Choice(["all", "summary", "mig-parted", "gres"]),
-    default="all",
-    show_default=True,
-    help="What to print.",
-)
-@json_option
-@click.pass_obj
-def mig_plan(
-    settings: Settings, cluster: str | None, repartition_busy: bool, enable_mig: bool, show: str, json_mode: bool
-) -> int:
-    """Per-GPU MIG layouts that place the most waiting MIG work, as mig-parted config and gres.conf."""
-    return commands.mig_plan(
-        settings.client(),
-        output(json_mode),
-        cluster=cluster,
-        repartition_busy=repartition_busy,
-        enable_mig=enable_mig,
-        show=show,
+def gres_conf(client: GpushClient, out: Output, *, node: str, style: str) -> int:
+    """The gres.conf block and slurm.conf Gres= field matching what the node's agent sees."""
+    conf = client.gres_conf(node, style)
+    if out.json_mode:
+        out.json(conf)
+        return EXIT_OK
+    out.line(f"# gres.conf for {node}, from what its agent sees (gpush slurm gres-conf {node})")
+    out.line(conf["text"].rstrip("\n"))
+    out.line("")
+    out.line(f"# slurm.conf: on the NodeName={node} line")
+    out.line(f"Gres={conf['gres']}")
+    out.note(
+        "then make Slurm read it: scontrol reconfigure from Slurm 23.11; on 22.05 restart slurmctld and the "
+        "node's slurmd (a reconfigure keeps a node's old GRES counts there)"
     )
-
-
-@mig.command("apply", context_settings=CONTEXT)
-@click.option("--cluster", help="Only this cluster's nodes.")
-@click.option("--node", help="Only this node's GPUs.")
-@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
-@click.option(
-    "--repartition-busy",
-    is_flag=True,
-    help="Also re-cut GPUs that run work on some instances: those instances stay as they are, the rest is re-cut.",
-)
-@json_option
-@click.pass_obj
-def mig_apply(
-    settings: Settings, cluster: str | None, node: str | None, dry_run: bool, repartition_busy: bool, json_mode: bool
-) -> int:
-    """Change the MIG layouts `gpush mig plan` proposes, one recorded change per GPU.
-
-    Each GPU's node is fenced, the instances that go are emptied (preemptible jobs
-    preempted, the others waited for), the GPU is re-cut, the cluster is told, and new
-    work lands once all agree; `gpush mig changes` follows each step. A step that runs
-    out of time (the policy's mig.step_timeout, default 10m) rolls the GPU back.
-
-    Who re-cuts the GPU: on Kubernetes the GPU Operator's MIG manager; elsewhere
-    the node's agent, which must run as `gpush agent --allow-mig-changes`. Slurm
-    takes the new layout when its cluster config names the gres.conf gpush may
-    rewrite (mig_gres_conf; README: Which clusters take a new layout), and waits
-    for the whole node to be empty. `gpush events` shows every step. Admins only.
-
-    \b
-      gpush mig apply --cluster slurm-a --dry-run
-      gpush mig apply --cluster slurm-a --node mig-01"""
-    return commands.mig_apply(
-        settings.client(),
-        output(json_mode),
-        cluster=cluster,
-        node=node,
-        dry_run=dry_run,
-        repartition_busy=repartition_busy,
-    )
-
-
-@mig.command("changes", context_settings=CONTEXT)
-@click.argument("change_id", type=int, required=False)
-@click.option("--all", "show_all", is_flag=True, help="Also the changes that ended.")
-@click.option(
-    "--clear",
-    is_flag=True,
-    help="With CHANGE_ID of a failed change: the GPU is fine again (you checked it), so its node takes work again.",
-)
-@json_option
-@click.pass_obj
-def mig_changes(settings: Settings, change_id: int | None, show_all: bool, clear: bool, json_mode: bool) -> int:
-    """MIG layout changes under way (--all: every one), or one change's steps.
-
-    Steps: planned, draining, emptying, changing (the GPU is re-cut), publishing,
-    confirming; then done, rolled-back (a step ran out of time: the GPU is back on
-    its old layout), cancelled (its work did not end in time: nothing changed) or
-    failed (the rollback ran out too: the node stays fenced until --clear)."""
-    if clear and change_id is None:
-        raise click.UsageError("--clear needs the CHANGE_ID of a failed change")
-    return commands.mig_changes(
-        settings.client(), output(json_mode), change_id=change_id, show_all=show_all, clear=clear
-    )
-
-
-@click.group(context_settings=CONTEXT)
-def lending() -> None:
-    """Nodes two clusters share, lent as their queues call for it (the policy's lending pools)."""
-
-
-@lending.command("moves", context_settings=CONTEXT)
-@click.option("--all", "show_all", is_flag=True, help="Also the moves that ended.")
-@json_option
-@click.pass_obj
-def lending_moves(settings: Settings, show_all: bool, json_mode: bool) -> int:
-    """The nodes moving between clusters now (--all: every move), each with its steps.
-
-    \b
-    Steps: draining (fenced where it was; its jobs there end, or are preempted
-    if they may be), configuring (set up as the pool's setup says, fenced on
-    both), joining (unfenced on the other side); then done, or called-off (the
-    reason to move went away, or the setup failed: it stays where it was).
-    Admins only."""
-    return commands.lending_moves(settings.client(), output(json_mode), show_all=show_all)
+    return EXIT_OK
 
 
 # Registered on the root group by broker.cli.main.
-COMMANDS = (cluster, k8s, inventory, slurm, mig, lending)
+COMMANDS = (cluster, k8s, inventory_group, slurm)

@@ -1,126 +1,79 @@
-"""``gpush`` commands on jobs: submit, status, list, events, cancel, scale, and whoami."""
+"""``gpush`` commands that read jobs: status, list (both with --watch), logs, events (a
+job's, or the fleet's), and what the caller is (whoami) and used (usage).
+
+The commands that change jobs are in broker.cli.submit (submit) and
+broker.cli.job_actions (cancel, scale, checkpoint); ``state_option`` and
+``label_filter``, the filters ``list`` and ``cancel`` share, are here.
+"""
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from broker.cli import commands
+from broker.cli import console
+from broker.cli.console import Output
 from broker.cli.settings import CONTEXT, Settings, format_option, json_option, output
-from broker.core.names import Isolation, JobState, Kind
+from broker.core.errors import EXIT_ERROR, EXIT_OK, Conflict, GpushError, InvalidRequest
+from broker.core.names import JobState, Kind
+
+if TYPE_CHECKING:  # imported where used: `gpush --help` need not load pydantic models
+    from broker.client.sdk import GpushClient
 
 
-@click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
-@click.option(
-    "-f",
-    "--file",
-    "file",
-    metavar="FILE",
-    help="Job YAML (one job, or several as --- documents or a list); - reads stdin. Flags override its fields.",
-)
-@click.option("-n", "-J", "--name", help="A name for the job.")
-@click.option("-k", "--kind", type=click.Choice([k.value for k in Kind]), help="training, inference or batch.")
-@click.option(
-    "-i",
-    "--isolation",
-    type=click.Choice([i.value for i in Isolation]),
-    help="exclusive (whole GPUs), hardware (MIG), process (MPS), none (time-slicing). Default: by kind.",
-)
-@click.option("-G", "--gpus", type=int, help="GPUs or GPU slices per replica (default 1).")
-@click.option(
-    "--gpu-memory-gb",
-    "gpu_memory_gb",
-    type=float,
-    help="GPU memory each GPU or slice needs, in GB (required unless exclusive).",
-)
-@click.option("--min-replicas", type=int, help="Elastic inference: fewest replicas.")
-@click.option("--max-replicas", type=int, help="Elastic inference: most replicas.")
-@click.option("-c", "--cpus", type=int, help="CPUs per replica.")
-@click.option("--memory", "--mem", help="Host memory per replica: 16G, 512M.")
-@click.option("-t", "--time-limit", "--time", help="90 (minutes), 2h, 1h30m, HH:MM:SS or D-HH:MM:SS.")
-@click.option("--image", help="Container image (Kubernetes; Slurm with a container runtime).")
-@click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment variable, repeatable.")
-@click.option("-l", "--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label, repeatable.")
-@click.option("--tenant", help="Tenant (admins only; default: your token's).")
-@click.option("--user", help="User (admins only; default: your token's).")
-@click.option("-p", "--priority", type=int, help="-1000 to 1000; higher runs first (default 0).")
-@click.option(
-    "--preemptible/--not-preemptible",
-    default=None,
-    help="May be stopped for work of higher standing and queued again (default: the policy's, by tenant and kind).",
-)
-@click.option(
-    "--checkpoint",
-    metavar="SIGNAL[@GRACE]",
-    help="On preemption, send SIGNAL and allow GRACE to save state, as sbatch --signal: USR1@2m, TERM@90 "
-    "(default TERM and the policy's grace).",
-)
-@click.option(
-    "-M",
-    "--cluster",
-    metavar="CLUSTER",
-    help="Run only on this cluster (the policy must still route this kind of job there; see `gpush cluster list`).",
-)
-@click.option("--idempotency-key", help="Retry-safe key: the same key and spec return the same job.")
-@click.option(
-    "--ray",
-    "ray_address",
-    envvar="GPUSH_RAY_ADDRESS",
-    show_envvar=True,
-    metavar="URL",
-    help="Run the command as a Ray job on this Ray cluster (its dashboard, http://head:8265), whose workers "
-    "come from gpush, and follow it to its end (exit 0 if it succeeded).",
-)
-@json_option
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
-@click.pass_obj
-def submit(
-    settings: Settings, file, json_mode, command, env, labels, min_replicas, max_replicas, ray_address, **fields: Any
-) -> int:
-    """Queue a job and print its id. The command goes after --:
-
-    \b
-      gpush submit --kind training --gpus 2 -- python train.py --lr 3e-4
-      gpush submit -f job.yaml --priority 10
-      gpush submit --kind training --preemptible --checkpoint USR1@2m -- ./train.sh
-      gpush submit --ray http://ray-head:8265 -- python serve_app.py
-    """
-    from broker.cli.command_line import refuse_ambiguous_submit
-    from broker.intake.jobfile import parse_pairs
-
-    refuse_ambiguous_submit(command)
-
-    if ray_address:
-        return commands.submit_ray_job(
-            output(json_mode), ray_address, list(command), submission_id=fields.get("idempotency_key")
-        )
-
-    fields["env"] = parse_pairs(env, option="--env")
-    fields["labels"] = parse_pairs(labels, option="--label")
-    if min_replicas is not None or max_replicas is not None:
-        fields["elastic"] = {
-            k: v for k, v in (("min_replicas", min_replicas), ("max_replicas", max_replicas)) if v is not None
-        }
-    if command:
-        fields["command"] = list(command)
-    file_text = commands.read_job_file(file, lambda: sys.stdin.read()) if file else None
-    return commands.submit(settings.client(), output(json_mode), file=file, file_text=file_text, fields=fields)
-
-
-@click.command(context_settings=CONTEXT)
+@click.command("status", context_settings=CONTEXT)
 @click.argument("job_id", type=int)
 @click.option("-w", "--watch", is_flag=True, help="Redraw when it changes, until the job ends (Ctrl-C stops).")
 @click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between looks.")
 @format_option
 @click.pass_obj
-def status(settings: Settings, job_id: int, watch: bool, interval: float, fmt: str, json_mode: bool) -> int:
+def status_command(settings: Settings, job_id: int, watch: bool, interval: float, fmt: str, json_mode: bool) -> int:
     """Show a job: its spec, state, reason, where it runs, where its output is, and its latest events."""
-    return commands.status(settings.client(), output(json_mode, fmt), job_id, watch=interval if watch else None)
+    return status(settings.client(), output(json_mode, fmt), job_id, watch=interval if watch else None)
 
 
-def _label_filter(values: tuple[str, ...]) -> dict[str, str] | None:
+def status(client: GpushClient, out: Output, job_id: int, *, watch: float | None = None) -> int:
+    """A job's page: spec, state, reason, where it runs, its output's place, its latest
+    events; ``watch``: redrawn when it changes, until the job ends (or Ctrl-C)."""
+    from rich.console import Group
+
+    job = client.get(job_id)
+    if out.json_mode and watch is None:
+        out.json(job)
+        return EXIT_OK
+    latest = [job]
+
+    def view() -> Any:
+        job = latest[0] = client.get(job_id)
+        parts: list[Any] = [console.job_detail(job, output=_output_location(client, job))]
+        events = client.events(job_id)
+        if events:
+            parts += ["", console.events_table(events[-5:])]
+        return Group(*parts)
+
+    if watch is not None:
+        return _watch(out, view, watch, done=lambda: latest[0].state.value in console.FINAL_STATES)
+    out.print(view())
+    return EXIT_OK
+
+
+def _output_location(client: GpushClient, job: Any) -> str:
+    """Where a job's output is, for ``gpush status`` (a word on why when there is none)."""
+    if not job.cluster:
+        return "none yet (it has not reached a cluster)"
+    try:
+        answer = client.logs(job.id, tail=0)
+    except Conflict as exc:  # not started
+        return f"none yet: {exc.message}"
+    except GpushError:
+        return "- (the cluster does not answer now)"
+    hint = f"  (gpush logs {job.id})" if answer["readable"] else f"  ({answer.get('note') or 'not readable here'})"
+    return answer["location"] + hint
+
+
+def label_filter(values: tuple[str, ...]) -> dict[str, str] | None:
     """``--label KEY=VALUE`` filters, or None; the job-file module (YAML, pydantic) is
     imported only when there are some, so a plain `gpush list` starts fast."""
     if not values:
@@ -154,7 +107,7 @@ def state_option(help_text: str):
 @click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between looks.")
 @format_option
 @click.pass_obj
-def list_(settings: Settings, json_mode: bool, fmt: str, watch: bool, interval: float, **filters: Any) -> int:
+def list_command(settings: Settings, json_mode: bool, fmt: str, watch: bool, interval: float, **filters: Any) -> int:
     """List jobs, newest first: the active ones unless --all or --state says otherwise.
 
     \b
@@ -165,11 +118,130 @@ def list_(settings: Settings, json_mode: bool, fmt: str, watch: bool, interval: 
       gpush list -o name | xargs gpush cancel --yes
     """
     filters["states"] = list(filters["states"])
-    filters["labels"] = _label_filter(filters["labels"])
-    return commands.list_jobs(settings.client(), output(json_mode, fmt), watch=interval if watch else None, **filters)
+    filters["labels"] = label_filter(filters["labels"])
+    return list_jobs(settings.client(), output(json_mode, fmt), watch=interval if watch else None, **filters)
 
 
-@click.command(context_settings=CONTEXT)
+def list_jobs(
+    client: GpushClient,
+    out: Output,
+    *,
+    states: list[str],
+    tenant: str | None,
+    user: str | None,
+    kind: str | None,
+    limit: int,
+    cursor: str | None,
+    all_pages: bool,
+    labels: dict[str, str] | None = None,
+    finished: bool = False,
+    me: bool = False,
+    watch: float | None = None,
+) -> int:
+    """Jobs, newest first: the active ones unless ``finished`` or ``states`` say otherwise
+    (as squeue shows); ``me``: the caller's own; ``watch``: redraw every so many seconds
+    when something changed, until Ctrl-C."""
+    if me:
+        user = client.whoami().user
+    if not states and not finished:
+        states = list(console.ACTIVE_STATES)
+    filters = {"states": states, "tenant": tenant, "user": user, "kind": kind, "labels": labels}
+
+    def page() -> tuple[list[Any], str | None]:
+        if all_pages:
+            return list(client.iter_jobs(limit=min(max(limit, 1), 1000), **filters)), None
+        got = client.list(limit=limit, cursor=cursor, **filters)
+        return got.jobs, got.next_cursor
+
+    filtered = bool(filters_given(filters))
+    if watch is not None:
+        return _watch(out, lambda: _jobs_view(out, *page(), finished=finished, filtered=filtered, hints=True), watch)
+    jobs, next_cursor = page()
+    if out.json_mode:
+        out.json({"jobs": jobs, "next_cursor": next_cursor})
+        return EXIT_OK
+    if out.fmt == "name":
+        for job in jobs:
+            out.line(str(job.id))
+        return EXIT_OK
+    if jobs:
+        out.print(_jobs_view(out, jobs, next_cursor, finished=finished, filtered=filtered))
+    else:
+        out.note(_no_jobs(finished=finished, filtered=filtered))
+    if next_cursor:
+        out.note(f"more jobs: gpush list --cursor {next_cursor}  (or --all-pages)")
+    return EXIT_OK
+
+
+def filters_given(filters: dict[str, Any]) -> list[str]:
+    return [k for k, v in filters.items() if v and k != "states"]
+
+
+def _no_jobs(*, finished: bool, filtered: bool) -> str:
+    if filtered:
+        return "no jobs match"
+    if not finished:
+        return "no active jobs (`gpush list --all` adds finished ones; `gpush submit --help` adds one)"
+    return "no jobs yet: `gpush submit --help` shows how to add one"
+
+
+def _jobs_view(
+    out: Output, jobs: list[Any], next_cursor: str | None, *, finished: bool, filtered: bool, hints: bool = False
+) -> Any:
+    """The table of ``jobs`` (a renderable); with ``hints`` (--watch), what the notes on
+    stderr would say goes under it."""
+    from rich.console import Group
+    from rich.text import Text
+
+    if not jobs:
+        return Text(_no_jobs(finished=finished, filtered=filtered), style="dim")
+    parts: list[Any] = [console.jobs_table(jobs, wide=out.wide, width=out.console.width)]
+    if next_cursor and hints:
+        parts.append(Text(f"and more: this view shows the first {len(jobs)}", style="dim"))
+    return Group(*parts)
+
+
+def _watch(out: Output, view: Callable[[], Any], interval: float, *, done: Callable[[], bool] | None = None) -> int:
+    """Redraw ``view()`` when it changes, every ``interval`` seconds, until Ctrl-C (or
+    until ``done()``): in place on a terminal (as ``watch``), one copy per change when piped."""
+    import time
+
+    from rich.live import Live
+
+    if out.json_mode:
+        raise InvalidRequest("--watch draws tables: leave out --json / -o json|yaml, or poll without --watch")
+    last = None
+    live = Live(console=out.console, auto_refresh=False, transient=False) if out.console.is_terminal else None
+    try:
+        if live is not None:
+            live.start()
+        while True:
+            shown = view()
+            with out.console.capture() as captured:
+                out.console.print(shown)
+            text = captured.get()
+            if text != last:
+                stamp = time.strftime("%H:%M:%S")
+                if live is not None:
+                    from rich.console import Group
+                    from rich.text import Text
+
+                    live.update(Group(Text(f"every {interval:g}s, {stamp} (Ctrl-C stops)", style="dim"), shown))
+                    live.refresh()
+                else:
+                    out.raw(f"--- {stamp}\n{text}")
+                last = text
+            if done is not None and done():
+                return EXIT_OK
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        if live is not None:
+            live.stop()
+
+
+@click.command("logs", context_settings=CONTEXT)
 @click.argument("job_id", type=int)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing its output until the job ends.")
 @click.option("-n", "--tail", type=click.IntRange(0, 100_000), help="Only the last N lines.")
@@ -178,7 +250,7 @@ def list_(settings: Settings, json_mode: bool, fmt: str, watch: bool, interval: 
 @click.option("--stdout", "stream", flag_value="stdout", default=True, hidden=True)
 @json_option
 @click.pass_obj
-def logs(
+def logs_command(
     settings: Settings, job_id: int, follow: bool, tail: int | None, replica: int | None, stream: str, json_mode: bool
 ) -> int:
     """Print what job JOB_ID printed, read from its cluster (Slurm's output file, the pod log).
@@ -189,12 +261,77 @@ def logs(
       gpush logs 42 -n 20      the last 20 lines
       gpush logs 42 --stderr   Slurm: the error file
     """
-    return commands.logs(
-        settings.client(), output(json_mode), job_id, follow=follow, tail=tail, replica=replica, stream=stream
-    )
+    return logs(settings.client(), output(json_mode), job_id, follow=follow, tail=tail, replica=replica, stream=stream)
 
 
-@click.command(context_settings=CONTEXT)
+def logs(
+    client: GpushClient,
+    out: Output,
+    job_id: int,
+    *,
+    follow: bool = False,
+    tail: int | None = None,
+    replica: int | None = None,
+    stream: str = "stdout",
+    interval: float = 0.5,
+) -> int:
+    """Print a job's output (its last ``tail`` lines); with ``follow``, keep printing what
+    it adds until it ends (waiting for it to start first)."""
+    import time
+
+    def read(offset: int, last: int | None) -> dict[str, Any] | None:
+        try:
+            return client.logs(job_id, stream=stream, replica=replica, offset=offset, tail=last)
+        except Conflict:
+            if not follow:
+                raise
+            return None  # not started yet: -f waits for it
+
+    answer = read(0, tail)
+    if out.json_mode:
+        if answer is None:
+            answer = client.logs(job_id, stream=stream, replica=replica, tail=tail)
+        out.json(answer)
+        return EXIT_OK if answer["readable"] else EXIT_ERROR
+    waiting_said = False
+    while answer is None:  # -f on a job that has not started
+        if not waiting_said:
+            out.note(f"job {job_id} has not started yet: waiting for its output (Ctrl-C stops waiting)")
+            waiting_said = True
+        time.sleep(interval)
+        answer = read(0, tail)
+    if not answer["readable"]:
+        out.note(f"[yellow]gpush cannot read job {job_id}'s output from here:[/] {answer.get('note') or ''}")
+        out.line(answer["location"])
+        return EXIT_ERROR
+    out.raw(answer["text"])
+    offset = answer["next_offset"]
+    if tail is None:  # everything: read on while chunks come
+        while answer["text"]:
+            answer = client.logs(job_id, stream=stream, replica=replica, offset=offset)
+            out.raw(answer["text"])
+            offset = answer["next_offset"]
+    while follow and not answer["final"]:
+        time.sleep(interval)
+        answer = client.logs(job_id, stream=stream, replica=replica, offset=offset)
+        out.raw(answer["text"])
+        offset = answer["next_offset"]
+        while answer["text"] and not answer["final"]:  # a burst larger than one chunk
+            answer = client.logs(job_id, stream=stream, replica=replica, offset=offset)
+            out.raw(answer["text"])
+            offset = answer["next_offset"]
+    if follow:  # the job ended: what it wrote last
+        while True:
+            answer = client.logs(job_id, stream=stream, replica=replica, offset=offset)
+            if not answer["text"]:
+                break
+            out.raw(answer["text"])
+            offset = answer["next_offset"]
+        out.note(f"job {job_id} {answer['state']}")
+    return EXIT_OK
+
+
+@click.command("events", context_settings=CONTEXT)
 @click.argument("job_id", type=int, required=False)
 @click.option("-n", "--limit", type=click.IntRange(1, 1000), help="Fleet events: the newest N (default 50).")
 @click.option(
@@ -203,7 +340,7 @@ def logs(
 @click.option("--node", help="Fleet events of this node.")
 @json_option
 @click.pass_obj
-def events(
+def events_command(
     settings: Settings, job_id: int | None, limit: int | None, since: str | None, node: str | None, json_mode: bool
 ) -> int:
     """Every state change of a job, with time and reason; with no JOB_ID, the fleet's events
@@ -218,99 +355,59 @@ def events(
       gpush events --since 2h          the last two hours
     """
     if job_id is None:
-        return commands.fleet_events(settings.client(), output(json_mode), limit=limit or 50, since=since, node=node)
+        return fleet_events(settings.client(), output(json_mode), limit=limit or 50, since=since, node=node)
     if since or node or limit:
         raise click.UsageError("--since, --node and -n are for the fleet's events: leave out the job id")
-    return commands.events(settings.client(), output(json_mode), job_id)
+    return events(settings.client(), output(json_mode), job_id)
 
 
-@click.command(context_settings=CONTEXT)
-@click.argument("job_ids", type=int, nargs=-1)
-@state_option("Every active job in this state (repeatable), instead of ids.")
-@click.option("-u", "--user", help="Every job of this user (admins); with no ids.")
-@click.option("-l", "--label", "labels", multiple=True, metavar="KEY=VALUE", help="Every job with this label.")
-@click.option("--mine", "--me", "mine", is_flag=True, help="Every active job of yours.")
-@click.option("-y", "--yes", is_flag=True, help="Cancel what the filters select without asking.")
-@json_option
-@click.pass_obj
-def cancel(
-    settings: Settings,
-    job_ids: tuple[int, ...],
-    states: tuple[str, ...],
-    user: str | None,
-    labels: tuple[str, ...],
-    mine: bool,
-    yes: bool,
-    json_mode: bool,
-) -> int:
-    """Cancel jobs by id, or every active job a filter selects (asks first, unless --yes).
+def fleet_events(client: GpushClient, out: Output, *, limit: int, since: str | None, node: str | None) -> int:
+    """The fleet's events: MIG change and node move steps, oldest first."""
+    from broker.core.clock import utcnow
 
-    Queued jobs end at once; running ones stop when their cluster confirms.
-
-    \b
-      gpush cancel 42 43
-      gpush cancel --mine                   every active job of yours
-      gpush cancel --state queued --label sweep=lr --yes
-    """
-    filtered = bool(states or user or labels or mine)
-    if job_ids and filtered:
-        raise click.UsageError("give job ids or filters (--state, --user, --label, --mine), not both")
-    if not job_ids and not filtered:
-        raise click.UsageError("which jobs? give their ids, or filters: --mine, --state, --user, --label")
-    client = settings.client()
-    if filtered:
-        return commands.cancel_matching(
-            client,
-            output(json_mode),
-            states=list(states),
-            user=user,
-            labels=_label_filter(labels),
-            mine=mine,
-            confirm=None if yes else lambda question: click.confirm(question, default=False, err=True),
+    items = client.fleet_events(limit=limit, since=console.parse_when(since, utcnow(), "--since"), node=node)
+    if out.json_mode:
+        out.json(items)
+    elif not items:
+        where = " ".join(filter(None, [f"of node {node}" if node else "", f"since {since}" if since else ""]))
+        out.note(
+            f"no MIG change or node move {where}".rstrip()
+            if where
+            else "no MIG change or node move yet: gpush mig apply changes MIG layouts, and a policy's "
+            "lending pools move nodes"
         )
-    return commands.cancel(client, output(json_mode), list(job_ids))
-
-
-@click.command(context_settings=CONTEXT)
-@click.argument("job_id", type=int)
-@click.argument("replicas", type=int)
-@json_option
-@click.pass_obj
-def scale(settings: Settings, job_id: int, replicas: int, json_mode: bool) -> int:
-    """Scale running elastic job JOB_ID to REPLICAS (within its elastic range and quota)."""
-    job = settings.client().scale(job_id, replicas)
-    if json_mode:
-        output(json_mode).json(job)
     else:
-        click.echo(f"job {job.id}: {replicas} replicas ({job.state.value})")
-    return 0
+        out.print(console.fleet_events_table(items))
+    return EXIT_OK
 
 
-@click.command(context_settings=CONTEXT)
-@click.argument("job_id", type=int)
-@click.option("--note", help="What was saved, and where (shown in the job's events).")
-@json_option
-@click.pass_obj
-def checkpoint(settings: Settings, job_id: int, note: str | None, json_mode: bool) -> int:
-    """Report that running job JOB_ID saved its state: were it preempted, it would lose
-    only the work since. Jobs call it from their checkpoint hook (GPUSH_JOB_ID is set)."""
-    event = settings.client().checkpoint(job_id, note)
-    if json_mode:
-        output(json_mode).json(event)
+def events(client: GpushClient, out: Output, job_id: int) -> int:
+    items = client.events(job_id)
+    if out.json_mode:
+        out.json(items)
     else:
-        click.echo(f"job {job_id}: checkpoint recorded at {event['at']}")
-    return 0
+        out.print(console.events_table(items))
+    return EXIT_OK
 
 
-@click.command(context_settings=CONTEXT)
+@click.command("whoami", context_settings=CONTEXT)
 @json_option
 @click.pass_obj
-def whoami(settings: Settings, json_mode: bool) -> int:
+def whoami_command(settings: Settings, json_mode: bool) -> int:
     """Show the user, tenant and role of the token in use."""
-    return commands.whoami(settings.client(), output(json_mode))
+    return whoami(settings.client(), output(json_mode))
 
 
-@click.command(context_settings=CONTEXT)
+def whoami(client: GpushClient, out: Output) -> int:
+    me = client.whoami()
+    if out.json_mode:
+        out.json(me)
+    else:
+        out.line(f"{me.user} (tenant {me.tenant}, role {me.role.value}) at {client.url}")
+    return EXIT_OK
+
+
+@click.command("usage", context_settings=CONTEXT)
 @click.option(
     "--since", help="Start of the window: a date or time (2026-12-01, 2026-12-01T08:00) or an age (7d, 24h, 90m)."
 )
@@ -325,7 +422,7 @@ def whoami(settings: Settings, json_mode: bool) -> int:
 @click.option("--csv", "csv_mode", is_flag=True, help="Print CSV, for spreadsheets.")
 @json_option
 @click.pass_obj
-def usage(
+def usage_command(
     settings: Settings,
     since: str | None,
     until: str | None,
@@ -340,10 +437,41 @@ def usage(
     percentage, a time-sliced job its GPU memory budget's fraction of the GPU, whole GPUs
     whole; running jobs count up to now. The README's "Accounting" says why.
     """
-    return commands.usage(
+    return usage(
         settings.client(), output(json_mode), since=since, until=until, by=by, tenant=tenant, csv_mode=csv_mode
     )
 
 
+def usage(
+    client: GpushClient,
+    out: Output,
+    *,
+    since: str | None,
+    until: str | None,
+    by: str,
+    tenant: str | None,
+    csv_mode: bool = False,
+) -> int:
+    from broker.accounting.usage import to_csv
+    from broker.core.clock import utcnow
+
+    now = utcnow()
+    answer = client.usage(
+        since=console.parse_when(since, now, "--since"),
+        until=console.parse_when(until, now, "--until"),
+        by=by,
+        tenant=tenant,
+    )
+    groups = answer["by"]
+    if out.json_mode:
+        out.json(answer)
+    elif csv_mode:
+        out.raw(to_csv(answer["rows"], groups))
+    else:
+        out.line(console.usage_window(answer))
+        out.print(console.usage_table(answer))
+    return EXIT_OK
+
+
 # Registered on the root group by broker.cli.main.
-COMMANDS = (submit, status, list_, logs, events, cancel, scale, checkpoint, whoami, usage)
+COMMANDS = (status_command, list_command, logs_command, events_command, whoami_command, usage_command)

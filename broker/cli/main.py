@@ -1,8 +1,10 @@
 """The ``gpush`` command line: the root group, its global options, and the entry point.
 
-The commands live in one module per concern (broker.cli.jobs, broker.cli.policy,
-broker.cli.clusters, broker.cli.admin, broker.cli.service, broker.cli.simulate) and are
-registered here on the one root group; the work is in broker.cli.commands.
+The commands live in one module per concern (broker.cli.submit, broker.cli.jobs,
+broker.cli.job_actions, broker.cli.policy, broker.cli.clusters, broker.cli.fleet,
+broker.cli.admin, broker.cli.service, broker.cli.simulate), each click command beside
+the plain function, free of click, that does its work; they are registered here on the
+one root group.
 
 Exit codes (stable, for scripts): 0 ok, 1 any other error, 2 usage error or invalid
 job, 3 not found, 4 not allowed (no token, bad token, or not permitted).
@@ -15,7 +17,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from broker.cli import admin, clusters, jobs, policy, service, simulate
+from broker.cli import admin, clusters, fleet, job_actions, jobs, policy, service, simulate, submit
 from broker.cli.command_line import RecordingGroup
 from broker.cli.settings import CONTEXT, Settings
 from broker.core.errors import EXIT_ERROR, EXIT_USAGE, GpushError
@@ -101,9 +103,12 @@ def completion(shell: str) -> int:
 
 # `gpush --help` lists commands by name, so the order here shows nowhere.
 for command in (
+    *submit.COMMANDS,
     *jobs.COMMANDS,
+    *job_actions.COMMANDS,
     *policy.COMMANDS,
     *clusters.COMMANDS,
+    *fleet.COMMANDS,
     *admin.COMMANDS,
     *service.COMMANDS,
     *simulate.COMMANDS,

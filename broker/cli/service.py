@@ -1,13 +1,22 @@
-"""``gpush`` commands that run gpush's processes: the broker (server), the scheduling loop
-(scheduler run), the node agent (agent), and the database schema they share (db)."""
+"""``gpush`` commands that run gpush's processes: the broker (server, and the local
+server commands start on the embedded database), the scheduling loop (scheduler run),
+the node agent (agent), the database schema they share (db), and the address of the web
+dashboard (dashboard)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import click
 
-from broker.cli import commands
+from broker.cli.console import Output
 from broker.cli.settings import CONTEXT, Settings, json_option, output
 from broker.core.config import DEFAULT_PORT
+from broker.core.errors import EXIT_ERROR, EXIT_OK, InvalidRequest, NotFound
+
+if TYPE_CHECKING:  # imported where used: `gpush --help` need not load pydantic models
+    from broker.client.sdk import GpushClient
 
 
 @click.group(context_settings=CONTEXT, invoke_without_command=True)
@@ -72,34 +81,107 @@ def server(
 @server.command("status", context_settings=CONTEXT)
 @json_option
 @click.pass_obj
-def server_status(settings: Settings, json_mode: bool) -> int:
+def server_status_command(settings: Settings, json_mode: bool) -> int:
     """Whether the local server of the embedded database runs: pid, URL, log, uptime."""
-    return commands.local_server_status(settings.resolved_database_url(), output(json_mode))
+    return local_server_status(settings.resolved_database_url(), output(json_mode))
+
+
+def local_server_status(database: str, out: Output) -> int:
+    """The local server of ``database``: running (pid, URL, log, uptime) or not (exit 1)."""
+    from broker.client import local
+
+    server = local.find(database)
+    if out.json_mode:
+        out.json({"running": server is not None, **(server.public() if server else {"database": database})})
+    elif server is None:
+        out.line(f"no local server for {database}: the next gpush command starts one (or: gpush server start)")
+    else:
+        shown = server.public()
+        out.line(f"running: pid {server.pid} at {server.url}, up {_duration(shown['uptime_seconds'])}")
+        out.line(f"database: {server.database}")
+        out.line(f"log:      {server.log}  (gpush server logs -f)")
+    return EXIT_OK if server is not None else EXIT_ERROR
 
 
 @server.command("start", context_settings=CONTEXT)
 @json_option
 @click.pass_obj
-def server_start(settings: Settings, json_mode: bool) -> int:
+def server_start_command(settings: Settings, json_mode: bool) -> int:
     """Start the local server in the background now (commands also start it on first need)."""
-    return commands.local_server_start(settings.resolved_database_url(), output(json_mode))
+    return local_server_start(settings.resolved_database_url(), output(json_mode))
+
+
+def local_server_start(database: str, out: Output) -> int:
+    from broker.client import local
+
+    running = local.find(database)
+    server = running or local.ensure(database)
+    if out.json_mode:
+        out.json({"started": running is None, **server.public()})
+    else:
+        verb = "already running" if running else "started"
+        out.line(f"{verb}: pid {server.pid} at {server.url}, log {server.log}")
+    return EXIT_OK
 
 
 @server.command("stop", context_settings=CONTEXT)
 @json_option
 @click.pass_obj
-def server_stop(settings: Settings, json_mode: bool) -> int:
+def server_stop_command(settings: Settings, json_mode: bool) -> int:
     """Stop the local server (queued jobs stay queued; the next command starts it again)."""
-    return commands.local_server_stop(settings.resolved_database_url(), output(json_mode))
+    return local_server_stop(settings.resolved_database_url(), output(json_mode))
+
+
+def local_server_stop(database: str, out: Output) -> int:
+    from broker.client import local
+
+    server = local.stop(database)
+    if out.json_mode:
+        out.json({"stopped": server is not None, "database": database, "pid": server.pid if server else None})
+    elif server is None:
+        out.line(f"no local server was running for {database}")
+    else:
+        out.line(f"stopped the local server (pid {server.pid}); queued jobs wait until the next command starts it")
+    return EXIT_OK
 
 
 @server.command("logs", context_settings=CONTEXT)
 @click.option("-n", "--tail", "lines", type=click.IntRange(0), default=50, show_default=True, help="Last N lines.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing what the server logs until Ctrl-C.")
 @click.pass_obj
-def server_logs(settings: Settings, lines: int, follow: bool) -> int:
+def server_logs_command(settings: Settings, lines: int, follow: bool) -> int:
     """The local server's log: requests, placements, warnings."""
-    return commands.local_server_logs(settings.resolved_database_url(), output(), lines=lines, follow=follow)
+    return local_server_logs(settings.resolved_database_url(), output(), lines=lines, follow=follow)
+
+
+def local_server_logs(database: str, out: Output, *, lines: int, follow: bool) -> int:
+    import time
+
+    from broker.client import local
+
+    path = local.log_path(database)
+    if not path.exists():
+        raise NotFound(f"no local server log yet ({path}): the first gpush command that needs the broker starts one")
+    out.raw(local.tail(path, lines))
+    if follow:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            while True:  # until Ctrl-C
+                chunk = fh.read(1 << 16)
+                if chunk:
+                    out.raw(chunk.decode(errors="replace"))
+                else:
+                    time.sleep(0.3)
+    return EXIT_OK
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 @click.group("scheduler", context_settings=CONTEXT)
@@ -119,13 +201,59 @@ def scheduler_group() -> None:
 )
 @json_option
 @click.pass_obj
-def scheduler_run(
+def scheduler_run_command(
     settings: Settings, cycles: int | None, interval: float, metrics_port: int | None, json_mode: bool
 ) -> int:
     """Elect this process the scheduler and run cycles on the database of --database-url."""
-    return commands.scheduler_run(
+    return scheduler_run(
         settings.resolved_database_url(), output(json_mode), cycles=cycles, interval=interval, metrics_port=metrics_port
     )
+
+
+def scheduler_run(
+    database_url: str, out: Output, *, cycles: int | None, interval: float, metrics_port: int | None = None
+) -> int:
+    """Run cycles in this process while it leads; report each cycle that did something."""
+    import time
+
+    from broker.client.embedded import open_database
+    from broker.core.clock import utcnow
+    from broker.core.clusters import AdapterPool
+    from broker.core.errors import Conflict
+    from broker.scheduling.cycle import Scheduler
+    from broker.scheduling.leader import Leadership
+
+    engine = open_database(database_url)
+    leadership = Leadership(engine)
+    if not leadership.try_acquire():
+        raise Conflict("another broker process is the scheduler now: this one would only wait (stop it, or let it be)")
+    scheduler = Scheduler(engine, AdapterPool(utcnow), clock=utcnow)
+    if metrics_port is not None:
+        from broker.api.metrics import serve
+
+        serve(engine, metrics_port)
+        out.note(f"metrics on http://127.0.0.1:{metrics_port}/metrics")
+    done = 0
+    try:
+        while cycles is None or done < cycles:
+            if done:
+                time.sleep(interval)
+            if not leadership.still_held():
+                raise Conflict("lost scheduler leadership (the database connection broke)")
+            report = scheduler.run_cycle()
+            done += 1
+            if out.json_mode:
+                out.json({"cycle": done, **report.__dict__})
+            elif any((report.placed, report.held, report.synced, report.recovered, report.failed, report.errors)):
+                out.line(
+                    f"cycle {done}: placed {report.placed}, held {report.held}, waiting {report.waiting}, "
+                    f"status changes {report.synced}, recovered {report.recovered}, failed {report.failed}"
+                )
+                for error in report.errors:
+                    out.note(f"[yellow]warning:[/] {error}")
+    finally:
+        leadership.release()
+    return EXIT_OK
 
 
 @click.group(context_settings=CONTEXT)
@@ -136,20 +264,62 @@ def db() -> None:
 @db.command("upgrade", context_settings=CONTEXT)
 @json_option
 @click.pass_obj
-def db_upgrade(settings: Settings, json_mode: bool) -> int:
+def db_upgrade_command(settings: Settings, json_mode: bool) -> int:
     """Apply every migration up to the head revision (safe to re-run)."""
-    return commands.db_upgrade(settings.resolved_database_url(), output(json_mode))
+    return db_upgrade(settings.resolved_database_url(), output(json_mode))
+
+
+def db_upgrade(database_url: str, out: Output) -> int:
+    from broker.core.db import current_revision, head_revision, make_engine, upgrade
+
+    engine = make_engine(database_url)
+    before = current_revision(engine)
+    upgrade(engine)
+    after = current_revision(engine)
+    shown = engine.url.render_as_string(hide_password=True)
+    if out.json_mode:
+        out.json({"database": shown, "from": before, "to": after, "head": head_revision()})
+    elif before == after:
+        out.line(f"{shown}: already at {after} (head)")
+    else:
+        out.line(f"{shown}: upgraded from {before or 'empty'} to {after}")
+    return EXIT_OK
 
 
 @db.command("current", context_settings=CONTEXT)
 @json_option
 @click.pass_obj
-def db_current(settings: Settings, json_mode: bool) -> int:
+def db_current_command(settings: Settings, json_mode: bool) -> int:
     """Show the schema revision of the database and whether it is at head."""
-    return commands.db_current(settings.resolved_database_url(), output(json_mode))
+    return db_current(settings.resolved_database_url(), output(json_mode))
 
 
-@click.command(context_settings=CONTEXT)
+def db_current(database_url: str, out: Output) -> int:
+    from sqlalchemy.engine import make_url
+
+    from broker.core.db import current_revision, head_revision, make_engine
+
+    parsed = make_url(database_url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
+        # Reading the version of a database that does not exist must not create it.
+        current, head, shown = None, head_revision(), database_url
+        if out.json_mode:
+            out.json({"database": shown, "current": None, "head": head, "up_to_date": False})
+        else:
+            out.line(f"{shown}: does not exist yet; the first gpush command creates it")
+        return EXIT_OK
+    engine = make_engine(database_url)
+    current, head = current_revision(engine), head_revision()
+    shown = engine.url.render_as_string(hide_password=True)
+    if out.json_mode:
+        out.json({"database": shown, "current": current, "head": head, "up_to_date": current == head})
+    else:
+        state = "up to date" if current == head else "behind: run `gpush db upgrade`"
+        out.line(f"{shown}: at {current or 'empty'}, head is {head} ({state})")
+    return EXIT_OK
+
+
+@click.command("agent", context_settings=CONTEXT)
 @click.option(
     "--node",
     envvar="GPUSH_NODE",
@@ -178,14 +348,14 @@ def db_current(settings: Settings, json_mode: bool) -> int:
     "ones. Needs the node's real GPUs (not --recording).",
 )
 @click.pass_obj
-def agent(
+def agent_command(
     settings: Settings, node: str | None, interval: float, once: bool, recording: str | None, allow_mig_changes: bool
 ) -> int:
     """Report this node's GPUs (NVML) to the broker every --interval seconds, with an agent token.
 
     An admin makes the token: `gpush admin token create --role agent --user <node>
     --tenant agents --nodes <node>`; give it as GPUSH_TOKEN, and the broker as GPUSH_URL."""
-    return commands.agent(
+    return agent(
         settings,
         output(),
         node=node,
@@ -196,19 +366,99 @@ def agent(
     )
 
 
-@click.command(context_settings=CONTEXT)
+def agent(
+    settings: Any,
+    out: Output,
+    *,
+    node: str | None,
+    interval: float,
+    once: bool,
+    recording: str | None,
+    allow_mig_changes: bool = False,
+) -> int:
+    """``gpush agent``: report this node's GPUs to the broker until stopped (or once).
+
+    With ``--url`` it posts to that broker with ``--token`` (an agent token); without, into
+    the embedded broker's database (a one-machine setup, the demo, tests)."""
+    import socket
+
+    from broker.nodeagent.agent import run_agent
+    from broker.nodeagent.nvml import RecordedLibrary
+
+    node = node or socket.gethostname().split(".")[0]
+    if recording and allow_mig_changes:
+        raise InvalidRequest(
+            "--allow-mig-changes needs real GPUs: a recording replays what NVML said and cannot change them; "
+            "leave out --allow-mig-changes to replay it, or run the agent on the node without --recording"
+        )
+    library = RecordedLibrary(Path(recording)) if recording else None
+    if settings.url:
+        if not settings.token:
+            raise InvalidRequest(
+                "gpush agent needs a token to report to the broker: an admin creates one with "
+                "`gpush admin token create --role agent --user <node> --tenant agents --nodes <node>`; "
+                "set it as GPUSH_TOKEN"
+            )
+        delivered = run_agent(
+            settings.url, settings.token, node, interval, library, once, allow_mig_changes=allow_mig_changes
+        )
+    else:
+        client = settings.client()
+        delivered = run_agent(
+            client.url,
+            client.token,
+            node,
+            interval,
+            library,
+            once,
+            client=client.http,
+            allow_mig_changes=allow_mig_changes,
+        )
+    if once:
+        if not delivered:
+            out.note(f"node {node}: the broker did not take the report (see the messages above)")
+            return EXIT_ERROR
+        out.note(f"node {node}: report taken by the broker")
+    return EXIT_OK
+
+
+@click.command("dashboard", context_settings=CONTEXT)
 @click.option("--open", "open_browser", is_flag=True, help="Open it in the default web browser too.")
 @json_option
 @click.pass_obj
-def dashboard(settings: Settings, open_browser: bool, json_mode: bool) -> int:
+def dashboard_command(settings: Settings, open_browser: bool, json_mode: bool) -> int:
     """Print the web dashboard's address and a sign-in link for the token in use.
 
     The link carries the token after `#`, which the browser never sends to a server;
     the page keeps it in that tab only. Share the address, not the link. On the
     embedded database this starts the local server if it is not running.
     """
-    return commands.dashboard(settings.client(), output(json_mode), open_browser=open_browser)
+    return dashboard(settings.client(), output(json_mode), open_browser=open_browser)
+
+
+def dashboard(client: GpushClient, out: Output, *, open_browser: bool = False) -> int:
+    from broker.client.sdk import EMBEDDED_URL
+
+    me = client.whoami()  # the token works, or this says why
+    if client.url == EMBEDDED_URL:
+        raise InvalidRequest(
+            "gpush talks to this database in-process, with no server to open in a browser: start one with "
+            "`gpush server` (or pass --url of a running broker) and run `gpush dashboard` again"
+        )
+    address = client.url + "/"
+    link = f"{address}#token={client.token}" if client.token else address
+    if out.json_mode:
+        out.json({"address": address, "login_link": link, "user": me.user, "tenant": me.tenant, "role": me.role})
+    else:
+        out.line(f"dashboard: {address}")
+        out.line(f"sign in:   {link}")
+        out.line(f"           (as {me.user}, tenant {me.tenant}, role {me.role.value}; the link holds your token)")
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(link)
+    return EXIT_OK
 
 
 # Registered on the root group by broker.cli.main.
-COMMANDS = (server, scheduler_group, db, agent, dashboard)
+COMMANDS = (server, scheduler_group, db, agent_command, dashboard_command)

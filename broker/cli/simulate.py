@@ -3,13 +3,17 @@ virtual time."""
 
 from __future__ import annotations
 
+import textwrap
+from pathlib import Path
+
 import click
 
-from broker.cli import commands
+from broker.cli.console import Output
 from broker.cli.settings import CONTEXT, json_option, output
+from broker.core.errors import EXIT_OK
 
 
-@click.command(context_settings=CONTEXT)
+@click.command("simulate", context_settings=CONTEXT)
 @click.option("--fleet", metavar="FILE", help="Fleet file (examples/fleet.yaml). Not with --trace.")
 @click.option(
     "--workload",
@@ -51,7 +55,9 @@ from broker.cli.settings import CONTEXT, json_option, output
     "the nodes both clusters list lent between them as their queues call for it; the report compares them.",
 )
 @json_option
-def simulate(fleet, workload, trace, policy, compare, report, seed, placement, preemption, layouts, json_mode) -> int:
+def simulate_command(
+    fleet, workload, trace, policy, compare, report, seed, placement, preemption, layouts, json_mode
+) -> int:
     """Replay a workload or trace on a simulated fleet, in virtual time: what would this policy do?
 
     \b
@@ -87,7 +93,7 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, p
         from policies import shipped
 
         policy = shipped("default.yaml")
-    return commands.simulate(
+    return simulate(
         output(json_mode),
         fleet=fleet,
         workload=workload,
@@ -102,5 +108,86 @@ def simulate(fleet, workload, trace, policy, compare, report, seed, placement, p
     )
 
 
+def simulate(
+    out: Output,
+    *,
+    fleet: str | None,
+    workload: str | None,
+    trace: str | None,
+    policy: str | None,
+    compare: str | None,
+    report: str,
+    seed: int,
+    placement: str,
+    preemption: bool = False,
+    layouts: bool = False,
+) -> int:
+    """Replay a workload or a trace in virtual time and write the report (no broker needed).
+    A run longer than a couple of seconds shows its progress on stderr (stdout keeps the
+    summary, or only the JSON)."""
+    from broker.simulation.progress import Progress
+    from broker.simulation.report import run_simulation
+    from broker.simulation.report_text import summary_lines
+
+    if layouts:
+        return _simulate_layouts(out, fleet=fleet, workload=workload, policy=policy, report=report)
+
+    with Progress(out.stderr) as progress:
+        result = run_simulation(
+            fleet,
+            workload,
+            trace,
+            policy,
+            compare,
+            report,
+            seed,
+            placement=placement,
+            progress=progress,
+            preemption=preemption,
+        )
+    if out.json_mode:
+        out.json(result)
+        return EXIT_OK
+    for line in summary_lines(result):
+        out.line(line)
+    out.line(f"report: {Path(report) / 'report.md'} (with results.json and PNG plots)")
+    return EXIT_OK
+
+
+def _simulate_layouts(out: Output, *, fleet: str, workload: str, policy: str, report: str) -> int:
+    """``gpush simulate --layouts``: static layouts, dynamic MIG, and lending, compared."""
+    from broker.simulation import layouts as layout_runs
+    from broker.simulation.fleet import load_fleet_file
+    from broker.simulation.progress import Progress
+    from broker.simulation.report import load_policy_file
+    from broker.simulation.workload import load_workload
+
+    loaded = load_workload(workload)
+    with Progress(out.stderr) as progress:
+
+        def started(label: str):
+            progress.step(f"replaying {label}", len(loaded.arrivals), "jobs")
+            return progress.update
+
+        runs = layout_runs.replay_layouts(
+            load_fleet_file(fleet), load_policy_file(policy), loaded.arrivals, tenants=loaded.tenants, progress=started
+        )
+        inputs = {"fleet": fleet, "workload": workload, "policy": policy, "jobs": len(loaded.arrivals)}
+        files = layout_runs.write_report(Path(report), runs, inputs)
+    if out.json_mode:
+        out.json({"runs": [r.summary() for r in runs], "verdict": layout_runs.verdict(runs), "files": files})
+        return EXIT_OK
+    for line in layout_runs.table(runs):
+        out.line(line)
+    out.line("")
+    for line in textwrap.wrap(layout_runs.verdict(runs), 80):
+        out.line(line)
+    note = layout_runs.no_lending_note(runs)
+    if note:
+        out.note(f"note: {note}")
+    out.line(f"report: {Path(report) / 'report.md'} (with results.json and PNG plots)")
+    return EXIT_OK
+
+
 # Registered on the root group by broker.cli.main.
-COMMANDS = (simulate,)
+COMMANDS = (simulate_command,)
