@@ -519,7 +519,7 @@ def _saved_state(slurm: SlurmTestCluster, copy: Path) -> None:
     taken while it runs holds some earlier moment, and copying it races the save (a file
     renamed under the copy). A stale copy brought back a preceding test's jobs: pending
     ones ran again, and running ones, long ended, were listed as running and held their
-    slices for good (see SlurmAdapter._phantoms). Stopped with SIGTERM, slurmctld saves
+    slices for good (see adapters.slurm.restarts). Stopped with SIGTERM, slurmctld saves
     everything first; it is started again at once, alone."""
     _end_slurmctld(slurm, signal.SIGTERM)
     shutil.copytree(slurm.state / "ctld", copy)

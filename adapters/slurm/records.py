@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 # name:type:count or name:count, an optional "(S:0-1)" or "(IDX:0,2)" after it.
 _GRES_ITEM = re.compile(r"^(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[^:(=]+))?[:=](?P<count>\d+)(?P<extra>\(.*\))?\Z")
+# A GRES type named like a MIG profile (gpu:1g.5gb).
+MIG_TYPE = re.compile(r"^\d+g\.\d+gb\Z")
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,11 @@ FINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
     | {"PREEMPTED", "SPECIAL_EXIT", "REVOKED"}
 )
+# Job states of a job that waits to start.
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
+# Slurm's times have a resolution of 1 s: after a restart, changes this close to the
+# cursor are reported again rather than missed (a repeat changes nothing).
+SLACK = timedelta(seconds=2)
 
 
 @dataclass(frozen=True)

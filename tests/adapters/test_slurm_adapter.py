@@ -22,12 +22,15 @@ from typing import Any
 import httpx
 import pytest
 
-from adapters.slurm import adapter as slurm_adapter
 from adapters.slurm import client as slurm_client
-from adapters.slurm.adapter import SlurmAdapter, SlurmSettings
+from adapters.slurm import logs as slurm_logs
+from adapters.slurm import restarts as slurm_restarts
+from adapters.slurm import status as slurm_status
+from adapters.slurm.adapter import SlurmAdapter
 from adapters.slurm.client import CliBackend, RestBackend, SlurmClient, read_jobcomp
 from adapters.slurm.records import FINAL_STATES, FinishedRecord, Gres, SlurmJob, SlurmNode, Submission, parse_gres
 from adapters.slurm.render import expand_filename, gres_for, render
+from adapters.slurm.settings import SlurmSettings
 from broker.core.adapter import (
     BackendState,
     ClusterAdapter,
@@ -804,7 +807,7 @@ def test_placeholders_a_node_never_registers_for_are_cancelled_after_a_while(mon
     gpush.submit(9, spec(), mig())
     assert slurm.cancelled == []
     later = time.monotonic() + 301
-    monkeypatch.setattr(slurm_adapter.time, "monotonic", lambda: later)
+    monkeypatch.setattr(slurm_restarts.time, "monotonic", lambda: later)
     gpush.statuses()
     assert slurm.cancelled == ["3", "4", "5"]
     # A broker that restarted knows its placeholders by their name.
@@ -874,7 +877,7 @@ def test_a_job_that_left_squeue_with_no_record_is_reported_failed_with_that_reas
     slurm.job_list = [job for job in slurm.job_list if job.name != "gpush-9"]
     # The broker looks again only after MinJobAge: the job may have ended and aged out.
     later = time.monotonic() + 301
-    monkeypatch.setattr(slurm_adapter.time, "monotonic", lambda: later)
+    monkeypatch.setattr(slurm_status.time, "monotonic", lambda: later)
 
     page = gpush.statuses(first.cursor)
 
@@ -1070,7 +1073,7 @@ def test_submit_creates_the_log_directory_first(tmp_path):
     slurm = recorded_2205()
     gpush = adapter(slurm, workdir=str(tmp_path / "work"), log_dir="logs/%u")
     gpush.submit(42, spec(), mig())
-    user = gpush._slurm_user()
+    user = gpush.context.slurm_user()
     assert (tmp_path / "work" / "logs" / user).is_dir()
     assert slurm.submitted[-1].output == f"{tmp_path}/work/logs/%u/gpush-42.out"  # Slurm expands %u itself
 
@@ -1090,7 +1093,7 @@ def test_a_log_directory_the_broker_cannot_create_is_said_once_and_jobs_still_go
 def test_a_job_whose_output_directory_was_missing_on_its_node_says_where_to_look():
     # Slurm 22.05 on a missing --output directory: FAILED, reason JobLaunchFailure, exit 0:53.
     failed = replace(by_name(jobs_of(V2205 / "squeue.json"))["gpush-2"], reason="JobLaunchFailure", exit_code=None)
-    backend = adapter(recorded_2205())._backend(2, failed)
+    backend = adapter(recorded_2205()).states.backend(2, failed)
     assert backend.state == BackendState.FAILED
     assert backend.reason == (
         "Slurm could not start it on its node (JobLaunchFailure): is the cluster's log_dir, "
@@ -1139,7 +1142,7 @@ def test_logs_read_on_from_an_offset_in_characters_a_chunk_at_a_time(tmp_path, m
     out_file = tmp_path / "logs" / "gpush-7-3.out"
     out_file.write_text("épоch 1\népоch 2\n")  # two-byte and Cyrillic letters: 16 characters, 21 bytes
     (tmp_path / "logs" / "gpush-7-3.err").write_text("slow\n")
-    monkeypatch.setattr(slurm_adapter, "MAX_LOG_CHUNK", 10)
+    monkeypatch.setattr(slurm_logs, "MAX_LOG_CHUNK", 10)
     gpush = adapter(slurm)
 
     first = gpush.logs(7, "3")
