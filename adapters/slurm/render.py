@@ -41,7 +41,8 @@ from collections.abc import Mapping
 
 from adapters.slurm.records import Submission
 from broker.core.adapter import Placement, Rejected, Sharing
-from broker.core.schemas import JobSpec, parse_memory_mib, parse_time_limit
+from broker.core.schemas import JobSpec
+from broker.core.spec_values import parse_memory_mib, parse_time_limit
 from broker.jobenv.environment import job_environment
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"

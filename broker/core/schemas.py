@@ -33,9 +33,6 @@ from pydantic import (
 )
 
 from broker.core.names import Isolation, JobState, Kind
-
-# parse_memory_mib, parse_time_limit, format_duration and spec_limits are also imported
-# from here (the adapters' renderers, the replays, tests); they live in spec_values.
 from broker.core.spec_values import (
     MAX_GRACE_SECONDS,
     check_argv,

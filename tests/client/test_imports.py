@@ -216,3 +216,18 @@ def test_the_map_has_no_circle() -> None:
 def test_no_product_module_imports_the_test_doubles() -> None:
     doubles = [(m, line, t) for m, line, t in _all_imports() if t.startswith("tests")]
     assert doubles == []
+
+
+# A room that fits: a module of broker/ or adapters/ over this many lines says in its
+# docstring why it is one piece ("... on purpose: ..."), or it is split by concern.
+MODULE_LINES = 600
+
+
+def test_every_module_fits_its_room_or_says_why_it_is_one_piece() -> None:
+    over = []
+    for path in [*(ROOT / "broker").rglob("*.py"), *(ROOT / "adapters").rglob("*.py")]:
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines > MODULE_LINES and "on purpose" not in (ast.get_docstring(ast.parse(text)) or ""):
+            over.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert over == [], "split by concern, or say in the docstring why it is one piece:\n" + "\n".join(over)
