@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import time
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from adapters.slurm.context import SlurmContext
 from adapters.slurm.records import FINAL_STATES as _FINAL
@@ -27,7 +28,10 @@ class StatusTracker:
         self.states = states
         self.restarts = restarts
         self._read_finished = False  # the first status read after a start also reads finished jobs
-        self._reported: dict[int, tuple[BackendState, str | None]] = {}  # what the last page said
+        # What the last page said of each gpush job: the run (its Slurm job id), its state and
+        # why. The run is part of it: a job preempted and queued again runs as a new Slurm job,
+        # and a rerun that squeue first lists ended as its previous run did is news all the same.
+        self._reported: dict[int, _Said] = {}
         # gpush id -> (when squeue last listed it unfinished (monotonic), its Slurm job id)
         self._seen: dict[int, tuple[float, str]] = {}
 
@@ -41,7 +45,7 @@ class StatusTracker:
         with self.ctx.lock:
             reported = dict(self._reported)
             cancelled = self.restarts.cancelled()
-        now_reported: dict[int, tuple[BackendState, str | None]] = {}
+        now_reported: dict[int, _Said] = {}
         read_at = time.monotonic()
         out: list[BackendJob] = []
         latest = since
@@ -61,9 +65,9 @@ class StatusTracker:
                 seen = reported.get(job_id)
                 if record is not None:
                     backend = self.states.finished(job_id, record)
-                    if seen != (backend.state, backend.reason):
+                    if seen != _said(backend):
                         out.append(backend)
-                    now_reported[job_id] = (backend.state, backend.reason)
+                    now_reported[job_id] = _said(backend)
                 elif seen is not None:
                     now_reported[job_id] = seen
                 continue
@@ -77,12 +81,12 @@ class StatusTracker:
             backend = self.states.backend(job_id, job, usage)
             seen = reported.get(job_id)
             if seen is not None:
-                # Seen by this process: report it when its state or reason moved.
-                if seen != (backend.state, backend.reason):
+                # Seen by this process: report it when its run, state or reason moved.
+                if seen != _said(backend):
                     out.append(backend)
             elif since is None or changed is None or changed >= since - _SLACK:
                 out.append(backend)
-            now_reported[job_id] = (backend.state, backend.reason)
+            now_reported[job_id] = _said(backend)
         with self.ctx.lock:
             vanished = self.ctx.active - set(tagged)
             # After a start, jobs that ended since the cursor may have left squeue already.
@@ -102,7 +106,8 @@ class StatusTracker:
                 out.append(self.states.finished(job_id, record))
             for job_id in vanished - set(records):
                 seen_at, backend_id = self._seen.get(job_id) or (None, self.ctx.known.get(job_id, "?"))
-                state, why = self._vanished(reported.get(job_id, (None, None))[0], seen_at, read_at)
+                last = reported.get(job_id)
+                state, why = self._vanished(last.state if last is not None else None, seen_at, read_at)
                 if state == BackendState.LOST:
                     with self.ctx.lock:
                         self.ctx.known.pop(job_id, None)  # a resubmission must reach Slurm
@@ -145,6 +150,18 @@ class StatusTracker:
             f"left {self.ctx.name}'s queue with no record of how it ended "
             "(no accounting, no readable job completion log: set jobcomp_file)"
         )
+
+
+class _Said(NamedTuple):
+    """What a page said of a gpush job."""
+
+    run: str  # its Slurm job id
+    state: BackendState
+    reason: str | None
+
+
+def _said(backend: BackendJob) -> _Said:
+    return _Said(backend.backend_id, backend.state, backend.reason)
 
 
 def _cursor_time(cursor: str | None) -> datetime | None:

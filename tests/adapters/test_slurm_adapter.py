@@ -9,6 +9,7 @@ stand-in ``sbatch``/``squeue``/... scripts. Rendered batch scripts run for real.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -693,6 +694,23 @@ def test_a_second_read_with_nothing_changed_reports_nothing():
     first = slurm.statuses()
     again = slurm.statuses(first.cursor)
     assert again.jobs == [] and again.cursor == first.cursor
+
+
+def test_a_rerun_that_squeue_first_lists_ended_as_its_previous_run_did_is_reported():
+    """A preempted job queued again runs as a new Slurm job; when that rerun is quick, the next
+    read may find it COMPLETED already, as the previous run ended. It is a new run all the
+    same: the broker hears of it (before, it stayed ``submitted`` for good: a CI flake of the
+    preemption test on the real 22.05 cluster)."""
+    slurm = recorded_2205()
+    gpush = adapter(slurm)
+    first = gpush.statuses()
+    previous = by_name(slurm.job_list)["gpush-1"]
+    assert (report(first)[1][0], previous.state) == (BackendState.SUCCEEDED, "COMPLETED")
+    slurm.job_list = [*slurm.job_list, dataclasses.replace(previous, job_id="99")]
+
+    (rerun,) = gpush.statuses(first.cursor).jobs
+    assert (rerun.job_id, rerun.backend_id, rerun.state) == (1, "99", BackendState.SUCCEEDED)
+    assert gpush.statuses(first.cursor).jobs == []  # told once
 
 
 def test_after_a_restart_the_cursor_reports_changes_after_it_and_not_before():
