@@ -112,7 +112,7 @@ class Jobs:
                 if failure is not None:
                     refused[index] = failure
         left = [item for index, item in enumerate(items) if index not in refused]
-        results = iter(submit_each(self, left, threads=self.ctx.settings.submit_threads))  # type: ignore[arg-type]
+        results = iter(submit_each(self, left, threads=self.ctx.settings.submit_threads))
         return [refused[i] if i in refused else next(results) for i in range(len(items))]
 
     def cancel(self, job_id: int) -> None:

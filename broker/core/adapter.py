@@ -543,11 +543,17 @@ def submit_batch(adapter: ClusterAdapter, items: Sequence[SubmitItem]) -> list[s
     return submit_each(adapter, items)
 
 
-def submit_each(adapter: ClusterAdapter, items: Sequence[SubmitItem], *, threads: int = 1) -> list[str | AdapterError]:
+class Submitter(Protocol):
+    """What :func:`submit_each` calls: an adapter, or the part of one that submits."""
+
+    def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str: ...
+
+
+def submit_each(adapter: Submitter, items: Sequence[SubmitItem], *, threads: int = 1) -> list[str | AdapterError]:
     """``adapter.submit`` for each ``(job_id, spec, placement[, owner])`` on up to ``threads`` threads:
     per item the backend id or the :class:`AdapterError` it raised, in order. What the
     scheduler does for an adapter without ``submit_many``, and what adapters that have
-    one run after their own preparation."""
+    one run after their own preparation (their submitting part is handed in)."""
 
     def one(item: SubmitItem) -> str | AdapterError:
         try:
