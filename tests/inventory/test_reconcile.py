@@ -456,7 +456,7 @@ def test_a_node_in_both_clusters_offering_the_same_gpus():
 
 
 def test_a_node_lent_between_two_clusters_is_offered_by_one_or_none():
-    """Lending (broker.scheduling.lending) keeps a shared node unavailable on one side, or on
+    """Lending (broker.fleet.lending) keeps a shared node unavailable on one side, or on
     both while it moves: neither is a GPU offered twice."""
     report = agent("shared01", [gpu(0, node="shared01"), gpu(1, node="shared01")])
     drained = slurm_units(slurm_node("shared01", "gpu:a100:2", states=("IDLE", "DRAIN")))
