@@ -18,22 +18,18 @@ is made before its job is committed in ``submitting``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, func, select, type_coerce
+from sqlalchemy import Engine, select
 
 from broker.core.adapter import (
     AdapterError,
     CapacityUnit,
     ClusterAdapter,
-    Placement,
-    Sharing,
     TenantQuotaKeeper,
     capability,
 )
@@ -41,31 +37,22 @@ from broker.core.clock import Clock
 from broker.core.clusters import AdapterPool, ClusterInfo, list_clusters
 from broker.core.db import session_factory
 from broker.core.metrics import observe_cycle
-from broker.core.models import Job, Tenant
+from broker.core.models import Job
 from broker.core.states import JobState, set_reasons, set_states
 from broker.placement.capacity import CapacityView
 from broker.placement.decision import CycleDecisions, Held, Placed, WaitCause
 from broker.placement.fairshare import FairShare
+from broker.scheduling import holdings
 from broker.scheduling.claim import Candidate, Claim
 from broker.scheduling.parts import CycleParts, cycle_parts
 from broker.scheduling.preemption import terms_of
-from broker.scheduling.steps import CycleReport, rows_by_id, unplaced
+from broker.scheduling.steps import CycleReport, unplaced
 from broker.scheduling.submission import Submission
 from broker.scheduling.sync import StatusChanges
 
 log = logging.getLogger("gpush.scheduler")
 S = JobState
-ACTIVE = (S.ROUTED.value, S.SUBMITTING.value, S.SUBMITTED.value, S.RUNNING.value)
 ACTOR = "scheduler"
-# Ids per IN (...) list when reading jobs by id (SQLite binds each one).
-IDS_PER_QUERY = 1000
-# Connections that read tenants' queues side by side at the start of a claim.
-_CLAIM_READERS = 2
-# A status page with this many jobs changing is written in two halves side by side.
-_SYNC_SPLIT = 1000
-# created_at as the database returns it: the claim only orders by it, so the conversion
-# of every row to an aware UTC datetime (models.UTCDateTime) is skipped.
-_CREATED_AT = type_coerce(Job.created_at, DateTime(timezone=True))
 
 
 class Scheduler:
@@ -165,8 +152,8 @@ class Scheduler:
             # changes are written, and counted as if they were: then they are written
             # beside those steps.
             with report.timing("inventory"):
-                ledger = self.read_ledger(sync)
-                booked = self.read_booked_capacity(sync)
+                ledger = holdings.ledger(self.sessions, sync)
+                booked = holdings.booked_capacity(self.sessions, sync)
             with report.timing("cancel"):
                 wanted = self.read_cancel_requests(sync)
             sync.start(self.status_sync)
@@ -175,7 +162,7 @@ class Scheduler:
                 self.preemptions.act(clusters, report)
             with report.timing("inventory"):  # 4
                 view = self.read_inventory(clusters, report, booked)
-                self.keep_tenant_quotas(clusters, ledger[2], report, skip=view.unavailable)
+                self.keep_tenant_quotas(clusters, ledger.quotas, report, skip=view.unavailable)
         except BaseException:
             claim.wait(report, raise_error=False)
             if sync is not None:
@@ -300,73 +287,12 @@ class Scheduler:
 
     # 4 ------------------------------------------------------------------------------
 
-    def read_booked_capacity(self, sync: StatusChanges) -> _Booked:
-        """What the broker holds that clusters' inventories may not show: placements not
-        started yet, and GPU memory of time-sliced jobs per node."""
-        placement = Job.placement
-        with self.sessions() as session:
-            # Placements not started: routed and submitting jobs (few), and submitted ones
-            # the status changes do not start or end. Most submitted jobs started since the
-            # last cycle (the changes say so), so their ids are read first and only the
-            # others' placements parsed.
-            not_started = [
-                job_id
-                for job_id in session.execute(
-                    select(Job.id).where(
-                        Job.state.in_([S.ROUTED.value, S.SUBMITTING.value, S.SUBMITTED.value]),
-                        Job.placement.is_not(None),
-                    )
-                ).scalars()
-                if job_id not in sync.leaving_submitted
-            ]
-            pending = [
-                Placement.from_dict(p) for _, p in rows_by_id(session, select(Job.id, Job.placement), not_started)
-            ]
-            # GPU memory of time-sliced jobs per node, summed by the database: every
-            # running job has a placement, and only these few numbers are needed.
-            node = placement["node"].as_string()
-            memory_gb = placement["gpu_memory_gb"].as_float()
-            timesliced = (
-                select(
-                    placement["cluster"].as_string().label("cluster"),
-                    node.label("node"),
-                    (
-                        memory_gb * placement["units"].as_float() * func.coalesce(placement["replicas"].as_float(), 1.0)
-                    ).label("memory_gb"),
-                )
-                .where(
-                    Job.state.in_(ACTIVE),
-                    placement["sharing"].as_string() == Sharing.K8S_TIMESLICE.value,
-                    node.is_not(None),
-                    node != "",
-                    memory_gb.is_not(None),
-                    memory_gb != 0,
-                )
-                .subquery()
-            )
-            memory = defaultdict(
-                float,
-                {
-                    (cluster, on_node): float(total)
-                    for cluster, on_node, total in session.execute(
-                        select(timesliced.c.cluster, timesliced.c.node, func.sum(timesliced.c.memory_gb)).group_by(
-                            timesliced.c.cluster, timesliced.c.node
-                        )
-                    )
-                },
-            )
-        for row in sync.finished.values():  # ending: their memory is free
-            p = row.placement or {}
-            if p.get("sharing") == Sharing.K8S_TIMESLICE.value and p.get("node") and p.get("gpu_memory_gb"):
-                memory[(p["cluster"], p["node"])] -= p["gpu_memory_gb"] * p["units"] * (p.get("replicas") or 1)
-        return _Booked(pending, dict(memory))
-
     def read_inventory(
-        self, clusters: dict[str, ClusterInfo], report: CycleReport, booked: _Booked | None = None
+        self, clusters: dict[str, ClusterInfo], report: CycleReport, booked: holdings.Booked | None = None
     ) -> CapacityView:
         """Each cluster's inventory, minus what the broker holds there."""
         if booked is None:
-            booked = self.read_booked_capacity(StatusChanges())
+            booked = holdings.booked_capacity(self.sessions, StatusChanges())
         inventory: dict[str, list[CapacityUnit]] = {}
         unavailable: dict[str, str] = {}
         for name, info in clusters.items():
@@ -378,8 +304,8 @@ class Scheduler:
         if inventory:
             with self.sessions() as session:
                 inventory = self.drift.apply(session, inventory, clusters, now=self.clock())
-            inventory = fence(inventory, self.reconfigurations.fenced())
-        pending = _beyond_backlog(booked.pending, clusters)
+            inventory = holdings.fence(inventory, self.reconfigurations.fenced())
+        pending = holdings.beyond_backlog(booked.pending, clusters)
         return CapacityView.build(inventory, pending, booked.memory, unavailable=unavailable)
 
     def keep_tenant_quotas(
@@ -423,14 +349,14 @@ class Scheduler:
         report: CycleReport,
         *,
         claim: Claim | None = None,
-        ledger: tuple[dict[str, float], dict[str, float], dict[str, float]] | None = None,
+        ledger: holdings.Ledger | None = None,
     ) -> Decided:
         """Steps 6 and 7: each claimed job decided, the placed ones submitted in batches
         meanwhile; what the others wait for is returned for steps 8 to 10."""
         if claim is None:
             claim = Claim(self.sessions, self.claim_limit)
             claim.wait(report)
-        usage, weights, quotas = ledger if ledger is not None else self.read_ledger(StatusChanges())
+        usage, weights, quotas = ledger if ledger is not None else holdings.ledger(self.sessions, StatusChanges())
         with report.timing("claim"), self.sessions() as session:
             policy = self._policy(session)
         decide_begin = time.perf_counter()
@@ -483,26 +409,6 @@ class Scheduler:
         submission.close(report)
         return Decided(policy, fair, held, waiting, blocked, preempting=preempting, lending=lending)
 
-    def read_ledger(self, sync: StatusChanges) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-        """GPU-equivalents each tenant holds (less what the status changes end), and the
-        tenants' weights and quotas."""
-        with self.sessions() as session:
-            usage = {
-                t: float(ge or 0)
-                for t, ge in session.execute(
-                    select(Job.tenant, func.sum(Job.gpu_equivalents)).where(Job.state.in_(ACTIVE)).group_by(Job.tenant)
-                )
-            }
-            weights, quotas = {}, {}
-            for tenant in session.execute(select(Tenant)).scalars():
-                weights[tenant.name] = tenant.weight
-                if tenant.gpu_quota is not None:
-                    quotas[tenant.name] = tenant.gpu_quota
-        for row in sync.finished.values():
-            if row.gpu_equivalents and row.tenant in usage:
-                usage[row.tenant] = max(usage[row.tenant] - row.gpu_equivalents, 0.0)
-        return usage, weights, quotas
-
     def _write_waits(self, held, waiting, report: CycleReport) -> None:
         """Record the jobs held, and what the waiting ones wait for."""
         with self.sessions() as session, session.begin():
@@ -540,51 +446,3 @@ class Decided:
     def told(self, reasons: Mapping[int, str]) -> None:
         """The waiting jobs' reasons, with what the preemption step told them."""
         self.waiting = [(job, reasons.get(job.job_id, reason)) for job, reason in self.waiting]
-
-
-@dataclass
-class _Booked:
-    """What the broker holds on clusters that their inventories may not show yet."""
-
-    pending: list[Placement]  # placements made that clusters have not started yet
-    memory: dict[tuple[str, str], float]  # GPU memory of time-sliced jobs per (cluster, node)
-
-
-def fence(
-    inventory: dict[str, list[CapacityUnit]], fenced: Mapping[tuple[str, str], str]
-) -> dict[str, list[CapacityUnit]]:
-    """``inventory`` with the units of fenced nodes (a MIG change under way) all taken, with
-    why, as a cluster reports a drained or cordoned node: jobs wait for other units."""
-    if not fenced:
-        return inventory
-    return {
-        name: [
-            unit
-            if (name, unit.node) not in fenced
-            else dataclasses.replace(
-                unit,
-                allocated=unit.capacity,
-                labels={**unit.labels, "unavailable": f"fenced for {fenced[(name, unit.node)]}"},
-            )
-            for unit in units
-        ]
-        for name, units in inventory.items()
-    }
-
-
-def _beyond_backlog(pending: list[Placement], clusters: dict[str, ClusterInfo]) -> list[Placement]:
-    """The placements not started yet that count against free capacity: all of them, but
-    for a cluster whose config allows a backlog (``backlog_jobs``, a Slurm setting), whose
-    first that many may wait in the cluster's own queue instead. Slurm starts jobs faster
-    with a queue to choose from (400 small jobs: 12.2 s with all queued, 14.1 s with 100 at a
-    time); the price is that those jobs are committed to that cluster before they fit."""
-    allowance = {name: int(info.config.get("backlog_jobs") or 0) for name, info in clusters.items()}
-    if not any(allowance.values()):
-        return pending
-    out = []
-    for placement in pending:
-        if allowance.get(placement.cluster, 0) > 0:
-            allowance[placement.cluster] -= 1
-            continue
-        out.append(placement)
-    return out

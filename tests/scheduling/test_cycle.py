@@ -259,7 +259,7 @@ def test_a_cluster_backlog_lets_that_many_unstarted_jobs_wait_in_its_own_queue()
 
     from broker.core.adapter import Placement
     from broker.core.clusters import ClusterInfo
-    from broker.scheduling.cycle import _beyond_backlog
+    from broker.scheduling.holdings import beyond_backlog
 
     def info(name, **config):
         return ClusterInfo(name, "slurm", config, True, "root", datetime(2026, 1, 1, tzinfo=UTC))
@@ -269,10 +269,10 @@ def test_a_cluster_backlog_lets_that_many_unstarted_jobs_wait_in_its_own_queue()
 
     pending = [placed("slurm-a")] * 5 + [placed("slurm-b")] * 3
     clusters = {"slurm-a": info("slurm-a", backlog_jobs=2), "slurm-b": info("slurm-b")}
-    counted = _beyond_backlog(pending, clusters)
+    counted = beyond_backlog(pending, clusters)
     # slurm-a: the first 2 may wait in Slurm's queue, 3 still count; slurm-b keeps no backlog.
     assert [p.cluster for p in counted] == ["slurm-a"] * 3 + ["slurm-b"] * 3
-    assert _beyond_backlog(pending, {"slurm-a": info("slurm-a"), "slurm-b": info("slurm-b")}) == pending
+    assert beyond_backlog(pending, {"slurm-a": info("slurm-a"), "slurm-b": info("slurm-b")}) == pending
 
 
 class ClusterSays(CrashAfterSubmit):
