@@ -9,6 +9,11 @@ caller may assume beyond the protocol's own guarantees:
   restart, the first submission reads squeue once and so never submits a job that
   Slurm already has. A submission Slurm refused at once leaves a ``FAILED`` record
   with reason ``BadConstraints`` (Slurm keeps one): it is not taken for the job.
+- **Only its own jobs** (adapters.slurm.context). A tag is a name anyone may give: a Slurm
+  job carrying one is taken for gpush's only if it runs as the Slurm user (and account)
+  gpush submitted that job as, and is not newer than the Slurm job gpush recorded for it.
+  Another user's job named ``gpush-<id>`` is ignored everywhere (status, find, cancel,
+  preemption, output) and said once in the log.
 - **Inventory** (:meth:`SlurmAdapter.inventory`, adapters.slurm.capacity), per node:
   MIG instances from GRES types named like MIG profiles (``gpu:1g.5gb:7``), each worth
   its share of the parent GPU (1/7 for 1g.5gb on an A100); MPS as percent of a GPU, in
@@ -34,9 +39,11 @@ caller may assume beyond the protocol's own guarantees:
   and stderr to ``<log_dir>/<tag>-<gpush id>.out`` and ``.err``
   (adapters.slurm.render.log_paths); the broker creates ``log_dir`` before it submits,
   where it can, since Slurm does not and a job whose output directory is missing on
-  its node fails at launch. ``logs`` reads the file Slurm reports for the job (squeue,
-  else accounting, else the path gpush renders) when the broker can see it, and
-  otherwise says on which node it is.
+  its node fails at launch. ``logs`` reads the file Slurm reports for the Slurm job the
+  broker recorded (squeue, else accounting, else the path gpush renders) when the broker
+  can see it, and otherwise says on which node it is. It reads only a regular file of the
+  job's user in the log directory, reached through no symbolic link; anything else is
+  refused (``Rejected``), never shown.
 - **Speed.** ``submit_many`` submits a batch on several threads (``submit_threads``,
   8 by default): slurmctld serves RPCs in parallel, and one sbatch at a time leaves it
   idle. Reads made within ``cache_seconds`` (1 s) of each other share one squeue or

@@ -315,6 +315,7 @@ class CliBackend:
                     standard_error=str(raw.get("stderr_expanded") or raw.get("stderr") or ""),
                     work_dir=str(raw.get("working_directory") or ""),
                     user=str(raw.get("user") or ""),
+                    account=str(raw.get("account") or ""),
                 )
             )
         return out
@@ -347,6 +348,7 @@ def read_jobcomp(path: Path, since: datetime | None) -> list[FinishedRecord]:
                 start_time=_local_time(fields.get("StartTime")),
                 work_dir=fields.get("WorkDir", ""),
                 user=fields.get("UserId", "").split("(", 1)[0],  # "alice(1000)"
+                account=fields.get("Account", ""),
             )
         )
     return out

@@ -3,11 +3,24 @@ squeue and sinfo answers, read at most once within ``cache_seconds``; gpush's jo
 among Slurm's by their tag; what this process knows of the jobs it submitted; the Slurm
 user jobs run as; and the GPU model behind a GRES type.
 
+**Whose job a tagged record is** (:meth:`SlurmContext.gpush_id`). Any Slurm user may name a
+job ``gpush-<id>`` or comment it ``gpush:job-<id>``, with any output path. A record is taken
+for gpush job ``id`` only if it runs as the Slurm user gpush submitted that job as (and under
+its account), as far as this process knows it, else as a user gpush submits jobs as at all
+(adapters.slurm.identity.runs_jobs_as); and never if it is newer than the Slurm job gpush
+recorded for that id, since gpush submits no second Slurm job while it holds one. Every part
+finds gpush's jobs through it: status pages, find, cancel, preemption, phantom runs, output.
+Any other record is ignored, and a log line names its Slurm job and user once. With
+``run_as=owner``, a process that did not submit the job (after a restart) knows only that its
+user is one gpush may run jobs as; output is read only from the Slurm job the broker recorded
+(adapters.slurm.logs).
+
 One lock guards all of it, and each part's own state with it (an ``RLock``: a part holding
 it may call another part that takes it too)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import threading
@@ -16,11 +29,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from adapters.slurm.client import SlurmClient
-from adapters.slurm.records import MIG_TYPE, SlurmJob, SlurmNode
+from adapters.slurm.identity import runs_jobs_as
+from adapters.slurm.records import MIG_TYPE, FinishedRecord, SlurmJob, SlurmNode
 from adapters.slurm.render import job_id_of
 from adapters.slurm.settings import SlurmSettings
 from broker.core.adapter import Rejected
 from broker.core.gpus import MODELS, GpuModel, gpu_model
+
+_log = logging.getLogger(__name__)
+# Impostors said in the log, remembered by Slurm job id so each is said once.
+_MAX_IMPOSTORS_SAID = 10_000
 
 
 class SlurmContext:
@@ -32,6 +50,10 @@ class SlurmContext:
         self.client = client
         self.lock = threading.RLock()
         self.known: dict[int, str] = {}  # gpush id -> Slurm job id, of jobs this process saw
+        # gpush id -> the Slurm user and account (None: the user's default) this process submitted it as
+        self.submitted_as: dict[int, tuple[str, str | None]] = {}
+        self._impostors: dict[str, None] = {}  # Slurm ids of tagged jobs found not gpush's, said once
+        self._service_user: str | None = None
         self.active: set[int] = set()  # gpush ids not yet final at the last status read
         self._listing: tuple[float, list[SlurmJob]] | None = None
         self._node_listing: tuple[float, list[SlurmNode]] | None = None
@@ -66,10 +88,11 @@ class SlurmContext:
     # -- gpush's jobs among Slurm's -------------------------------------------------------
 
     def tagged(self, jobs: Sequence[SlurmJob]) -> dict[int, list[SlurmJob]]:
-        """gpush id -> its Slurm jobs, newest last (a refused submission may have left one)."""
+        """gpush id -> its Slurm jobs, newest last (a refused submission may have left one);
+        impostors left out (:meth:`gpush_id`)."""
         out: dict[int, list[SlurmJob]] = defaultdict(list)
         for job in jobs:
-            job_id = job_id_of(self.settings.tag, job.name, job.comment)
+            job_id = self.gpush_id(job)
             if job_id is not None:
                 out[job_id].append(job)
         for records in out.values():
@@ -82,11 +105,69 @@ class SlurmContext:
         real = [r for r in records if not (r.state == "FAILED" and r.reason == "BadConstraints")]
         return (real or records or [None])[-1]
 
+    def gpush_id(self, record: SlurmJob | FinishedRecord) -> int | None:
+        """The gpush job a Slurm job (listed, or a record of one that ended) stands for: the
+        one its tag names, if gpush could have submitted it (see the module docstring)."""
+        comment = record.comment if isinstance(record, SlurmJob) else ""  # the records keep none
+        job_id = job_id_of(self.settings.tag, record.name, comment)
+        if job_id is None:
+            return None
+        why = self._not_gpushs(job_id, record)
+        if why is None:
+            return job_id
+        with self.lock:
+            said = record.job_id in self._impostors
+            if not said:
+                self._impostors[record.job_id] = None
+                while len(self._impostors) > _MAX_IMPOSTORS_SAID:
+                    del self._impostors[next(iter(self._impostors))]
+        if not said:
+            _log.warning(
+                "%s: Slurm job %s of user %s carries the tag of gpush job %d but is not gpush's (%s): ignored",
+                self.name,
+                record.job_id,
+                record.user or "(unknown)",
+                job_id,
+                why,
+            )
+        return None
+
+    def _not_gpushs(self, job_id: int, record: SlurmJob | FinishedRecord) -> str | None:
+        """Why ``record`` cannot be gpush job ``job_id``'s, or None when it can be."""
+        with self.lock:
+            submitted = self.submitted_as.get(job_id)
+            known = self.known.get(job_id)
+        if known and known.isdigit() and record.job_id.isdigit() and int(record.job_id) > int(known):
+            return f"gpush submitted job {job_id} as Slurm job {known}"
+        if submitted is not None:
+            user, account = submitted
+            if record.user != user:
+                return f"gpush submitted job {job_id} as user {user}"
+            if account and record.account and record.account != account:
+                return f"gpush submitted job {job_id} under account {account}"
+            return None
+        s = self.settings
+        service_user = self.slurm_user()
+        if runs_jobs_as(
+            record.user,
+            run_as=s.run_as,
+            unix_users=s.unix_users,
+            same_name_users=s.same_name_users,
+            service_user=service_user,
+        ):
+            return None
+        if s.run_as == "owner":
+            return "gpush runs no job as that user"
+        return f"gpush runs its jobs on {self.name} as user {service_user}"
+
     def slurm_user(self) -> str:
         """The Slurm user jobs run as: the REST user, or the broker's own for sbatch."""
-        if self.settings.rest_url or self.settings.rest_socket:
-            return self.settings.user or os.environ.get("USER") or "root"  # as make_client has it
-        return pwd.getpwuid(os.geteuid()).pw_name
+        if self._service_user is None:  # asked for every tagged record: looked up once
+            if self.settings.rest_url or self.settings.rest_socket:
+                self._service_user = self.settings.user or os.environ.get("USER") or "root"  # as make_client has it
+            else:
+                self._service_user = pwd.getpwuid(os.geteuid()).pw_name
+        return self._service_user
 
     # -- GPU models ------------------------------------------------------------------------
 

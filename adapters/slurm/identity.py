@@ -22,6 +22,10 @@ through ``runuser`` (a broker running as root) or ``sudo -n -u``.
 With ``run_as=service`` (the default, for a broker that owns its jobs, such as a
 single-user test cluster) every job runs as the cluster's ``user`` / the broker's own
 user, and only the account mapping applies.
+
+The same answer tells gpush's jobs from impostors (adapters.slurm.context): any Slurm user
+may name a job ``gpush-<id>``, but only a job that runs as a user gpush submits as
+(:func:`runs_jobs_as`) can be gpush's.
 """
 
 from __future__ import annotations
@@ -89,6 +93,22 @@ def resolve(
             "jobs may run as (a Unix name of letters, digits, '_', '.', '-', and never root)"
         )
     return SlurmIdentity(user, charged.account, charged.qos, charged.partition)
+
+
+def runs_jobs_as(
+    user: str, *, run_as: str, unix_users: dict[str, str], same_name_users: bool, service_user: str
+) -> bool:
+    """Whether gpush may have submitted a job that runs as Slurm user ``user``: the service
+    user (``run_as=service``), or a user :func:`resolve` may map a gpush user to
+    (``run_as=owner``: one of ``unix_users``, or with ``same_name_users`` any Unix name
+    but root's)."""
+    if not user:
+        return False
+    if run_as != "owner":
+        return user == service_user
+    if user in unix_users.values():
+        return True
+    return same_name_users and bool(_UNIX_NAME.match(user)) and user != "root"
 
 
 def mint_token(key_file: str, user: str, lifetime: int) -> str:

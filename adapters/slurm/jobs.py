@@ -13,7 +13,7 @@ from adapters.slurm.identity import explain_refusal, resolve
 from adapters.slurm.logs import JobLogs
 from adapters.slurm.records import FINAL_STATES as _FINAL
 from adapters.slurm.records import MIG_TYPE
-from adapters.slurm.render import job_id_of, render
+from adapters.slurm.render import render
 from adapters.slurm.restarts import RestartRecovery
 from adapters.slurm.states import JobStates
 from broker.core.adapter import (
@@ -85,6 +85,7 @@ class Submissions:
             ) from None
         with self.ctx.lock:
             self.ctx.known[job_id] = backend_id
+            self.ctx.submitted_as[job_id] = (identity.user or self.ctx.slurm_user(), identity.account)
             self.ctx.active.add(job_id)
         return backend_id
 
@@ -134,7 +135,7 @@ class Submissions:
         if real is not None and not (real.state == "FAILED" and real.reason == "BadConstraints"):
             return self.states.backend(job_id, real)
         for record in self.ctx.client.finished(None):
-            if job_id_of(self.ctx.settings.tag, record.name) == job_id:
+            if self.ctx.gpush_id(record) == job_id:
                 return self.states.finished(job_id, record)
         return None
 

@@ -3,6 +3,12 @@ or its last lines.
 
 What callers may assume:
 
+- **No link is followed** (:func:`open_output`). A job may replace its output file, or a
+  directory on its way, with a symbolic link to a file only the broker may read; the
+  path is opened one component at a time, each relative to the directory before it and
+  none through a link, and only a regular file is read (a FIFO would block the reader, a
+  device never ends). Whose file it is, is the caller's to check, on the open file.
+
 - **Offsets count characters**, as :class:`broker.core.adapter.JobOutput` does: UTF-8, a
   byte that is not UTF-8 counting as one character (shown as U+FFFD). A character whose
   bytes are not all written yet (a growing file) is left for the next read, so
@@ -19,8 +25,11 @@ What callers may assume:
 from __future__ import annotations
 
 import codecs
+import errno
 import os
+import posixpath
 import re
+import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,6 +37,55 @@ from typing import BinaryIO
 
 _BLOCK = 1 << 20
 _UNDECODABLE = re.compile("[\udc80-\udcff]")  # bytes surrogateescape kept, one per byte
+# Each directory on the way: O_PATH where there is one (Linux), so a directory that may be
+# searched but not listed (a home at 0711) can still be passed.
+_DIRECTORY = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+# The file: never blocking on a FIFO, never taking a terminal.
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+class OutputRefused(Exception):
+    """The path leads through a symbolic link, or to something that is not a regular file."""
+
+
+def open_output(path: str) -> BinaryIO:
+    """The file at absolute ``path``, open for reading, reached without following a link
+    (see the module docstring). Raises :class:`OutputRefused` for a link or a file that
+    is not regular, and OSError as ``open`` would where the file cannot be reached."""
+    if not posixpath.isabs(path):
+        raise OutputRefused(f"{path} is not an absolute path")
+    parts = [p for p in posixpath.normpath(path).split("/") if p]
+    if not parts:
+        raise OutputRefused(f"{path} is not a file")
+    at = os.open("/", _DIRECTORY)
+    try:
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            try:
+                fd = os.open(part, _FILE if last else _DIRECTORY, dir_fd=at)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and _is_link(part, at):
+                    raise OutputRefused(f"{'/' + '/'.join(parts[: depth + 1])} is a symbolic link") from None
+                raise
+            os.close(at)
+            at = fd
+        mode = os.fstat(at).st_mode
+        if not stat.S_ISREG(mode):
+            raise OutputRefused(f"{'/' + '/'.join(parts)} is not a regular file")
+        os.set_blocking(at, True)
+        f = os.fdopen(at, "rb")
+        at = -1  # the file object owns it now
+        return f
+    finally:
+        if at >= 0:
+            os.close(at)
+
+
+def _is_link(name: str, directory: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=directory).st_mode)
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -77,32 +135,30 @@ class Positions:
                 self._files.popitem(last=False)
 
 
-def read_from(path: str, offset: int, *, limit: int, positions: Positions | None = None) -> Chunk:
-    """The file's text from character ``offset`` on, at most ``limit`` characters. Raises
-    OSError when the file cannot be opened here."""
-    with open(path, "rb") as f:
-        key, size = _identity(f)
-        start_chars, start_byte = positions.nearest(key, size, chars=offset) if positions else (0, 0)
-        f.seek(start_byte)
-        decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
-        read = consumed = start_byte  # bytes read; bytes turned into characters
-        chars = start_chars  # characters before ``consumed``
-        pieces: list[str] = []
-        taken = 0
-        while taken <= limit:
-            block = f.read(_BLOCK)
-            if not block:
-                break
-            read += len(block)
-            text = decoder.decode(block)
-            consumed = read - len(decoder.getstate()[0])
-            before, chars = chars, chars + len(text)
-            if chars <= offset:
-                continue
-            if before < offset:
-                text = text[offset - before :]
-            pieces.append(text)
-            taken += len(text)
+def read_from(f: BinaryIO, offset: int, *, limit: int, positions: Positions | None = None) -> Chunk:
+    """The open file's text from character ``offset`` on, at most ``limit`` characters."""
+    key, size = _identity(f)
+    start_chars, start_byte = positions.nearest(key, size, chars=offset) if positions else (0, 0)
+    f.seek(start_byte)
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+    read = consumed = start_byte  # bytes read; bytes turned into characters
+    chars = start_chars  # characters before ``consumed``
+    pieces: list[str] = []
+    taken = 0
+    while taken <= limit:
+        block = f.read(_BLOCK)
+        if not block:
+            break
+        read += len(block)
+        text = decoder.decode(block)
+        consumed = read - len(decoder.getstate()[0])
+        before, chars = chars, chars + len(text)
+        if chars <= offset:
+            continue
+        if before < offset:
+            text = text[offset - before :]
+        pieces.append(text)
+        taken += len(text)
     if chars < offset:
         # Fewer characters than the caller read before: the file started over.
         if positions:
@@ -119,50 +175,48 @@ def read_from(path: str, offset: int, *, limit: int, positions: Positions | None
     return Chunk(_readable(text), next_offset)
 
 
-def read_tail(path: str, lines: int, *, limit: int, positions: Positions | None = None) -> Chunk:
-    """The file's last ``lines`` lines (at most ``limit`` characters of them), and the
-    character offset of its end, to read on from. Raises OSError as :func:`read_from`."""
-    with open(path, "rb") as f:
-        key, size = _identity(f)
-        # A character still being written at the end stays out, as in read_from.
-        f.seek(max(0, size - 4))
-        decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
-        decoder.decode(f.read())
-        end = size - len(decoder.getstate()[0])
-        complete = end
-        data = b""
-        # Back from the end, a block at a time, until the lines are there: ``lines``
-        # newlines before the last byte (those of all but the last line, and the one that
-        # ends the line before them), or more bytes than ``limit`` characters need.
-        while end > 0 and data.count(b"\n", 0, max(len(data) - 1, 0)) < lines and len(data) <= 4 * limit:
-            start = max(0, end - _BLOCK)
-            f.seek(start)
-            data = f.read(end - start) + data
-            end = start
-        whole = _lines(data.decode("utf-8", "surrogateescape"))
-        if end > 0 and whole:
-            whole = whole[1:]  # begins mid-line (maybe mid-character): never one of the last lines
-        text = "".join(whole[-lines:]) if lines else ""
-        text = text[-limit:]
-    total = _count(path, complete, positions)
+def read_tail(f: BinaryIO, lines: int, *, limit: int, positions: Positions | None = None) -> Chunk:
+    """The open file's last ``lines`` lines (at most ``limit`` characters of them), and
+    the character offset of its end, to read on from."""
+    key, size = _identity(f)
+    # A character still being written at the end stays out, as in read_from.
+    f.seek(max(0, size - 4))
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+    decoder.decode(f.read())
+    end = size - len(decoder.getstate()[0])
+    complete = end
+    data = b""
+    # Back from the end, a block at a time, until the lines are there: ``lines``
+    # newlines before the last byte (those of all but the last line, and the one that
+    # ends the line before them), or more bytes than ``limit`` characters need.
+    while end > 0 and data.count(b"\n", 0, max(len(data) - 1, 0)) < lines and len(data) <= 4 * limit:
+        start = max(0, end - _BLOCK)
+        f.seek(start)
+        data = f.read(end - start) + data
+        end = start
+    whole = _lines(data.decode("utf-8", "surrogateescape"))
+    if end > 0 and whole:
+        whole = whole[1:]  # begins mid-line (maybe mid-character): never one of the last lines
+    text = "".join(whole[-lines:]) if lines else ""
+    text = text[-limit:]
+    total = _count(f, complete, positions)
     return Chunk(_readable(text), total)
 
 
-def _count(path: str, up_to: int, positions: Positions | None) -> int:
-    """Characters in the file's first ``up_to`` bytes (which end between two characters)."""
-    with open(path, "rb") as f:
-        key, size = _identity(f)
-        chars, byte = positions.nearest(key, size, byte=up_to) if positions else (0, 0)
-        f.seek(byte)
-        decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
-        while byte < up_to:
-            block = f.read(min(_BLOCK, up_to - byte))
-            if not block:
-                break
-            byte += len(block)
-            chars += len(decoder.decode(block))
-        # ``up_to`` ends between two characters: bytes still held end in one that is not UTF-8.
-        chars += len(decoder.decode(b"", final=True))
+def _count(f: BinaryIO, up_to: int, positions: Positions | None) -> int:
+    """Characters in the open file's first ``up_to`` bytes (which end between two characters)."""
+    key, size = _identity(f)
+    chars, byte = positions.nearest(key, size, byte=up_to) if positions else (0, 0)
+    f.seek(byte)
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+    while byte < up_to:
+        block = f.read(min(_BLOCK, up_to - byte))
+        if not block:
+            break
+        byte += len(block)
+        chars += len(decoder.decode(block))
+    # ``up_to`` ends between two characters: bytes still held end in one that is not UTF-8.
+    chars += len(decoder.decode(b"", final=True))
     if positions:
         positions.remember(key, chars, byte)
     return chars

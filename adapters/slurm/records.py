@@ -329,3 +329,4 @@ class FinishedRecord:
     standard_error: str = ""
     work_dir: str = ""
     user: str = ""
+    account: str = ""  # the Slurm account it was charged to (accounting; the job completion log)

@@ -25,7 +25,6 @@ from adapters.slurm.context import SlurmContext
 from adapters.slurm.records import FINAL_STATES as _FINAL
 from adapters.slurm.records import SLACK as _SLACK
 from adapters.slurm.records import FinishedRecord, SlurmJob, Submission
-from adapters.slurm.render import job_id_of
 from broker.core.adapter import AdapterError, Rejected
 
 _log = logging.getLogger(__name__)
@@ -163,7 +162,12 @@ class RestartRecovery:
         """Cancel the held placeholders of :meth:`skip_reused_ids` (this process's or an
         earlier one's, known by their name) once no node waits to register with slurmctld
         (state UNKNOWN after its restart), or once they have waited ``_PLACEHOLDER_HOLD``."""
-        held = [j for j in jobs if j.name == f"{self.ctx.settings.tag}-skip" and j.state not in _FINAL]
+        # Submitted with the service identity: a job another user named so is not one to cancel.
+        held = [
+            j
+            for j in jobs
+            if j.name == f"{self.ctx.settings.tag}-skip" and j.user == self.ctx.slurm_user() and j.state not in _FINAL
+        ]
         if not held:
             return
         now = time.monotonic()
@@ -225,7 +229,7 @@ class RestartRecovery:
             foreign = {
                 i: j
                 for j in unfinished
-                if (i := j.job_id) in found and job_id_of(self.ctx.settings.tag, j.name, j.comment) is None
+                if (i := j.job_id) in found and self.ctx.gpush_id(j) is None
             }
             new = sorted(set(foreign) - set(self._foreign_phantoms), key=_numeric)
             self._foreign_phantoms.update(foreign)

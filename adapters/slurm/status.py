@@ -14,7 +14,6 @@ from adapters.slurm.context import SlurmContext
 from adapters.slurm.records import FINAL_STATES as _FINAL
 from adapters.slurm.records import SLACK as _SLACK
 from adapters.slurm.records import SlurmJob
-from adapters.slurm.render import job_id_of
 from adapters.slurm.restarts import RestartRecovery
 from adapters.slurm.states import JobStates
 from broker.core.adapter import BackendJob, BackendState, StatusPage
@@ -96,7 +95,7 @@ class StatusTracker:
             lost = 0
             records = {}
             for record in self.ctx.client.finished(None if vanished else since - _SLACK):
-                job_id = job_id_of(self.ctx.settings.tag, record.name)
+                job_id = self.ctx.gpush_id(record)
                 if job_id is None or job_id in tagged:
                     continue
                 ended_since = catch_up and (record.end_time is None or record.end_time >= since - _SLACK)

@@ -77,6 +77,11 @@ def utc(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
+# The Slurm user the answers were recorded as, and the one the broker runs as here: the
+# adapter takes only jobs of the user it submits as for its own (adapters.slurm.context).
+RECORDED_AS = "root"
+
+
 class RecordedSlurm:
     """A Slurm that answers from recorded JSON and does what the real one did.
 
@@ -142,6 +147,8 @@ class RecordedSlurm:
             submit_time=now,
             start_time=None,
             end_time=None if known else now,
+            user=job.user or RECORDED_AS,  # the user sbatch ran as: the broker's, or the job's own
+            account=job.account or "",
         )
         if self.lists_new_jobs or not known:
             self.job_list.append(record)
@@ -177,6 +184,10 @@ def recorded_newer(folder: Path, **kwargs: Any) -> RecordedSlurm:
 
 
 WORKDIR = Path("/nonexistent")  # the running test's own directory (_workdir)
+# Where the recorded jobs wrote their output (log_dir "log" of that cluster's directory):
+# the adapter reads only in its own log directory.
+RECORDED_LOG_DIR = {folder: {"workdir": f"/tmp/gpush-slurm-{name}", "log_dir": "log"} for folder, name in (
+    (V2205, "ut"), (V2411, "2411"), (V2605, "2605"))}
 
 
 @pytest.fixture(autouse=True)
@@ -1121,7 +1132,7 @@ def test_a_job_whose_output_directory_was_missing_on_its_node_says_where_to_look
 
 def test_logs_of_a_job_on_a_node_whose_disk_the_broker_cannot_see_say_where_to_look():
     # Recorded on 22.05: squeue gives the pattern the job was submitted with, unexpanded.
-    gpush = adapter(recorded_2205())
+    gpush = adapter(recorded_2205(), **RECORDED_LOG_DIR[V2205])
     assert by_name(gpush.client.jobs())["gpush-7"].standard_output == "/tmp/gpush-slurm-ut/log/%x-%j.out"
 
     out = gpush.logs(7, "3")
@@ -1139,16 +1150,15 @@ def test_logs_of_a_job_on_a_node_whose_disk_the_broker_cannot_see_say_where_to_l
 def test_logs_of_24_11_and_26_05_read_the_path_slurm_expanded(folder):
     # 24.11 (v0.0.42) gives standard_output expanded; 26.05 (v0.0.45) the pattern it was
     # submitted with, %x-%j.out, which the adapter expands as Slurm did
-    out = adapter(recorded_newer(folder)).logs(7, "4")
+    out = adapter(recorded_newer(folder), **RECORDED_LOG_DIR[folder]).logs(7, "4")
     assert (out.readable, out.location) == (False, f"node mig01: /tmp/gpush-slurm-{folder.name}/log/gpush-7-4.out")
 
 
 def running(tmp_path: Path, slurm: RecordedSlurm, name: str = "gpush-7") -> SlurmJob:
-    """Job ``name`` of the recorded cluster, writing where this test reads (as on a shared filesystem)."""
+    """Job ``name`` of the recorded cluster, writing where this test reads (as on a shared
+    filesystem): into log_dir ``logs`` of the test's workdir (``adapter(slurm, log_dir="logs")``)."""
     job = by_name(slurm.job_list)[name]
-    moved = replace(
-        job, standard_output=f"{tmp_path}/logs/%x-%j.out", standard_error=f"{tmp_path}/logs/%x-%j.err", user="alice"
-    )
+    moved = replace(job, standard_output=f"{tmp_path}/logs/%x-%j.out", standard_error=f"{tmp_path}/logs/%x-%j.err")
     slurm.job_list = [moved if j is job else j for j in slurm.job_list]
     (tmp_path / "logs").mkdir(exist_ok=True)
     return moved
@@ -1161,7 +1171,7 @@ def test_logs_read_on_from_an_offset_in_characters_a_chunk_at_a_time(tmp_path, m
     out_file.write_text("épоch 1\népоch 2\n")  # two-byte and Cyrillic letters: 16 characters, 21 bytes
     (tmp_path / "logs" / "gpush-7-3.err").write_text("slow\n")
     monkeypatch.setattr(slurm_logs, "MAX_LOG_CHUNK", 10)
-    gpush = adapter(slurm)
+    gpush = adapter(slurm, log_dir="logs")
 
     first = gpush.logs(7, "3")
     assert (first.readable, first.location, first.text, first.next_offset) == (
@@ -1178,7 +1188,7 @@ def test_logs_read_on_from_an_offset_in_characters_a_chunk_at_a_time(tmp_path, m
     assert (gpush.logs(7, "3", offset=16).text, gpush.logs(7, "3", offset=16).next_offset) == ("done\n", 21)
     assert gpush.logs(7, "3", stream="stderr").text == "slow\n"
     # Another broker process, which never handed out offset 13, counts it from the top.
-    assert adapter(slurm).logs(7, "3", offset=13).text == " 2\ndone\n"
+    assert adapter(slurm, log_dir="logs").logs(7, "3", offset=13).text == " 2\ndone\n"
 
 
 def test_logs_tail_gives_the_last_lines_and_where_to_read_on(tmp_path):
@@ -1186,7 +1196,7 @@ def test_logs_tail_gives_the_last_lines_and_where_to_read_on(tmp_path):
     running(tmp_path, slurm)
     out_file = tmp_path / "logs" / "gpush-7-3.out"
     out_file.write_text("".join(f"step {i}\r{i}%\n" for i in range(1, 2001)))  # a progress bar's \r is no line end
-    gpush = adapter(slurm)
+    gpush = adapter(slurm, log_dir="logs")
 
     tail = gpush.logs(7, "3", tail=2)
 
@@ -1209,7 +1219,7 @@ def test_logs_of_a_job_that_has_not_started_or_never_did_are_refused():
 
 
 def test_logs_refuse_a_replica_or_a_stream_slurm_does_not_have():
-    gpush = adapter(recorded_2205())
+    gpush = adapter(recorded_2205(), **RECORDED_LOG_DIR[V2205])
     with pytest.raises(Rejected, match="job 7 is one Slurm job on slurm-a: it has no replica 1"):
         gpush.logs(7, "3", replica=1)
     with pytest.raises(Rejected, match="stdout and stderr; not 'both'"):
@@ -1242,7 +1252,7 @@ def test_logs_of_a_job_that_left_squeue_are_found_by_its_gpush_id(tmp_path):
 def test_logs_from_24_11_and_26_05_accounting_read_the_expanded_paths(tmp_path, folder):
     stand_in(tmp_path, "sacct", f"cat '{folder / 'sacct.json'}'")
     stand_in(tmp_path, "squeue", "echo '{\"jobs\": []}'")
-    gpush = adapter(CliBackend(bin_dir=str(tmp_path)))
+    gpush = adapter(CliBackend(bin_dir=str(tmp_path)), **RECORDED_LOG_DIR[folder])
     assert gpush.logs(1, "1").location == f"node gpu01: /tmp/gpush-slurm-{folder.name}/log/gpush-1-1.out"
     with pytest.raises(Rejected, match="job 14 never started"):
         gpush.logs(14, "12")  # nodes: "None assigned"
