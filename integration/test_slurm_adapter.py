@@ -293,6 +293,113 @@ def _logs_once_started(adapter: SlurmAdapter, job_id: int, backend_id: str):
         return None
 
 
+# -- hostile jobs and impostors (issue 32): nothing but the job's own output comes back -----
+
+SECRET = "only the broker may read this\n"
+
+
+def broker_only_file(directory: Path, name: str = "secret") -> Path:
+    """A file only the broker's user (root) may read: 0600 in a 0700 directory of its own."""
+    private = directory / "broker-only"
+    private.mkdir(mode=0o700, exist_ok=True)
+    secret = private / name
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    return secret
+
+
+def gpush_logs(b: Broker, job_id: int, **read) -> dict:
+    """``GET /v1/jobs/{id}/logs`` as the API answers it (broker.scheduling.output)."""
+    from broker.scheduling.output import read_output
+
+    with b.sessions() as session:
+        (info,) = list_clusters(session)
+        return read_output(session, job_id, ADMIN, adapter_for=lambda name: b.pool.get(info), **read)
+
+
+def test_a_job_that_links_its_output_to_a_broker_only_file_gets_a_refusal(broker: Broker, backend):
+    from broker.core.errors import Conflict
+
+    secret = broker_only_file(broker.workdir)
+    log_dir = broker.workdir / "gpush-logs"
+    # What the job does: print, then put a link to the broker's file where its output was.
+    link = f'echo "mine"; rm -f "{log_dir}/$SLURM_JOB_NAME.out"; ln -s "{secret}" "{log_dir}/$SLURM_JOB_NAME.out"'
+    job_id = broker.submit(kind="training", gpus=1, command=["sh", "-c", link])
+    broker.cycle_until(lambda: broker.job(job_id).state == "succeeded")
+    adapter, backend_id = broker.adapter(), broker.job(job_id).backend_id
+    out_file = log_dir / f"{adapter.settings.tag}-{job_id}.out"
+    assert out_file.is_symlink()
+
+    for read in ({}, {"tail": 10}, {"offset": 3}):
+        with pytest.raises(Rejected, match=f"{out_file} is a symbolic link") as refused:
+            adapter.logs(job_id, backend_id, **read)
+        assert SECRET.strip() not in str(refused.value)
+        with pytest.raises(Conflict, match="is a symbolic link"):  # 409 from the API, never the content
+            gpush_logs(broker, job_id, **read)
+    # Its stderr, an ordinary file of its own, still reads.
+    assert adapter.logs(job_id, backend_id, stream="stderr").readable
+
+
+def sbatch_as(slurm: SlurmTestCluster, user: str, *args: str) -> int:
+    """sbatch straight to Slurm as Unix user ``user`` (created if the machine lacks it), not
+    through gpush; the job id."""
+    from integration.slurm_fixtures import ensure_unix_user
+
+    ensure_unix_user(user)
+    done = slurm.run("runuser", "-u", user, "--", "sbatch", "--parsable", "--chdir=/tmp", *args)
+    return int(done.stdout.strip().split(";")[0])
+
+
+def test_an_impostor_job_of_another_user_is_not_adopted_and_its_output_not_read(
+    broker: Broker, slurm, backend, monkeypatch
+):
+    """alice names two jobs of her own ``gpush-<id>`` after gpush's job, with the broker's
+    secret as their output: one held, one that ran (its output could not be opened, but
+    Slurm keeps the path and a node). The broker, restarted between sbatch and its
+    database write, finds its job by the tag, and must find its own: not alice's, which
+    a `gpush logs` would then read as the broker, nor cancel hers with its rights."""
+    secret = broker_only_file(broker.workdir)
+    job_id = broker.submit(kind="training", gpus=1, command=["sleep", "60"])
+
+    def crash(self, answers, report):
+        raise KeyboardInterrupt("broker killed after sbatch, before the database write")
+
+    monkeypatch.setattr(Submission, "_record", crash)
+    with pytest.raises(KeyboardInterrupt):
+        broker.scheduler.run_cycle()
+    monkeypatch.undo()
+    name = f"{broker.adapter().settings.tag}-{job_id}"
+    (own,) = [j for j in slurm.jobs() if j["name"] == name]
+    tag = [f"--job-name={name}", f"--comment={name.replace('-', ':job-')}", f"--output={secret}", f"--error={secret}"]
+    held = sbatch_as(slurm, "alice", *tag, "--hold", "--wrap=sleep 60")
+    ran = sbatch_as(slurm, "alice", *tag, "--wrap=true")
+    slurm.wait_for(ran, {"FAILED", "COMPLETED"}, timeout=20)
+
+    broker.restart()  # a new broker process: new adapters, nothing in memory
+    broker.cycle_until(lambda: broker.job(job_id).state != "submitting")
+    for read in ({}, {"tail": 5}, {"stream": "stderr"}):  # gpush logs: never what alice pointed at
+        try:
+            answer = gpush_logs(broker, job_id, **read)
+        except Exception as exc:  # noqa: BLE001 (a refusal is fine; the secret is not)
+            answer = {"text": "", "location": str(exc)}
+        assert SECRET.strip() not in answer["text"] and str(secret) not in answer["location"], answer
+    assert (broker.job(job_id).state, broker.job(job_id).backend_id) in {
+        ("submitted", str(own["job_id"])),
+        ("running", str(own["job_id"])),
+    }
+    assert broker.adapter().find(job_id).backend_id == str(own["job_id"])
+    page = {b.job_id: b.backend_id for b in broker.adapter().statuses().jobs}
+    assert page.get(job_id, str(own["job_id"])) == str(own["job_id"])
+    # A broker that recorded a Slurm job squeue no longer lists (MinJobAge, 5 minutes on
+    # this cluster: it names one Slurm never had) reads no impostor's file either.
+    gone = broker.adapter().logs(job_id, "999999")
+    assert SECRET.strip() not in gone.text and str(secret) not in gone.location
+
+    broker.adapter().cancel(job_id)
+    slurm.wait_for(own["job_id"], "CANCELLED")
+    assert "PENDING" in str(slurm.job(held)["job_state"])  # alice's own job: not the broker's to cancel
+
+
 # -- what waits, and why ---------------------------------------------------------------------
 
 

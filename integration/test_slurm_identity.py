@@ -14,6 +14,7 @@ import os
 import pwd
 import shlex
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.core.adapter import Rejected
 from broker.core.auth import Principal
 from broker.core.clusters import add_cluster
 from broker.core.errors import NotAllowed
@@ -29,7 +31,7 @@ from broker.intake import queue
 from broker.routing import versions as policystore
 from broker.routing.versions import cluster_views
 from integration.slurm.cluster import SlurmTestCluster
-from integration.test_slurm_adapter import POLICY, Broker, Clock
+from integration.test_slurm_adapter import POLICY, SECRET, Broker, Clock, broker_only_file, sbatch_as
 
 TOKEN_ENV = "GPUSH_TEST_SLURM_SITE_JWT"
 TENANT_ACCOUNTS = "vision=vision,nlp=nlp"
@@ -271,3 +273,76 @@ def test_proxy_mode_runs_the_job_as_its_owner(engine, sessions, site: SlurmTestC
     assert broker.job(job_id).state == "succeeded", broker.job(job_id).state_reason
     assert broker.output(job_id, "alice").read_text() == "alice\n"
     assert site.job(broker.slurm_id(job_id))["user_name"] == "alice"
+
+
+# -- hostile jobs and impostors (issue 32): a user's job never gets the broker to read for it --
+
+
+def test_a_users_job_that_links_its_output_to_a_broker_only_file_gets_a_refusal(broker: SiteBroker):
+    secret = broker_only_file(broker.workdir)
+    out_dir = broker.workdir / "logs" / "alice"
+    link = f'echo mine; rm -f "{out_dir}/$SLURM_JOB_NAME.out"; ln -s "{secret}" "{out_dir}/$SLURM_JOB_NAME.out"'
+    job_id = broker.submit_as(principal("alice", "vision"), command=["sh", "-c", link])
+    broker.cycle_until(lambda: broker.job(job_id).state == "succeeded")
+    assert broker.output(job_id, "alice").is_symlink()
+    assert site_user_cannot_read("alice", secret)  # she could not have read it herself
+
+    adapter, backend_id = broker.adapter(), broker.job(job_id).backend_id
+    for read in ({}, {"tail": 10}, {"offset": 2}):
+        with pytest.raises(Rejected, match=f"{broker.output(job_id, 'alice')} is a symbolic link") as refused:
+            adapter.logs(job_id, backend_id, **read)
+        assert SECRET.strip() not in str(refused.value)
+
+
+def test_a_users_job_that_links_its_log_directory_to_the_brokers_gets_a_refusal(
+    engine, sessions, site: SlurmTestCluster, workdir: Path, backend: str
+):
+    """log_dir in the users' own homes: alice may replace her log directory with a link to
+    a directory only the broker may read, holding a file of her job's output name."""
+    home = workdir / "home" / "alice"
+    home.mkdir(parents=True)
+    os.chown(home, pwd.getpwnam("alice").pw_uid, -1)
+    config = site_config(site, backend, workdir, log_dir="home/%u/gpush-logs")
+    broker = make_broker(engine, sessions, site, config, workdir)
+    private = broker_only_file(workdir).parent
+    swap = f'mv "{home}/gpush-logs" "{home}/gpush-logs.real" && ln -s "{private}" "{home}/gpush-logs"'
+    job_id = broker.submit_as(principal("alice", "vision"), command=["sh", "-c", f"echo mine; {swap}"])
+    name = f"{broker.adapter().settings.tag}-{job_id}"
+    for stream in ("out", "err"):
+        broker_only_file(workdir, f"{name}.{stream}")  # what the broker would read through her link
+    broker.cycle_until(lambda: broker.job(job_id).state == "succeeded")
+    assert (home / "gpush-logs").is_symlink() and (home / "gpush-logs.real" / f"{name}.out").exists()
+
+    adapter, backend_id = broker.adapter(), broker.job(job_id).backend_id
+    for read in ({}, {"tail": 10}, {"stream": "stderr"}):
+        with pytest.raises(Rejected, match=f"{home}/gpush-logs is a symbolic link") as refused:
+            adapter.logs(job_id, backend_id, **read)
+        assert SECRET.strip() not in str(refused.value)
+
+
+def test_another_users_job_named_like_a_users_job_is_not_taken_for_it(broker: SiteBroker, site: SlurmTestCluster):
+    """bob names a job of his own gpush-<alice's job>, with the broker's secret as output."""
+    secret = broker_only_file(broker.workdir)
+    hold = ["sh", "-c", f'echo mine; while [ ! -e "{broker.workdir}/go" ]; do sleep 0.1; done']
+    job_id = broker.submit_as(principal("alice", "vision"), command=hold)
+    broker.cycle_until(lambda: broker.job(job_id).state == "running")
+    own = broker.job(job_id).backend_id
+    name = f"{broker.adapter().settings.tag}-{job_id}"
+    tag = [f"--job-name={name}", f"--comment={name.replace('-', ':job-')}", f"--output={secret}", f"--error={secret}"]
+    held = sbatch_as(site, "bob", *tag, "--hold", "--wrap=sleep 60")
+    ran = sbatch_as(site, "bob", *tag, "--wrap=true")
+    site.wait_for(ran, {"FAILED", "COMPLETED"}, timeout=20)
+
+    adapter = broker.adapter()
+    assert adapter.find(job_id).backend_id == own
+    out = adapter.logs(job_id, own)
+    assert out.text == "mine\n"
+    (broker.workdir / "go").touch()
+    broker.cycle_until(lambda: broker.job(job_id).state == "succeeded")
+    assert broker.job(job_id).backend_id == own
+    assert "PENDING" in str(site.job(held)["job_state"])  # bob's: never the broker's to touch
+
+
+def site_user_cannot_read(user: str, path: Path) -> bool:
+    done = subprocess.run(["runuser", "-u", user, "--", "cat", str(path)], capture_output=True, text=True)
+    return done.returncode != 0 and SECRET.strip() not in done.stdout
