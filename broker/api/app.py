@@ -66,6 +66,7 @@ def create_app(
     app.state.adapters = AdapterPool(clock, on_change=app.state.wakeup.set)
     app.state.metrics_registry = app_registry(engine)
     app.state.limits = limits
+    app.state.disk_full = health.DiskFullMemory(clock)  # written by responses.database_unavailable
     app.add_middleware(EdgeLimits, limits=limits)
 
     app.add_exception_handler(GpushError, responses.gpush_error)

@@ -50,7 +50,11 @@ class BatchResult(BaseModel):
 
 
 @router.post(
-    "/v1/jobs", response_model=JobOut, status_code=201, response_class=JSONBytes, responses=errors(403, 409, *BODY)
+    "/v1/jobs",
+    response_model=JobOut,
+    status_code=201,
+    response_class=JSONBytes,
+    responses=errors(403, 409, 507, *BODY),
 )
 async def submit(
     spec: JobSpec,

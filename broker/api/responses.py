@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Mount, Route, compile_path
 
+from broker.core.db import storage_full
 from broker.core.errors import GpushError, InvalidRequest, NotFound, Unavailable
 from broker.core.validation import describe_details, validation_details
 
@@ -66,6 +67,7 @@ _WHY = {
     422: "a value is not valid",
     431: "the headers are over GPUSH_MAX_HEADER_BYTES",
     503: "the database does not answer",
+    507: "the database's disk is full: nothing was written (free space, then send it again)",
 }
 
 
@@ -125,11 +127,14 @@ def _safe_error(exc: GpushError) -> dict[str, Any]:
     return {"code": exc.code, "message": message, "details": details}
 
 
-def error_response(exc: GpushError, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    exc: GpushError, headers: dict[str, str] | None = None, *, status: int | None = None
+) -> JSONResponse:
+    """``exc`` in the envelope, with its own status unless ``status`` says otherwise."""
     headers = dict(headers or {})
     if exc.http_status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse({"error": _safe_error(exc)}, status_code=exc.http_status, headers=headers or None)
+    return JSONResponse({"error": _safe_error(exc)}, status_code=status or exc.http_status, headers=headers or None)
 
 
 async def gpush_error(_request: Request, exc: GpushError) -> JSONResponse:
@@ -200,10 +205,19 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     return error_response(_HttpError(exc.status_code, "error", _clean(str(exc.detail))), exc.headers)
 
 
-async def database_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
     """The database dropped the connection or does not answer (a restart, a failover):
     503 with Retry-After, which clients and the SDK retry, instead of a 500. SQLAlchemy
-    has already reset the pool, so the next request gets a fresh connection."""
+    has already reset the pool, so the next request gets a fresh connection.
+
+    A write the database refused because its disk is full is 507 instead, without
+    Retry-After: a moment later it fails again, until someone frees space, so the SDK
+    must not retry it and the message must say what to do. /readyz remembers it
+    (broker.api.health.DiskFullMemory), so a load balancer stops sending writes here."""
+    full = storage_full(exc, request.app.state.engine)
+    if full is not None:
+        request.app.state.disk_full.remember(full)
+        return error_response(full)
     error = Unavailable(
         "the broker's database does not answer right now (restarting or failing over?): try again in a moment"
     )

@@ -13,6 +13,7 @@ it is 0700, whatever the umask (:func:`_private_sqlite_file`).
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
-from broker.core.errors import Unavailable
+from broker.core.errors import StorageFull, Unavailable
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
@@ -97,6 +98,32 @@ def _private_sqlite_file(path: Path) -> None:
                     existing.chmod(mode & 0o700)
             except OSError:  # not there, or another user's: SQLite's own open says if it may be used
                 continue
+
+
+# PostgreSQL's SQLSTATE for a write that found no room on its disk (class 53,
+# insufficient resources); SQLite says SQLITE_FULL, for a full disk as for a database at
+# its max_page_count.
+PG_DISK_FULL = "53100"
+
+
+def storage_full(exc: BaseException, engine: Engine) -> StorageFull | None:
+    """What to tell a user whose write failed with ``exc`` (SQLAlchemy's error, or the
+    driver's), when it failed because the database's disk is full; None otherwise."""
+    orig = getattr(exc, "orig", None) or exc
+    if isinstance(orig, sqlite3.Error):
+        if getattr(orig, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
+            return None
+        where = f"the disk that holds {engine.url.database}"
+        said = "SQLite: database or disk is full"
+    elif getattr(orig, "sqlstate", None) == PG_DISK_FULL:
+        where = "the PostgreSQL server's disk (its data directory, or the tablespace the table is in)"
+        said = "PostgreSQL: SQLSTATE 53100 disk_full"
+    else:
+        return None
+    return StorageFull(
+        f"the broker's database cannot store anything more: its disk is full ({said}); nothing was written. "
+        f"Free space on {where}, then send this again; reads still work"
+    )
 
 
 def _json_text(value: object) -> str:

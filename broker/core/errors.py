@@ -97,6 +97,15 @@ class Unavailable(GpushError):
     exit_code = EXIT_ERROR
 
 
+class StorageFull(GpushError):
+    """The database refused a write because its disk is full: nothing was written, and
+    nothing will be until someone frees space (not worth retrying in a moment)."""
+
+    code = "storage_full"
+    http_status = 507
+    exit_code = EXIT_ERROR
+
+
 # What a client rebuilds from an error body's code (a lost compare-and-set reaches
 # clients as a plain conflict).
 ERRORS_BY_CODE: dict[str, type[GpushError]] = {
@@ -112,6 +121,7 @@ ERRORS_BY_CODE: dict[str, type[GpushError]] = {
             Conflict,
             IllegalTransition,
             Unavailable,
+            StorageFull,
         )
     },
 }
