@@ -112,10 +112,19 @@ def find(database: str) -> LocalServer | None:
     return server
 
 
+def _make_private_dirs() -> None:
+    """The data directory (the database, its server's token and log) and its server/,
+    each created 0700 by mkdir itself: never a moment when others may enter, as a chmod
+    after a mkdir under the umask would leave. Directories above the data directory
+    (a home's .local/share) are not gpush's: they get the usual mode."""
+    data_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+    state_dir().mkdir(mode=0o700, exist_ok=True)
+
+
 @contextlib.contextmanager
 def _starting(database: str) -> Iterator[None]:
     """One command at a time starts a database's server; the others wait and find it."""
-    state_dir().mkdir(parents=True, exist_ok=True)
+    _make_private_dirs()
     lock = state_dir() / f"{_key(database)}.lock"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -185,8 +194,8 @@ def _start(database: str) -> LocalServer:
     log = log_path(database)
     env = {**os.environ, "GPUSH_DATABASE_URL": database}
     env.pop("GPUSH_URL", None)
-    with open(log, "ab") as out:
-        os.chmod(log, 0o600)
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
+        os.chmod(log, 0o600)  # one an older gpush created under the umask
         out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} gpush server starting on {url}\n".encode())
         out.flush()
         process = subprocess.Popen(
