@@ -90,6 +90,24 @@ def state_option(help_text: str):
     )
 
 
+# A cursor is a short URL-safe token (base64 of the last id seen): anything longer or
+# other is not one, and is refused here rather than sent (a 100,000-character one
+# would not even fit in a URL).
+_CURSOR_CHARS = 128
+
+
+def _cursor_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) > _CURSOR_CHARS or not value.isascii() or not all(c.isalnum() or c in "-_=" for c in value):
+        shown = f"{len(value):,} characters" if len(value) > 40 else repr(value.encode("utf-8", "surrogateescape"))[1:]
+        raise click.BadParameter(
+            f"{shown} is not a cursor gpush printed (those are short, of letters, digits, - and _): "
+            "pass the one after `more jobs: gpush list --cursor` of the previous page"
+        )
+    return value
+
+
 @click.command("list", context_settings=CONTEXT)
 @state_option("Only jobs in this state; repeatable. Default: the active ones (not succeeded, failed or cancelled).")
 @click.option("-A", "--all", "finished", is_flag=True, help="Finished jobs too.")
@@ -101,7 +119,7 @@ def state_option(help_text: str):
     "-l", "--label", "labels", multiple=True, metavar="KEY=VALUE", help="Only jobs with this label; repeatable."
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Jobs per page.")
-@click.option("--cursor", help="Next page: the cursor the previous page printed.")
+@click.option("--cursor", callback=_cursor_option, help="Next page: the cursor the previous page printed.")
 @click.option("--all-pages", "all_pages", is_flag=True, help="Every page, not only the first.")
 @click.option("-w", "--watch", is_flag=True, help="Redraw when something changes (Ctrl-C stops), as squeue -i.")
 @click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between looks.")

@@ -20,7 +20,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from broker.core.errors import ERRORS_BY_CODE, GpushError, Unavailable
+from broker.core.errors import ERRORS_BY_CODE, GpushError, InvalidRequest, Unavailable
 from broker.core.schemas import JobEventOut, JobOut, JobPage, JobSpec, TokenCreated, TokenOut, Whoami
 
 EMBEDDED_URL = "http://gpush.embedded"
@@ -76,6 +76,8 @@ class GpushClient:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise _Retryable(exc) from exc
+        except (httpx.InvalidURL, UnicodeEncodeError) as exc:
+            raise InvalidRequest(_unsendable(path, kwargs.get("params") or {}, exc)) from None
         if response.status_code in (502, 503, 504):
             raise _Retryable(_error_from(response))
         return response
@@ -357,6 +359,30 @@ def _spec_body(spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
     if isinstance(spec, JobSpec):
         return spec.model_dump(mode="json", exclude_none=True)
     return dict(spec)
+
+
+def _unsendable(path: str, params: dict[str, Any], exc: Exception) -> str:
+    """Why httpx could not put a request on the wire, naming the value at fault: text
+    that is no UTF-8 (bytes a shell passed as they were, which Python keeps as lone
+    surrogates), or a URL over the 65,536 characters httpx allows."""
+    values = [(name, v) for name, value in params.items() for v in (value if isinstance(value, list) else [value])]
+    values = [(name, str(v)) for name, v in values] + [("the path", path)]
+    if isinstance(exc, UnicodeEncodeError):
+        for name, value in values:
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                try:  # the bytes as the shell had them
+                    shown = repr(value.encode("utf-8", "surrogateescape"))[1:201]
+                except UnicodeEncodeError:  # a surrogate no byte gives (from a Python caller)
+                    shown = repr(value)[:200]
+                return f"{name} {shown} is not UTF-8 text (bytes a shell passed as they were): pass it in UTF-8"
+        return "the request holds text that is not UTF-8 (bytes a shell passed as they were): pass it in UTF-8"
+    name, value = max(values, key=lambda item: len(item[1]))
+    return (
+        f"{name} is {len(value):,} characters long: the request would be longer than an HTTP client sends "
+        f"({exc}); pass a shorter value"
+    )
 
 
 def _error_from(response: httpx.Response) -> GpushError:
