@@ -38,6 +38,9 @@ class HttpLimits:
     max_page: int = 1000
     # Bytes of one page of GET /v1/jobs: a page of large jobs ends early, with a cursor.
     max_page_bytes: int = 8 * 1024 * 1024
+    # Seconds a client has to send a request's head, from its connection or its head's
+    # first byte (broker.api.server.HeaderDeadline); nginx allows 60, Apache 20-40.
+    header_timeout_seconds: int = 10
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HttpLimits:

@@ -4,10 +4,16 @@ scheduling loop.
 Several server processes may share one PostgreSQL: the API keeps no state of its
 own, and leader election (broker.scheduling.leader) lets one of them schedule at a time. On
 SQLite (the embedded default) the schema is upgraded at start.
+
+What uvicorn leaves open is closed here: a client gets ``header_timeout_seconds`` to send
+a request's head (uvicorn 0.55 has no such timeout: a connection that dribbles its
+headers, or sends nothing, was held for ever).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import threading
@@ -17,6 +23,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import Engine
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from broker.api.app import create_app
 from broker.api.limits import HttpLimits
@@ -93,4 +100,56 @@ def serve(url: str, *, host: str, port: int, workers: int, log_level: str, sched
         # h11 buffers at most this much of a request's head; the app's EdgeLimits
         # refuses larger headers (431) whichever parser uvicorn picked.
         h11_max_incomplete_event_size=limits.max_header_bytes,
+        http=HeaderDeadline,
     )
+
+
+# -- a deadline on a request's head ----------------------------------------------------------
+
+
+@functools.cache
+def _header_timeout() -> float:
+    # Read in each worker process: uvicorn's spawned workers import this class by name.
+    return float(HttpLimits.from_env().header_timeout_seconds)
+
+
+class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+    """uvicorn's HTTP protocol (httptools, or h11 without it), closing a connection whose
+    request head has not all arrived ``header_timeout_seconds`` after the connection was
+    made or the head's first byte came. uvicorn closes a connection idle between
+    requests itself (``timeout_keep_alive``), but not one that is slow to send a head,
+    or sends nothing at all, so slow clients could hold every file descriptor."""
+
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self._awaiting_head():
+            self._arm()
+        super().data_received(data)
+        if not self._awaiting_head():
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _awaiting_head(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(_header_timeout(), self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self._awaiting_head() and not self.transport.is_closing():
+            self.transport.close()

@@ -1,0 +1,133 @@
+"""What ``gpush server`` adds around the API (broker.api.server), on a real server process
+where it matters (issue 32, finding 7): a deadline on a request's head."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPUSH = [sys.executable, "-c", "import sys; from broker.cli.main import main; main(sys.argv[1:])"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSH_")}
+    return env | {
+        "GPUSH_DATA_DIR": str(tmp_path / "data"),
+        "GPUSH_CONFIG_DIR": str(tmp_path / "config"),
+        "GPUSH_DATABASE_URL": f"sqlite:///{tmp_path / 'gpush.db'}",
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
+
+
+def start(env: dict[str, str], log: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [*GPUSH, "server", "--port", str(port), "--no-scheduler", *args],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"gpush server did not start:\n{log.read_text()}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, _migrated_sqlite):
+    """A real server on every address, with a metrics token, whose clients have 1 s to
+    send a request's head."""
+    tmp = tmp_path_factory.mktemp("server")
+    shutil.copyfile(_migrated_sqlite, tmp / "gpush.db")
+    log = tmp / "server.log"
+    env = server_env(tmp, GPUSH_HEADER_TIMEOUT_SECONDS="1", GPUSH_METRICS_TOKEN="s3cret")
+    process, url = start(env, log, "--host", "0.0.0.0")
+    yield url, log
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def closed_after(sock: socket.socket, send_every: float, data: bytes = b"") -> float:
+    """Seconds until the server closes ``sock``, sending one byte of ``data`` every
+    ``send_every`` seconds meanwhile (nothing when ``data`` is empty)."""
+    began = time.monotonic()
+    sock.settimeout(send_every)
+    for i in range(int(10 / send_every)):
+        if data:
+            try:
+                sock.sendall(data[i % len(data) : i % len(data) + 1])
+            except OSError:
+                return time.monotonic() - began
+        try:
+            if sock.recv(1024) == b"":
+                return time.monotonic() - began
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - began
+    return time.monotonic() - began
+
+
+# -- a deadline on a request's head -----------------------------------------------------
+
+
+def test_a_client_that_dribbles_its_headers_is_cut_off_at_the_header_timeout(server):
+    url, _log = server
+    sock = connect(url)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gpush\r\n")
+    took = closed_after(sock, 0.2, b"X-Slow: aaaaaaaa\r\n")
+    assert 0.8 < took < 3, took
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(server):
+    url, _log = server
+    took = closed_after(connect(url), 0.2)
+    assert 0.8 < took < 3, took
+
+
+def test_a_kept_alive_connection_idle_past_the_header_timeout_still_serves_its_next_request(server):
+    # Idle between requests is uvicorn's keep-alive (5 s), not the head's deadline (1 s).
+    url, _log = server
+    sock = connect(url)
+    for _ in range(2):
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gpush\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+            chunk = sock.recv(4096)
+            assert chunk, f"closed after {answer!r}"
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200")
+        time.sleep(1.5)
+    sock.close()
