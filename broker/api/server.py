@@ -7,7 +7,8 @@ SQLite (the embedded default) the schema is upgraded at start.
 
 What uvicorn leaves open is closed here: a client gets ``header_timeout_seconds`` to send
 a request's head (uvicorn 0.55 has no such timeout: a connection that dribbles its
-headers, or sends nothing, was held for ever).
+headers, or sends nothing, was held for ever), and the access log never shows a token
+sent in a query.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -62,6 +64,7 @@ def app_from_env() -> FastAPI:
     """ASGI factory for uvicorn's worker processes; reads GPUSH_DATABASE_URL and
     GPUSH_SCHEDULER (0 turns the scheduling loop off in this process)."""
     _log_to_stderr(os.environ.get("GPUSH_LOG_LEVEL", "info"))
+    redact_access_log()
     engine = open_database(database_url())
     app = create_app(engine)
     if os.environ.get("GPUSH_SCHEDULER", "1") != "0":
@@ -102,6 +105,39 @@ def serve(url: str, *, host: str, port: int, workers: int, log_level: str, sched
         h11_max_incomplete_event_size=limits.max_header_bytes,
         http=HeaderDeadline,
     )
+
+
+# -- the access log -----------------------------------------------------------------------
+
+# A query parameter whose name says it holds a secret, and anything shaped like a gpush
+# token wherever it is in the path (gpush reads tokens from the Authorization header
+# only, but a client may still put one in the URL).
+_SECRET_PARAM = re.compile(r"(?i)((?:^|[&;])[^=&;]*(?:token|secret|passw|api[-_]?key|auth)[^=&;]*=)[^&;]*")
+_GPUSH_TOKEN = re.compile(r"gpush_[A-Za-z0-9_-]{8,}")
+REDACTED = "REDACTED"
+
+
+def redact(path: str) -> str:
+    """``path`` (with its query) as the access log may show it."""
+    path, mark, query = path.partition("?")
+    return _GPUSH_TOKEN.sub("gpush_" + REDACTED, path + mark + _SECRET_PARAM.sub(r"\1" + REDACTED, query))
+
+
+class RedactSecrets(logging.Filter):
+    """Takes secrets out of uvicorn's access lines (``client - "METHOD PATH HTTP/v" status``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            record.args = (*args[:2], redact(args[2]), *args[3:])
+        return True
+
+
+def redact_access_log() -> None:
+    """Put :class:`RedactSecrets` on uvicorn's access logger of this process (once)."""
+    logger = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactSecrets) for f in logger.filters):
+        logger.addFilter(RedactSecrets())
 
 
 # -- a deadline on a request's head ----------------------------------------------------------

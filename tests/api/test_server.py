@@ -1,8 +1,10 @@
 """What ``gpush server`` adds around the API (broker.api.server), on a real server process
-where it matters (issue 32, finding 7): a deadline on a request's head."""
+where it matters (issue 32, finding 7): a deadline on a request's head and an access log
+without the tokens a client put in a URL."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -13,9 +15,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from uvicorn.logging import AccessFormatter
+
+from broker.api.server import RedactSecrets, redact
 
 ROOT = Path(__file__).resolve().parents[2]
 GPUSH = [sys.executable, "-c", "import sys; from broker.cli.main import main; main(sys.argv[1:])"]
+TOKEN = "gpush_" + "S3cr3t" * 7 + "x"  # shaped as gpush's tokens are
 
 
 def free_port() -> int:
@@ -131,3 +137,44 @@ def test_a_kept_alive_connection_idle_past_the_header_timeout_still_serves_its_n
         assert answer.startswith(b"HTTP/1.1 200")
         time.sleep(1.5)
     sock.close()
+
+
+# -- the access log ----------------------------------------------------------------------
+
+
+def test_a_token_in_the_query_never_reaches_the_access_log(server):
+    url, log = server
+    answer = httpx.get(f"{url}/v1/jobs", params={"state": "queued", "token": TOKEN, "access_token": "hunter2"})
+    assert answer.status_code == 401
+    httpx.get(f"{url}/v1/jobs/{TOKEN}")
+    time.sleep(0.2)
+    text = log.read_text()
+    assert "GET /v1/jobs?state=queued&token=REDACTED&access_token=REDACTED HTTP/1.1" in text, text[-2000:]
+    assert "GET /v1/jobs/gpush_REDACTED HTTP/1.1" in text
+    assert TOKEN not in text and "S3cr3t" not in text and "hunter2" not in text
+
+
+@pytest.mark.parametrize(
+    ("path", "logged"),
+    [
+        ("/v1/jobs?token=abc", "/v1/jobs?token=REDACTED"),
+        ("/v1/jobs?state=queued&api_key=k&cursor=eyJ", "/v1/jobs?state=queued&api_key=REDACTED&cursor=eyJ"),
+        ("/v1/jobs?TOKEN=abc&x=1", "/v1/jobs?TOKEN=REDACTED&x=1"),
+        ("/v1/auth/thing?user=alice", "/v1/auth/thing?user=alice"),  # only a query's secrets
+        ("/v1/jobs?label=password%3Dx", "/v1/jobs?label=password%3Dx"),
+        ("/v1/jobs?user=" + TOKEN, "/v1/jobs?user=gpush_REDACTED"),
+        ("/v1/jobs?state=queued", "/v1/jobs?state=queued"),
+    ],
+)
+def test_redact_takes_secrets_out_of_a_path_and_leaves_the_rest(path, logged):
+    assert redact(path) == logged
+
+
+def test_the_access_filter_redacts_uvicorns_own_line():
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", f"/v1/jobs?token={TOKEN}", "1.1", 401), None,
+    )  # fmt: skip
+    assert RedactSecrets().filter(record)
+    line = AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s', use_colors=False).format(record)
+    assert line == '127.0.0.1:5000 - "GET /v1/jobs?token=REDACTED HTTP/1.1" 401 Unauthorized'
