@@ -7,19 +7,21 @@ SQLite (the embedded default) the schema is upgraded at start.
 
 What uvicorn leaves open is closed here: a client gets ``header_timeout_seconds`` to send
 a request's head (uvicorn 0.55 has no such timeout: a connection that dribbles its
-headers, or sends nothing, was held for ever), and the access log never shows a token
-sent in a query.
+headers, or sends nothing, was held for ever), the access log never shows a token sent
+in a query, and a server that listens beyond loopback refuses to start without a
+metrics token (``/metrics`` names every tenant).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import logging
 import os
 import re
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -32,6 +34,8 @@ from broker.api.limits import HttpLimits
 from broker.core.clock import utcnow
 from broker.core.config import database_url
 from broker.core.db import open_database
+from broker.core.errors import InvalidRequest
+from broker.core.metrics import TOKEN_ENV as METRICS_TOKEN_ENV
 from broker.scheduling.cycle import Scheduler
 from broker.scheduling.leader import run_scheduler_loop
 
@@ -84,6 +88,7 @@ def _log_to_stderr(level: str) -> None:
 
 
 def serve(url: str, *, host: str, port: int, workers: int, log_level: str, scheduler: bool, interval: float) -> None:
+    check_metrics_exposure(host)
     # Open (and on SQLite upgrade) once here, so a bad URL or an old schema fails
     # with a clear message before any worker starts.
     open_database(url).dispose()
@@ -105,6 +110,37 @@ def serve(url: str, *, host: str, port: int, workers: int, log_level: str, sched
         h11_max_incomplete_event_size=limits.max_header_bytes,
         http=HeaderDeadline,
     )
+
+
+# -- /metrics beyond loopback -----------------------------------------------------------
+
+
+def listens_beyond_loopback(host: str) -> bool:
+    """Whether a server bound to ``host`` can be reached from other machines. A name
+    other than localhost counts as reachable: it may resolve to anything."""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return True
+
+
+def check_metrics_exposure(host: str, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse to listen beyond loopback with /metrics open to all.
+
+    /metrics shows tenant names and per-tenant figures. Refusing to start, rather than
+    answering /metrics to loopback peers only, because a peer address cannot be trusted
+    (a reverse proxy on this host makes every client 127.0.0.1) and because the mistake
+    then shows where it is made, in the terminal of whoever starts the server, not days
+    later as a scrape target that went down."""
+    environ = os.environ if environ is None else environ
+    if listens_beyond_loopback(host) and not environ.get(METRICS_TOKEN_ENV):
+        raise InvalidRequest(
+            f"gpush server would listen on {host}, beyond this machine, where /metrics shows every tenant's "
+            f"name and figures to anyone who reaches the port: set {METRICS_TOKEN_ENV} to a secret (Prometheus "
+            "then scrapes with `authorization: {credentials: <it>}`), or listen on 127.0.0.1"
+        )
 
 
 # -- the access log -----------------------------------------------------------------------

@@ -20,7 +20,15 @@ if TYPE_CHECKING:  # imported where used: `gpush --help` need not load pydantic 
 
 
 @click.group(context_settings=CONTEXT, invoke_without_command=True)
-@click.option("--host", envvar="GPUSH_HOST", show_envvar=True, default="127.0.0.1", show_default=True)
+@click.option(
+    "--host",
+    envvar="GPUSH_HOST",
+    show_envvar=True,
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. /metrics shows tenant names and per-tenant figures: beyond loopback "
+    "(0.0.0.0, a public address) the server refuses to start unless GPUSH_METRICS_TOKEN is set.",
+)
 @click.option("--port", envvar="GPUSH_PORT", show_envvar=True, type=int, default=DEFAULT_PORT, show_default=True)
 @click.option(
     "--workers",
@@ -64,7 +72,9 @@ def server(
 
     settings: Settings = ctx.obj
 
-    from broker.api.server import serve
+    from broker.api.server import check_metrics_exposure, serve
+
+    check_metrics_exposure(host)  # before the database is opened or created
 
     url = settings.resolved_database_url()
     if workers is None:

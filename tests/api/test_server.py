@@ -1,6 +1,6 @@
 """What ``gpush server`` adds around the API (broker.api.server), on a real server process
-where it matters (issue 32, finding 7): a deadline on a request's head and an access log
-without the tokens a client put in a URL."""
+where it matters (issue 32, finding 7): a deadline on a request's head, an access log
+without the tokens a client put in a URL, and no /metrics open beyond loopback."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import httpx
 import pytest
 from uvicorn.logging import AccessFormatter
 
-from broker.api.server import RedactSecrets, redact
+from broker.api.server import RedactSecrets, check_metrics_exposure, listens_beyond_loopback, redact
+from broker.core.errors import InvalidRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 GPUSH = [sys.executable, "-c", "import sys; from broker.cli.main import main; main(sys.argv[1:])"]
@@ -178,3 +179,47 @@ def test_the_access_filter_redacts_uvicorns_own_line():
     assert RedactSecrets().filter(record)
     line = AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s', use_colors=False).format(record)
     assert line == '127.0.0.1:5000 - "GET /v1/jobs?token=REDACTED HTTP/1.1" 401 Unauthorized'
+
+
+# -- /metrics beyond loopback ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_loopback_addresses_are_loopback(host):
+    assert not listens_beyond_loopback(host)
+    check_metrics_exposure(host, {})
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "192.168.0.5", "broker.example.com", ""])
+def test_beyond_loopback_needs_the_metrics_token(host):
+    assert listens_beyond_loopback(host)
+    with pytest.raises(InvalidRequest, match="GPUSH_METRICS_TOKEN") as refused:
+        check_metrics_exposure(host, {})
+    assert "tenant" in refused.value.message
+    check_metrics_exposure(host, {"GPUSH_METRICS_TOKEN": "s3cret"})
+
+
+def test_gpush_server_beyond_loopback_without_a_metrics_token_refuses_to_start(tmp_path):
+    done = subprocess.run(
+        [*GPUSH, "server", "--host", "0.0.0.0", "--port", str(free_port())],
+        env=server_env(tmp_path),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    assert "GPUSH_METRICS_TOKEN" in done.stderr and "0.0.0.0" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "gpush.db").exists()  # refused before anything was made
+
+
+def test_gpush_server_beyond_loopback_with_a_metrics_token_serves_metrics_to_its_holder(server):
+    url, _log = server
+    assert httpx.get(f"{url}/metrics").status_code == 401
+    assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_server_help_says_what_metrics_show_beside_the_bind_address(gpush):
+    done = gpush("server", "--help")
+    assert done.code == 0
+    assert "GPUSH_METRICS_TOKEN" in done.out and "tenant" in done.out
