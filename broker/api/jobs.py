@@ -54,7 +54,10 @@ class BatchResult(BaseModel):
     response_model=JobOut,
     status_code=201,
     response_class=JSONBytes,
-    responses=errors(403, 409, 507, *BODY),
+    responses={
+        200: {"model": JobOut, "description": "the idempotency key was seen with the same spec: the stored job"},
+        **errors(403, 409, 507, *BODY),
+    },
 )
 async def submit(
     spec: JobSpec,

@@ -1,6 +1,7 @@
 """What ``gpush server`` adds around the API (broker.api.server), on a real server process
 where it matters (issue 32, finding 7): a deadline on a request's head, an access log
-without the tokens a client put in a URL, and no /metrics open beyond loopback."""
+without the tokens a client put in a URL, and no /metrics open beyond loopback; and the
+replay of an idempotency key, documented."""
 
 from __future__ import annotations
 
@@ -223,3 +224,16 @@ def test_server_help_says_what_metrics_show_beside_the_bind_address(gpush):
     done = gpush("server", "--help")
     assert done.code == 0
     assert "GPUSH_METRICS_TOKEN" in done.out and "tenant" in done.out
+
+
+# -- the OpenAPI document -------------------------------------------------------------------
+
+
+def test_submit_documents_the_200_of_a_replayed_idempotency_key_beside_its_201(app, http):
+    responses = app.openapi()["paths"]["/v1/jobs"]["post"]["responses"]
+    assert {"200", "201"} <= set(responses)
+    assert "idempotency key" in responses["200"]["description"]
+    assert responses["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/JobOut"}
+    client = http()
+    job = {"kind": "training", "gpus": 1, "command": ["true"], "idempotency_key": "once"}
+    assert [client.post("/v1/jobs", json=job).status_code for _ in range(2)] == [201, 200]
