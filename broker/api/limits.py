@@ -30,7 +30,7 @@ class HttpLimits:
     """What one request may send and one answer may hold. Each field is read from the
     environment variable ``GPUSH_`` + its upper-cased name."""
 
-    # A batch of 50,000 small jobs (the most JobBatch takes) is about 10 MB of JSON.
+    # A batch of 10,000 small jobs (the most JobBatch takes by default) is about 2 MB of JSON.
     max_body_bytes: int = 32 * 1024 * 1024
     # All request headers together: uvicorn's own default for h11 is 16 KiB too.
     max_header_bytes: int = 16 * 1024
