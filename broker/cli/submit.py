@@ -44,7 +44,11 @@ if TYPE_CHECKING:  # imported where used: `gpush --help` need not load pydantic 
 @click.option("--min-replicas", type=int, help="Elastic inference: fewest replicas.")
 @click.option("--max-replicas", type=int, help="Elastic inference: most replicas.")
 @click.option("-c", "--cpus", type=int, help="CPUs per replica.")
-@click.option("--memory", "--mem", help="Host memory per replica: 16G, 512M.")
+@click.option(
+    "--memory",
+    "--mem",
+    help="Host memory per replica: 16G, 512M. A bare number is megabytes, as in sbatch: --memory 16 is 16 MB.",
+)
 @click.option("-t", "--time-limit", "--time", help="90 (minutes), 2h, 1h30m, HH:MM:SS or D-HH:MM:SS.")
 @click.option("--image", help="Container image (Kubernetes; Slurm with a container runtime).")
 @click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment variable, repeatable.")
@@ -112,7 +116,11 @@ def submit_command(
     if command:
         fields["command"] = list(command)
     file_text = read_job_file(file, lambda: sys.stdin.read()) if file else None
-    return submit(settings.client(), output(json_mode), file=file, file_text=file_text, fields=fields)
+    out = output(json_mode)
+    memory = fields.get("memory")
+    if memory is not None and memory.strip().isdigit():
+        out.note(f"gpush: --memory {memory.strip()} is {memory.strip()} MB (a bare number is megabytes, as in sbatch)")
+    return submit(settings.client(), out, file=file, file_text=file_text, fields=fields)
 
 
 def submit(client: GpushClient, out: Output, *, file: str | None, file_text: str | None, fields: dict[str, Any]) -> int:

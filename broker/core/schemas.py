@@ -31,6 +31,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError, ValidationError
 
 from broker.core.names import Isolation, JobState, Kind
 from broker.core.spec_values import (
@@ -293,11 +294,27 @@ class JobSpec(BaseModel):
             raise ValueError(f"elastic replicas are for kind inference, not {kind.value}")
         return value
 
+    @model_validator(mode="after")
+    def _something_to_run(self) -> JobSpec:
+        # Said of the command (not of the image, the last field read): what a user left out.
+        if self.command is None and self.image is None:
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    {
+                        "type": PydanticCustomError(
+                            "missing_command", "missing: give the job a command (after --), an image, or both"
+                        ),
+                        "loc": ("command",),
+                        "input": None,
+                    }
+                ],
+            )
+        return self
+
     @field_validator("image", mode="after")
     @classmethod
-    def _something_to_run(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None and info.data.get("command") is None and "command" in info.data:
-            raise ValueError("a job needs a command, an image, or both")
+    def _image_within_limit(cls, value: str | None) -> str | None:
         if value is not None and len(value) > spec_limits().image_chars:
             raise over_limit(
                 f"the image is {len(value):,} characters",

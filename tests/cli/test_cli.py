@@ -190,6 +190,26 @@ def test_an_invalid_job_exits_2_names_field_and_value_and_writes_nothing(gpush):
     assert gpush("list", "--json").json["jobs"] == []
 
 
+def test_a_job_without_a_command_is_refused_naming_the_command(gpush):
+    result = gpush("submit", *TRAINING, "-G", 1)
+
+    assert result.code == 2 and result.out == ""
+    assert "command: missing: give the job a command (after --), an image, or both" in result.err
+    assert "image:" not in result.err
+    assert gpush("list", "--json").json["jobs"] == []
+
+
+@pytest.mark.parametrize(("memory", "note"), [("16", True), (" 512 ", True), ("16G", False), ("512M", False)])
+def test_a_bare_memory_number_is_said_to_be_megabytes(gpush, memory, note):
+    result = gpush("submit", *TRAINING, "--memory", memory, "--", "true")
+
+    assert result.code == 0 and result.out.strip().isdigit()
+    said = f"--memory {memory.strip()} is {memory.strip()} MB (a bare number is megabytes, as in sbatch)"
+    assert (said in result.err) is note
+    if note:
+        assert stored_spec(gpush, int(result.out))["memory"] == f"{memory.strip()}M"
+
+
 def test_one_invalid_job_in_a_file_refuses_the_whole_file(gpush, tmp_path):
     job_file = tmp_path / "jobs.yaml"
     job_file.write_text("kind: training\ncommand: a\n---\nkind: training\ncommand: b\ngpus: 0\n")
