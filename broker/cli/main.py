@@ -53,14 +53,14 @@ def broker_url(value: str | None) -> str | None:
     metavar="URL",
     callback=lambda _ctx, _param, value: broker_url(value),
     help="Broker to talk to: http://HOST:PORT or https://... (HOST:PORT alone means http://). "
-    "Unset: run the broker in-process on the local database.",
+    "Unset: the local server on the local database, started on first need.",
 )
 @click.option(
     "--token",
     envvar="GPUSH_TOKEN",
     show_envvar=True,
     metavar="TOKEN",
-    help="API token. Unset in-process: the local admin token from the config directory.",
+    help="API token. Unset with no --url: the local admin token from the config directory.",
 )
 @click.option(
     "--database-url",
@@ -74,8 +74,11 @@ def broker_url(value: str | None) -> str | None:
 def cli(ctx: click.Context, url: str | None, token: str | None, database_url: str | None) -> None:
     """gpush: one global queue of GPU jobs above Slurm and Kubernetes.
 
-    With no --url, commands run the broker in this process on the embedded
-    database (SQLite in your data directory), so a first look needs no server.
+    With no --url, the first command that needs the broker starts a local server
+    with its scheduler in the background, on the embedded database (SQLite in your
+    data directory) and a free port of 127.0.0.1 (GPUSH_PORT picks one); later
+    commands talk to it. `gpush server status|logs|stop` look after it;
+    GPUSH_LOCAL_SERVER=0 runs the broker's API inside each command instead.
 
     Exit codes: 0 ok, 1 other error, 2 usage error or invalid job, 3 not found,
     4 not allowed.

@@ -114,18 +114,31 @@ def local_server_status(database: str, out: Output) -> int:
 
 
 @server.command("start", context_settings=CONTEXT)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    envvar="GPUSH_PORT",
+    show_envvar=True,
+    help="Port of 127.0.0.1 to listen on. Unset: a free one. Commands that start the server on first need "
+    "take GPUSH_PORT too.",
+)
 @json_option
 @click.pass_obj
-def server_start_command(settings: Settings, json_mode: bool) -> int:
+def server_start_command(settings: Settings, port: int | None, json_mode: bool) -> int:
     """Start the local server in the background now (commands also start it on first need)."""
-    return local_server_start(settings.resolved_database_url(), output(json_mode))
+    return local_server_start(settings.resolved_database_url(), output(json_mode), port=port)
 
 
-def local_server_start(database: str, out: Output) -> int:
+def local_server_start(database: str, out: Output, *, port: int | None = None) -> int:
     from broker.client import local
 
     running = local.find(database)
-    server = running or local.ensure(database)
+    if running is not None and port is not None and not running.url.endswith(f":{port}"):
+        raise InvalidRequest(
+            f"the local server already runs at {running.url}, not on port {port}: "
+            "gpush server stop, then gpush server start --port again"
+        )
+    server = running or local.ensure(database, port=port)
     if out.json_mode:
         out.json({"started": running is None, **server.public()})
     else:

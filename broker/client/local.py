@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from broker.core.config import data_dir
-from broker.core.errors import Unavailable
+from broker.core.errors import InvalidRequest, Unavailable
 
 ENV_SWITCH = "GPUSH_LOCAL_SERVER"
 START_TIMEOUT = 30.0  # seconds for a new server to answer /healthz
@@ -135,10 +135,39 @@ def _starting(database: str) -> Iterator[None]:
         os.close(fd)
 
 
+PORT_ENV = "GPUSH_PORT"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def chosen_port(port: int | None = None) -> int | None:
+    """The port the local server must take: ``port``, else ``GPUSH_PORT``, else None (a
+    free one). Raises :class:`InvalidRequest` for a value that is no port."""
+    if port is None:
+        text = os.environ.get(PORT_ENV, "").strip()
+        if not text:
+            return None
+        if not text.isdigit():
+            raise InvalidRequest(f"{PORT_ENV}={text!r} is not a port: set a number from 1 to 65535, or unset it")
+        port = int(text)
+    if not 1 <= port <= 65535:
+        raise InvalidRequest(f"port {port} is not a port: pick a number from 1 to 65535")
+    return port
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise InvalidRequest(
+                f"port {port} of 127.0.0.1 is taken ({exc.strerror}): pick another with --port or {PORT_ENV}, "
+                "or leave both unset for a free one"
+            ) from None
 
 
 def _answers(url: str, timeout: float = 1.0) -> bool:
@@ -159,20 +188,23 @@ def _write_state(server: LocalServer) -> None:
     os.replace(tmp, path)
 
 
-def ensure(database: str, *, announce=None) -> LocalServer:
-    """The running local server of ``database``, started now if there is none.
+def ensure(database: str, *, announce=None, port: int | None = None) -> LocalServer:
+    """The running local server of ``database``, started now if there is none, on
+    ``port`` (else ``GPUSH_PORT``, else a free port of 127.0.0.1).
 
     ``announce(text)`` is told when a server is started (the CLI prints it on stderr).
-    Raises :class:`Unavailable`, with the log's last lines, when it does not come up.
+    Raises :class:`Unavailable`, with the log's last lines, when it does not come up, and
+    :class:`InvalidRequest` for a port that is no port or is taken.
     """
     server = find(database)
     if server is not None:
         return server
+    wanted = chosen_port(port)
     with _starting(database):
         server = find(database)  # another command may have started it while we waited
         if server is not None:
             return server
-        server = _start(database)
+        server = _start(database, wanted)
     if announce is not None:
         announce(
             f"started a local gpush server (pid {server.pid}) at {server.url} with its scheduler, "
@@ -181,7 +213,7 @@ def ensure(database: str, *, announce=None) -> LocalServer:
     return server
 
 
-def _start(database: str) -> LocalServer:
+def _start(database: str, wanted: int | None) -> LocalServer:
     from broker.client.embedded import local_admin_token, open_database
 
     engine = open_database(database)  # creates and upgrades the schema before the server does
@@ -189,7 +221,9 @@ def _start(database: str) -> LocalServer:
         token = local_admin_token(engine)
     finally:
         engine.dispose()
-    port = _free_port()
+    if wanted is not None:
+        _check_port_free(wanted)
+    port = wanted or _free_port()
     url = f"http://127.0.0.1:{port}"
     log = log_path(database)
     env = {**os.environ, "GPUSH_DATABASE_URL": database}

@@ -95,3 +95,51 @@ def test_a_server_that_cannot_start_says_why_and_where_its_log_is(user_env):
     assert done.returncode != 0
     assert "gpush: error: the local gpush server did not start (see " in done.stderr
     assert "GPUSH_MAX_BODY_BYTES" in done.stderr  # its log's last lines say why
+
+
+def _a_free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_local_servers_port_is_chosen_with_port_or_gpush_port(user_env):
+    port = _a_free_port()
+    started = gpush(user_env, "server", "start", "--port", str(port), "--json")
+    assert json.loads(started.stdout)["url"] == f"http://127.0.0.1:{port}"
+    again = gpush(user_env, "server", "start", "--port", str(port + 1 if port < 65535 else port - 1), check=False)
+    assert again.returncode == 2 and f"already runs at http://127.0.0.1:{port}" in again.stderr
+    gpush(user_env, "server", "stop")
+
+    other = _a_free_port()
+    env = user_env | {"GPUSH_PORT": str(other)}
+    assert "started a local gpush server" in gpush(env, "whoami").stderr  # on first need, on GPUSH_PORT
+    assert json.loads(gpush(env, "server", "status", "--json").stdout)["url"] == f"http://127.0.0.1:{other}"
+
+
+def test_a_taken_or_invalid_port_is_a_clear_error_and_starts_nothing(user_env):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = gpush(user_env, "server", "start", "--port", str(port), check=False)
+        assert done.returncode == 2, done.stderr
+        assert f"port {port} of 127.0.0.1 is taken" in done.stderr and "--port or GPUSH_PORT" in done.stderr
+        first_need = gpush(user_env | {"GPUSH_PORT": str(port)}, "whoami", check=False)
+        assert first_need.returncode == 2 and f"port {port} of 127.0.0.1 is taken" in first_need.stderr
+
+    bad = gpush(user_env | {"GPUSH_PORT": "http"}, "whoami", check=False)
+    assert bad.returncode == 2 and "GPUSH_PORT='http' is not a port" in bad.stderr
+    usage = gpush(user_env, "server", "start", "--port", "70000", check=False)
+    assert usage.returncode == 2 and "70000" in usage.stderr
+    assert gpush(user_env, "server", "status", check=False).returncode == 1  # none started
+
+
+def test_top_level_help_says_the_first_command_starts_a_local_server(user_env):
+    text = " ".join(gpush(user_env, "--help").stdout.split())
+    assert "starts a local server with its scheduler in the background" in text
+    assert "so a first look needs no server" not in text
