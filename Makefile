@@ -6,6 +6,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# setuptools' build warns of every editable install in a block of asterisks that says
+# nothing about gpush: kept out of a new user's first screen.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: help venv postgres test test-fast test-integration demo bench clean
 
@@ -19,7 +22,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(QUIET_EDITABLE) $(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 postgres:
@@ -63,7 +66,7 @@ $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing gpush into $(VENV) (first time only)..."
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --progress-bar on -e .
+	$(QUIET_EDITABLE) $(BIN)/python -m pip install --progress-bar on -e .
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
