@@ -627,6 +627,21 @@ def test_a_running_job_scales_on_its_node_within_its_room(k8s: SimulatedCluster)
     assert k8s.find(1).state is BackendState.RUNNING
 
 
+def test_a_scaled_job_keeps_its_replicas_across_a_restart(tmp_path: Path, clock: VirtualClock) -> None:
+    """The README: a simulated cluster's state survives broker restarts, a scale too."""
+    config = {"fleet": str(DEMO_FLEET), "state_file": str(tmp_path / "k8s-a.json")}
+    before = SimulatedCluster("k8s-a", config, clock=clock)
+    before.submit(1, spec(600), placement(Sharing.K8S_TIMESLICE, node="t4-01", replicas=2, gpu_memory_gb=3))
+    assert before.scale(1, 4) == 4
+
+    after = SimulatedCluster("k8s-a", config, clock=clock)
+    assert sum(u.allocated for u in gpu_units(after, "t4-01", Sharing.K8S_TIMESLICE)) == 4
+    assert after.scale(1, 4) == 4  # unchanged, so nothing to do
+    assert after.scale(1, 3) == 3
+    again = SimulatedCluster("k8s-a", config, clock=clock)
+    assert sum(u.allocated for u in gpu_units(again, "t4-01", Sharing.K8S_TIMESLICE)) == 3
+
+
 def test_an_elastic_job_with_no_time_limit_runs_until_cancelled(k8s: SimulatedCluster, clock: VirtualClock) -> None:
     service = JobSpec(
         kind="inference", isolation="none", gpu_memory_gb=3, elastic={"min_replicas": 2, "max_replicas": 4}, image="x"

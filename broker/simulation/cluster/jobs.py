@@ -128,6 +128,7 @@ class Jobs:
                 pool.refresh()
                 if replicas < old:
                     self.engine.dispatch([pool], state.now_us)
+            state.dirty = True  # no status changed, yet the replicas must outlive a restart
             self.store.save()
             return replicas
 
