@@ -427,8 +427,19 @@ class CapacityView:
         kind = f"{shapes[0].model_name} GPU" if model else "GPU"
         what = f"{spec.gpus} whole {kind}{'s' if spec.gpus > 1 else ''}" + (f" with {memory:g} GB" if memory else "")
         if not able:
-            largest = max((s.capacity for s in shapes if s.unit_memory_gb >= memory), default=0)
-            return NoFit(f"needs {what} on one node; the most {cluster} has is {largest}", never=True)
+            roomy = [s for s in shapes if s.unit_memory_gb >= memory]
+            if not roomy:  # no GPU is large enough, however many a node has
+                most = max(s.unit_memory_gb for s in shapes)
+                return NoFit(
+                    f"needs {what}; no {kind} of {cluster} has {memory:g} GB (the most: {most:g} GB)", never=True
+                )
+            largest = max(s.capacity for s in roomy)
+            per = f" with {memory:g} GB" if memory else ""
+            return NoFit(
+                f"needs {what} on one node; no node of {cluster} has more than {largest} {kind}{'s' * (largest != 1)}"
+                + per,
+                never=True,
+            )
         return self._take_best(spec, cluster, sharing, group, able, spec.gpus, None, model, what, partition)
 
     def _fit_mig(self, spec, cluster, sharing, group: SlotGroup, shapes, model, of, partition) -> Fit | NoFit:

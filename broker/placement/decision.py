@@ -164,7 +164,10 @@ class CycleDecisions:
             if first_wait is None and not fit.never:
                 first_wait = fit
         if first_wait is None:
-            return Held("held: can never fit: " + "; ".join(reasons))
+            # Which rule sent it there: a job that fell through to a catch-all (whole GPUs
+            # for an inference job that asked to share) learns why it is on that route.
+            by = f" (routed by rule '{routing.rule_name}': `gpush policy explain` shows every rule)"
+            return Held("held: can never fit: " + "; ".join(reasons) + by)
         waiting_for = first_wait.waiting_for
         if waiting_for is not None and waiting_for[-1] is not None:  # (cluster, sharing, profile, model)
             self.pinned_waiting[(waiting_for[0], waiting_for[-1])] += job.spec.gpus * replicas_of(job.spec)

@@ -110,6 +110,28 @@ def test_an_h100_route_never_lands_on_an_a100_unit() -> None:
     assert isinstance(anything, Fit) and anything.placement.node == "a100-01"
 
 
+@pytest.mark.parametrize(
+    ("asked", "reason"),
+    [
+        (
+            {"gpus": 1, "gpu_memory_gb": 200},
+            "needs 1 whole GPU with 200 GB; no GPU of slurm-a has 200 GB (the most: 80 GB)",
+        ),
+        ({"gpus": 100}, "needs 100 whole GPUs on one node; no node of slurm-a has more than 8 GPUs"),
+        (
+            {"gpus": 5, "gpu_memory_gb": 60},
+            "needs 5 whole GPUs with 60 GB on one node; no node of slurm-a has more than 4 GPUs with 60 GB",
+        ),
+    ],
+)
+def test_a_job_that_can_never_fit_says_what_is_missing_in_the_clusters_terms(asked, reason) -> None:
+    a100s = replace(whole("a100-01", 8, "A100-SXM4-40GB"), unit_memory_gb=40.0)
+    view = CapacityView.build({"slurm-a": [a100s, whole("h100-01", 4, "H100-SXM5-80GB")]})
+    fit = view.fit(job(kind="training", isolation="exclusive", **asked), "slurm-a", Sharing.SLURM_EXCLUSIVE)
+    assert isinstance(fit, NoFit) and fit.never
+    assert fit.reason == reason
+
+
 def test_a_job_for_any_model_keeps_off_a_model_that_waiting_pinned_jobs_need() -> None:
     # The H100 node is the best fit for two GPUs (2 free), the A100 node has 8. Last
     # cycle, jobs routed to H100s waited for 2 of them: a job that may run anywhere now

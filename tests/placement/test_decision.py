@@ -107,7 +107,10 @@ def test_a_job_no_route_could_ever_hold_is_held_with_every_routes_reason() -> No
     outcome = CycleDecisions(POLICY, Capacity(**{"slurm-a": "never", "k8s-a": "never"}), FairShare({}, {})).decide(
         job()
     )
-    assert outcome == Held("held: can never fit: slurm-a offers no slurm/mig GPUs; k8s-a offers no k8s/mig GPUs")
+    assert outcome == Held(
+        "held: can never fit: slurm-a offers no slurm/mig GPUs; k8s-a offers no k8s/mig GPUs "
+        "(routed by rule 'mig': `gpush policy explain` shows every rule)"
+    )
 
 
 def test_a_reason_without_a_count_in_parentheses_gets_one() -> None:
