@@ -3,6 +3,7 @@ applying and rolling back versions (admins), showing, listing and diffing them, 
 explaining where a job would be routed and placed now.
 """
 
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -128,10 +129,10 @@ def explain(body: ExplainRequest, session: Db, who: Who, adapters: Adapters) -> 
     decision = policy_engine.evaluate(parsed, spec, tenant)
     inventory = {}
     for info in infos:
-        try:
+        # A cluster that does not answer is left out, so its routes read "reports no
+        # capacity" (it may hold the job later), never "offers no GPUs" (never will).
+        with contextlib.suppress(Exception):
             inventory[info.name] = adapters.get(info).inventory()
-        except Exception:
-            inventory[info.name] = []
     view = CapacityView.build(inventory)
     placements = []
     for route in decision.routes:

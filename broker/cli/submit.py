@@ -135,6 +135,12 @@ def submit(client: GpushClient, out: Output, *, file: str | None, file_text: str
             out.json(job)
         else:
             out.line(str(job.id))
+        never = never_runs(client, job.id)
+        if never:
+            out.note(
+                f"gpush: job {job.id} can never run as asked, so it is held: {never}. It waits until the "
+                f"policy or the clusters change (gpush policy explain {job.id}; gpush cancel {job.id} drops it)"
+            )
         return EXIT_OK
     result = client.submit_batch(specs)
     if out.json_mode:
@@ -143,6 +149,25 @@ def submit(client: GpushClient, out: Output, *, file: str | None, file_text: str
         for item in result["jobs"]:
             out.line(str(item["id"]))
     return EXIT_OK
+
+
+def never_runs(client: GpushClient, job_id: int) -> str | None:
+    """Why job ``job_id`` can never run where the active policy sends it, as sbatch says
+    of an impossible request at once: no rule takes it, or no route of its rule could
+    ever hold it with the clusters as they are. None when it may run, or when the broker
+    cannot tell now (no policy, a cluster that does not answer: then it may)."""
+    from broker.core.errors import GpushError
+
+    try:
+        explained = client.explain(job_id=job_id)
+    except GpushError:
+        return None
+    routes, tried = explained.get("routes") or [], explained.get("placement") or []
+    if not routes:
+        return str(explained.get("message") or "no rule of the policy routes it")
+    if len(tried) == len(routes) and all(not p.get("fits") and p.get("never") for p in tried):
+        return "; ".join(f"{p['route']}: {p['reason']}" for p in tried)
+    return None
 
 
 def submit_ray_job(out: Output, address: str, command: list[str], *, submission_id: str | None = None) -> int:

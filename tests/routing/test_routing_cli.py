@@ -163,6 +163,30 @@ def test_submit_schedule_and_see_where_jobs_went_and_why(fleet):
     assert tenants[0]["gpu_used"] == pytest.approx(1 / 7)
 
 
+def test_submit_says_at_once_when_a_job_can_never_run_and_still_exits_0(fleet, tmp_path):
+    unpoliced = fleet("submit", "--kind", "training", "--gpus", "16", "--", "t")
+    assert unpoliced.code == 0 and "can never run" not in unpoliced.err  # no policy yet: it may run later
+    fleet("policy", "apply", DEFAULT, "-m", "first")
+
+    big = fleet("submit", "--kind", "training", "--gpus", "16", "--", "t")
+    said = " ".join(big.err.split())
+    assert big.code == 0 and big.out.strip().isdigit()
+    assert f"job {big.out.strip()} can never run as asked, so it is held: slurm-a slurm/exclusive: " in said
+    assert "needs 16 whole GPUs on one node; no node of slurm-a has more than" in said
+    assert f"gpush policy explain {big.out.strip()}" in said
+    fits = fleet("submit", "--kind", "training", "--gpus", "1", "--", "t")
+    assert fits.code == 0 and fits.err == ""
+
+    narrow = tmp_path / "narrow.yaml"
+    narrow.write_text(
+        "rules:\n  - name: only-training\n    match: {kind: training}\n"
+        "    route: {cluster: slurm-a, sharing: slurm/exclusive}\n"
+    )
+    fleet("policy", "apply", narrow, "-m", "training only")
+    batch = fleet("submit", "--kind", "batch", "--", "t")
+    assert batch.code == 0 and "can never run as asked" in batch.err and "no rule" in batch.err
+
+
 def test_a_tenant_at_quota_waits_and_says_so(fleet):
     fleet("policy", "apply", DEFAULT, "-m", "first")
     assert fleet("tenant", "set", "default", "--gpu-quota", "1").code == 0
