@@ -27,6 +27,9 @@ from broker.core import auth
 from broker.core.db import session_factory
 from broker.core.schemas import Role
 
+# Under GPUSH_CI=1 a skip is a failure unless the test is marked may_skip (tests/skips.py).
+pytest_plugins = ("tests.skips",)
+
 
 @pytest.fixture(autouse=True)
 def _isolated_environment(tmp_path_factory, monkeypatch):

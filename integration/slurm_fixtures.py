@@ -112,7 +112,8 @@ def slurm_site() -> Iterator[SlurmTestCluster]:
 
 # Debian releases whose Slurm the core suites also run on: trixie carries 24.11, sid the
 # newest Debian has (26.05 when this was written). GPUSH_SLURM_SUITES narrows the list
-# (a space-separated list; "none" for none).
+# (a space-separated list; "none" for none, which make test counts as a failure: its
+# GPUSH_CI=1 fails a skipped test, tests/skips.py).
 SLURM_SUITES = [s for s in os.environ.get("GPUSH_SLURM_SUITES", "trixie sid").split() if s != "none"]
 # Each its own ports, apart from the host's clusters (68xx, 78xx).
 SUITE_PORTS = {

@@ -194,6 +194,7 @@ def restart_postgresql() -> None:
     )
 
 
+@pytest.mark.may_skip("GPUSH_TEST_PG_DSN names a server other than this machine's, which the drill cannot restart")
 def test_postgresql_restarted_under_a_running_broker(database_url, monkeypatch, tmp_path):
     """The broker reconnects (API and scheduler, leadership taken again) and nothing is lost."""
     monkeypatch.setenv("GPUSH_DATA_DIR", str(tmp_path / "data"))

@@ -22,21 +22,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
 
-pytest.importorskip("kubernetes")
-apiserver = pytest.importorskip("integration.k8s.apiserver")
-simulator = pytest.importorskip("integration.k8s.simulator")
-
-from kubernetes import client, config  # noqa: E402
-from kubernetes.client.rest import ApiException  # noqa: E402
-
-import adapters.k8s.jobs as k8s_jobs  # noqa: E402
-import adapters.k8s.logs as k8s_logs  # noqa: E402
-from adapters.k8s import KubernetesAdapter  # noqa: E402
-from adapters.k8s.states import OOM_REASON  # noqa: E402
-from broker.core.adapter import BackendJob, BackendState, Placement, Rejected, Sharing, Unreachable  # noqa: E402
-from broker.core.schemas import JobSpec  # noqa: E402
-from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool  # noqa: E402
+import adapters.k8s.jobs as k8s_jobs
+import adapters.k8s.logs as k8s_logs
+from adapters.k8s import KubernetesAdapter
+from adapters.k8s.states import OOM_REASON
+from broker.core.adapter import BackendJob, BackendState, Placement, Rejected, Sharing, Unreachable
+from broker.core.schemas import JobSpec
+from integration.k8s import apiserver, simulator
+from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool
 
 T4 = GpuPool("t4", count=1, product="Tesla-T4", gpus_per_node=2, replicas=4, cpu="32", memory="128Gi")
 A100 = GpuPool(

@@ -12,23 +12,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client, config
 
-pytest.importorskip("kubernetes")
-apiserver = pytest.importorskip("integration.k8s.apiserver")
-simulator = pytest.importorskip("integration.k8s.simulator")
-
-from kubernetes import client, config  # noqa: E402
-
-from adapters.k8s import KubernetesAdapter  # noqa: E402
-from broker.core.adapter import BackendState, Rejected, Sharing  # noqa: E402
-from integration.k8s.gpu_nodes import (  # noqa: E402
+from adapters.k8s import KubernetesAdapter
+from broker.core.adapter import BackendState, Rejected, Sharing
+from integration.k8s import apiserver, simulator
+from integration.k8s.gpu_nodes import (
     CLUSTER_POLICY_CRD,
     GpuPool,
     mig_parted_layouts,
     node_devices,
     reconfigured,
 )
-from integration.test_k8s_adapter import (  # noqa: E402
+from integration.test_k8s_adapter import (
     Follower,
     job_spec,
     make_adapter,

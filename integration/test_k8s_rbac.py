@@ -14,22 +14,19 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client, config
 
-pytest.importorskip("kubernetes")
-
-from kubernetes import client, config  # noqa: E402
-
-from adapters.k8s import KubernetesAdapter  # noqa: E402
-from broker.core.adapter import BackendState, Owner, Rejected, Sharing  # noqa: E402
-from integration.k8s import apiserver  # noqa: E402
-from integration.k8s.apiserver_rbac import (  # noqa: E402
+from adapters.k8s import KubernetesAdapter
+from broker.core.adapter import BackendState, Owner, Rejected, Sharing
+from integration.k8s import apiserver
+from integration.k8s.apiserver_rbac import (
     RbacPolicy,
     RequestAttributes,
     forbidden,
     request_attributes,
     wildcards,
 )
-from integration.test_k8s_adapter import (  # noqa: E402
+from integration.test_k8s_adapter import (
     TAG,
     Follower,
     _install_gpu_operator_api,
@@ -39,7 +36,7 @@ from integration.test_k8s_adapter import (  # noqa: E402
     simulated_nodes,
     wait_for,
 )
-from tests.inventory.test_agent_deploy import unknown_fields  # noqa: E402
+from tests.inventory.test_agent_deploy import unknown_fields
 
 RBAC_FILE = Path(__file__).resolve().parents[1] / "deploy" / "k8s" / "gpush-broker-rbac.yaml"
 BROKER = "system:serviceaccount:gpush:gpush-broker"

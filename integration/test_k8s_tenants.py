@@ -15,15 +15,12 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client, config
 
-pytest.importorskip("kubernetes")
-
-from kubernetes import client, config  # noqa: E402
-
-from adapters.k8s import KubernetesAdapter  # noqa: E402
-from broker.core.adapter import BackendState, Owner, Rejected, Sharing  # noqa: E402
-from integration.k8s import apiserver  # noqa: E402
-from integration.test_k8s_adapter import (  # noqa: E402
+from adapters.k8s import KubernetesAdapter
+from broker.core.adapter import BackendState, Owner, Rejected, Sharing
+from integration.k8s import apiserver
+from integration.test_k8s_adapter import (
     NAMESPACE,
     TAG,
     Follower,

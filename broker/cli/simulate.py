@@ -62,7 +62,7 @@ def simulate_command(
 
     \b
       gpush simulate --fleet examples/fleet.yaml --workload examples/workload.yaml --report out/
-      gpush simulate --trace openb ../shared/traces/alibaba-openb-2023 --report out/openb
+      gpush simulate --trace openb data/traces/alibaba-openb-2023 --report out/openb
 
     The summary puts the two runs side by side and says which way each measure is good
     (GPU allocation: lower for the same need). A run that takes longer than a couple of

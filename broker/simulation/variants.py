@@ -55,8 +55,8 @@ A share is a fraction (0.4 for 40%). The families, each a list of variants in
 
 How this relates to FGD's published lists. The FGD artifact's experiments run the
 lists gpushare40..100, multigpu20..50, gpuspec10..33 and cpu050..250, published as
-CSV files (one draw each); the shared trace copy holds
-gpushare40 and multigpu20, whose layout these functions follow and whose statistics
+CSV files (one draw each); the trace copy in the repository (``data/traces/alibaba-openb-2023``)
+holds gpushare40 and multigpu20, whose layout these functions follow and whose statistics
 they reproduce (compared by ``integration/bench/variants.py``). What is deliberately
 different:
 

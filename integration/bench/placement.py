@@ -64,7 +64,7 @@ from broker.simulation import traces, variants  # noqa: E402
 from broker.simulation.inflation import CpuTask, inflation_experiment, variant_name  # noqa: E402
 from broker.simulation.shared import replay_shared  # noqa: E402
 
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "alibaba-openb-2023"
+DEFAULT_TRACE = ROOT / "data" / "traces" / "alibaba-openb-2023"
 FIRST_SEED = 42  # the paper's artifact scripts use seeds 42..51
 GPUSH, JOINT = variant_name("fgd", False), variant_name("fgd", False, 256)
 BEST_FIT, FIRST_FIT, WHOLE = (

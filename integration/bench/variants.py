@@ -35,9 +35,9 @@ from broker.simulation.variants import (
     write_pods,
 )
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba-openb-2023"
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "alibaba-openb-2023"
 DEFAULT_SEED = 42  # the first seed of the FGD artifact's scripts
-UPSTREAM = ("gpushare40", "multigpu20")  # the variants the shared trace copy holds
+UPSTREAM = ("gpushare40", "multigpu20")  # the variants the in-repository trace copy holds
 
 
 def selected(choice: str | None) -> list[tuple[str, str, float]]:

@@ -82,7 +82,8 @@ class Kube:
         return self._typed(client.CustomObjectsApi)
 
     def test_server_only(self, why: str) -> None:
-        """Skip on a real cluster: for behaviour a test cannot bring about there."""
+        """Skip on a real cluster: for behaviour a test cannot bring about there (the test is marked
+        ``may_skip``, or the skip fails under GPUSH_CI=1: tests/skips.py)."""
         if self.real:
             pytest.skip(f"cannot be forced on a real cluster: {why}")
 

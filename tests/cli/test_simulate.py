@@ -4,7 +4,10 @@ the placement asked for."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+from broker.simulation.traces import DEFAULT_NODES, DEFAULT_PODS
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = str(ROOT / "examples" / "fleet.yaml")
@@ -51,3 +54,20 @@ def test_the_summary_on_stdout_says_which_way_is_good_without_progress_lines(gpu
     assert result.code == 0, result.err
     assert "good when" in result.out and "lower, for the same need" in result.out
     assert "gpush simulate:" not in result.out
+
+
+def test_the_trace_examples_of_help_and_readme_name_the_trace_in_the_repository(gpush) -> None:
+    # A clone anywhere runs them from its root: the trace directory they name is in the
+    # repository and holds the lists `--trace openb` reads.
+    result = gpush("simulate", "--help")
+    assert result.code == 0
+    readme = (ROOT / "README.md").read_text()
+    examples = re.findall(r"--trace openb (\S+)", result.out) + re.findall(
+        r"gpush simulate --trace openb (\S+)", readme
+    )
+    assert examples
+    for directory in examples:
+        path = (ROOT / directory).resolve()
+        assert path.is_relative_to(ROOT), f"{directory} is outside the repository"
+        assert (path / DEFAULT_NODES).is_file() and (path / DEFAULT_PODS).is_file(), directory
+        assert (path / "README.md").is_file(), f"{directory} has no README saying where the trace comes from"

@@ -164,7 +164,6 @@ def test_the_device_plugin_config_is_read_within_the_limits():
 
 
 def test_the_ray_cluster_config_is_read_within_the_limits(tmp_path):
-    pytest.importorskip("ray")
     from broker.ray.provider import monitor_cluster_config
 
     bomb = tmp_path / "cluster.yaml"

@@ -212,6 +212,7 @@ def test_no_driver_is_the_reports_error():
     assert report.gpus == [] and "NVML_ERROR_DRIVER_NOT_LOADED" in report.error
 
 
+@pytest.mark.may_skip("a machine with a GPU and its driver has a working NVML, so no error to report")
 def test_real_nvml_without_a_gpu_is_the_reports_error():
     """This machine has pynvml but no libnvidia-ml: the real library fails to load, the report says so."""
     report = collect(None, "here")

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
@@ -712,7 +713,6 @@ def test_cluster_view_summarises_an_inventory() -> None:
 
 
 def test_json_schema_is_valid_and_accepts_the_shipped_policies() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     schema = policy_json_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)

@@ -4,7 +4,6 @@ placement, the inflation experiment and the simulation report."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -28,20 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO_FLEET = ROOT / "examples" / "fleet.yaml"
 DEMO_WORKLOAD = ROOT / "examples" / "workload.yaml"
 DEFAULT_POLICY = ROOT / "policies" / "default.yaml"
-# The trace lives beside the repository (../shared), not in it; a clone elsewhere finds
-# it through GPUSH_OPENB_TRACE or the workplace's own copy.
-SHIPPED_TRACE = next(
-    (
-        p
-        for p in (
-            Path(os.environ.get("GPUSH_OPENB_TRACE", "/nonexistent")),
-            ROOT.parent / "shared" / "traces" / "alibaba-openb-2023",
-            Path("/work/shared/traces/alibaba-openb-2023"),
-        )
-        if (p / "openb_pod_list_default.csv").is_file()
-    ),
-    ROOT.parent / "shared" / "traces" / "alibaba-openb-2023",
-)
+# The openb trace lists the tests read, in the repository (data/traces/alibaba-openb-2023/README.md
+# says where they come from and on what terms).
+SHIPPED_TRACE = ROOT / "data" / "traces" / "alibaba-openb-2023"
 
 SMALL_FLEET = """
 clusters:
@@ -533,7 +521,6 @@ def test_the_trace_replay_places_its_cpu_only_pods(trace_dir: Path) -> None:
     assert any("1 CPU-only pods" in n for n in result.notes)
 
 
-@pytest.mark.skipif(not SHIPPED_TRACE.is_dir(), reason="the shared openb trace is not on this machine")
 def test_a_slice_of_the_shipped_trace_parses(tmp_path: Path) -> None:
     for name, rows in (("openb_node_list_gpu_node.csv", 60), ("openb_pod_list_default.csv", 200)):
         lines = (SHIPPED_TRACE / name).read_text().splitlines()[: rows + 1]
