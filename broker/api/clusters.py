@@ -15,14 +15,14 @@ from broker.core import clusters
 from broker.core.adapter import AdapterError, Rejected, TenantQuotaKeeper, TimesliceConfigurator, capability
 from broker.core.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from broker.core.models import Cluster, Tenant
-from broker.core.schemas import ClusterCreate
+from broker.core.schemas import ClusterCreate, Int
 from broker.intake import queue
 
 router = APIRouter(tags=["clusters"], responses=errors(*AUTH))
 
 
 class TimesliceRequest(BaseModel):
-    replicas: int = Field(ge=1, le=64, description="time-slices per physical GPU")
+    replicas: Int = Field(ge=1, le=64, description="time-slices per physical GPU")
     node_label: str | None = Field(None, description="KEY=VALUE: only the nodes with this label")
 
 

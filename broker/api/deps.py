@@ -3,29 +3,32 @@
 It owns how a route gets what ``create_app`` set up once per app on ``app.state``
 (engine, session factory, clock, adapter pool, token cache, metrics registry), its
 database session, and the caller: who they are (``AnyWho``) and what their role lets
-them do (``Who``, ``Admin``, ``Agent``), and the integer ids routes take in their paths
-and queries, bounded to the database's 64-bit integers (``RowId``, ``Version``).
+them do (``Who``, ``Admin``, ``Agent``), and the ids, versions and times routes take in
+their paths and queries, bounded to what their columns and clock hold (``RowId``,
+``Version``, ``Instant``).
 Routes name these through the ``Annotated`` aliases at the bottom, so no route reads
 ``app.state`` or a module global itself, and several apps (one per test) live side by
 side in one process.
 """
 
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
+from pydantic import AfterValidator
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.api.limits import MAX_AUTHORIZATION_CHARS, HttpLimits
 from broker.core import auth
-from broker.core.clock import Clock
+from broker.core.clock import Clock, within_supported_years
 from broker.core.clusters import AdapterPool
 from broker.core.errors import NotAllowed, Unauthenticated
-from broker.core.schemas import Role
+from broker.core.schemas import MAX_POLICY_VERSION, MAX_ROW_ID, Role
 from broker.scheduling.leader import Wakeup
 
 # Dependencies are async so that FastAPI runs them on the event loop: a sync
@@ -140,8 +143,11 @@ MetricsRegistry = Annotated[CollectorRegistry, Depends(metrics_registry)]
 Limits = Annotated[HttpLimits, Depends(limits)]
 Wake = Annotated[Wakeup, Depends(wakeup)]
 
-# Ids and versions are BIGINT columns (SQLite INTEGER): a larger number is refused
-# here with a 422, rather than failing in the driver (OverflowError, "bigint out of range").
-MAX_DB_INT = 2**63 - 1
-RowId = Annotated[int, Path(ge=1, le=MAX_DB_INT)]
-Version = Annotated[int, Query(ge=1, le=MAX_DB_INT, description="a stored policy version")]
+# Ids are BIGINT columns and policy versions INTEGER ones (32-bit on PostgreSQL): a larger
+# number is refused here with a 422, rather than failing in the driver (OverflowError,
+# "integer out of range").
+RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID)]
+Version = Annotated[int, Query(ge=1, le=MAX_POLICY_VERSION, description="a stored policy version")]
+# A time a user gives (ISO 8601), its UTC within 1970..9999: Python's datetime ends at year
+# 9999, and 9999-12-31T23:59:59-14:00 converted to UTC failed as a 500.
+Instant = Annotated[datetime, AfterValidator(within_supported_years)]

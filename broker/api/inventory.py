@@ -3,7 +3,6 @@ nodes, GPUs and slices as the clusters and the node agents see them, the drift
 between the two, the gres.conf that matches a node, and MIG layouts for the queue.
 """
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -11,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.api.deps import Adapters, Admin, AppClock, Clock, Db, Wake, Who
+from broker.api.deps import Adapters, Admin, AppClock, Clock, Db, Instant, RowId, Wake, Who
 from broker.api.responses import AUTH, BODY, JSONBytes, errors
 from broker.core import clusters
 from broker.core.clusters import AdapterPool
@@ -36,9 +35,7 @@ def _inventory_of(session: Session, cluster: str | None, adapters: AdapterPool, 
     inventory = nodereports.reconciled(infos, reports, adapters, now=clock())
     # MIG changes that ended badly are findings too (a failed one keeps its node fenced).
     with session.begin():
-        inventory.add(
-            f for f in changes.change_findings(session, clock()) if cluster is None or f.cluster == cluster
-        )
+        inventory.add(f for f in changes.change_findings(session, clock()) if cluster is None or f.cluster == cluster)
     return inventory
 
 
@@ -184,7 +181,7 @@ def mig_changes(
 
 @router.post("/v1/mig/changes/{change_id}:clear")
 def mig_change_clear(
-    change_id: int, session: Db, who: Admin, adapters: Adapters, clock: AppClock, wake: Wake
+    change_id: RowId, session: Db, who: Admin, adapters: Adapters, clock: AppClock, wake: Wake
 ) -> dict[str, Any]:
     """An admin's word that a failed change's GPU is fine again: its node takes work again."""
     with session.begin():
@@ -205,7 +202,7 @@ def mig_change_clear(
 
 
 @router.get("/v1/mig/changes/{change_id}")
-def mig_change(change_id: int, session: Db, _who: Admin) -> dict[str, Any]:
+def mig_change(change_id: RowId, session: Db, _who: Admin) -> dict[str, Any]:
     """One MIG layout change with every step it went through."""
     with session.begin():
         change = session.get(MigChange, change_id)
@@ -241,7 +238,7 @@ def events(
     session: Db,
     _who: Admin,
     limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 50,
-    since: datetime | None = None,
+    since: Instant | None = None,
     node: Annotated[str | None, Query(max_length=253)] = None,
 ) -> list[dict[str, Any]]:
     """The fleet's events, oldest first: each step of the MIG changes and of the nodes lent

@@ -18,7 +18,7 @@ from broker.api.responses import AUTH, BODY, JSONBytes, errors
 from broker.core import clusters
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster
-from broker.core.schemas import JobBatch, JobEventOut, JobOut, JobPage, JobSpec, Kind
+from broker.core.schemas import Int, JobBatch, JobEventOut, JobOut, JobPage, JobSpec, Kind
 from broker.core.states import JobState
 from broker.core.validation import describe_details, validation_details
 from broker.intake import queue
@@ -29,7 +29,7 @@ router = APIRouter(tags=["jobs"], responses=errors(*AUTH))
 
 
 class ScaleRequest(BaseModel):
-    replicas: int = Field(ge=1, le=10_000, description="the number of replicas the job should run")
+    replicas: Int = Field(ge=1, le=10_000, description="the number of replicas the job should run")
 
 
 class CancelResult(BaseModel):

@@ -8,11 +8,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from broker.api.deps import MAX_DB_INT, Adapters, Admin, AppClock, Db, Version, Who
+from broker.api.deps import Adapters, Admin, AppClock, Db, Version, Who
 from broker.api.responses import AUTH, BODY, errors
 from broker.core import clusters
 from broker.core.errors import InvalidRequest
-from broker.core.schemas import ExplainRequest, JobSpec, PolicyApply, PolicyRollback, PolicyText
+from broker.core.schemas import MAX_POLICY_VERSION, ExplainRequest, JobSpec, PolicyApply, PolicyRollback, PolicyText
 from broker.intake import queue
 from broker.placement.capacity import CapacityView, Fit
 from broker.routing import policy as policy_engine
@@ -84,7 +84,7 @@ def show_policy(
     session: Db,
     _who: Who,
     version: Annotated[
-        int | None, Query(ge=1, le=MAX_DB_INT, description="a stored version; default the active one")
+        int | None, Query(ge=1, le=MAX_POLICY_VERSION, description="a stored version; default the active one")
     ] = None,
 ) -> dict[str, Any]:
     """The active policy, or a stored version, with its text."""

@@ -2,13 +2,12 @@
 GPU-equivalents over a window, grouped as asked. A user's token counts its own
 tenant's jobs; an admin's, every tenant's."""
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from broker.accounting import usage
-from broker.api.deps import AppClock, Db, Who
+from broker.api.deps import AppClock, Db, Instant, Who
 from broker.api.responses import AUTH, errors
 from broker.core.clock import as_utc
 
@@ -20,8 +19,8 @@ def gpu_usage(
     session: Db,
     who: Who,
     clock: AppClock,
-    since: Annotated[datetime | None, Query(description="start of the window (ISO 8601); default: all time")] = None,
-    until: Annotated[datetime | None, Query(description="end of the window (ISO 8601); default: now")] = None,
+    since: Annotated[Instant | None, Query(description="start of the window (ISO 8601); default: all time")] = None,
+    until: Annotated[Instant | None, Query(description="end of the window (ISO 8601); default: now")] = None,
     by: Annotated[str, Query(max_length=100, description=f"comma-separated: {', '.join(usage.GROUPS)}")] = "tenant",
     tenant: Annotated[str | None, Query(max_length=64)] = None,
 ) -> dict[str, Any]:

@@ -22,3 +22,25 @@ def utcnow() -> datetime:
 def as_utc(value: datetime) -> datetime:
     """``value`` as an aware UTC datetime (a naive one is taken to be UTC already)."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# The times gpush takes from users (a window's ends, a node report's time), in UTC. Python's
+# datetime ends at year 9999, so 9999-12-31T23:59:59-14:00 has no UTC; gpush records nothing
+# before the Unix epoch.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+
+
+def within_supported_years(value: datetime) -> datetime:
+    """``value`` as given, if its UTC (a naive one is UTC) is within 1970..9999; else a
+    ValueError that says the range."""
+    try:
+        fits = EARLIEST <= as_utc(value) <= LATEST
+    except OverflowError:  # its UTC is before year 1 or after 9999
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"{value.isoformat()} is outside the times gpush takes: give one from 1970-01-01T00:00:00Z "
+            "to 9999-12-31T23:59:59Z (in UTC)"
+        )
+    return value

@@ -42,6 +42,7 @@ from broker.core.spec_values import (
     format_duration,
     format_memory,
     normalize_command,
+    not_a_bool,
     over_limit,
     parse_grace,
     parse_memory_mib,
@@ -73,6 +74,21 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 
+# Every number a request body holds: text that reads as one is taken ("2"), a bool is not.
+Int = Annotated[int, BeforeValidator(not_a_bool)]
+Float = Annotated[float, BeforeValidator(not_a_bool)]
+
+# Ids are BIGINT columns (broker.core.models.BigId) and policy versions INTEGER ones,
+# 32-bit on PostgreSQL: a larger number is a 422 at the edge, not "integer out of range"
+# (a 500) in the driver.
+MAX_ROW_ID = 2**63 - 1
+MAX_POLICY_VERSION = 2**31 - 1
+
+# A tenant's weight and GPU quota: finite (1e400 reads as infinity, which stored made every
+# share NaN and starved the tenant) and at most a million, beyond any fleet.
+MAX_TENANT_WEIGHT = 1_000_000
+MAX_GPU_QUOTA = 1_000_000
+
 Memory = Annotated[str, BeforeValidator(_normalize_memory)]
 # Stored as Slurm's [D-]HH:MM:SS, so normalising a normalised spec changes nothing.
 TimeLimit = Annotated[str, BeforeValidator(lambda v: format_duration(parse_time_limit(v)))]
@@ -89,8 +105,8 @@ class Elastic(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    min_replicas: int = Field(1, ge=0, le=10_000)
-    max_replicas: int = Field(1, ge=1, le=10_000)
+    min_replicas: Int = Field(1, ge=0, le=10_000)
+    max_replicas: Int = Field(1, ge=1, le=10_000)
 
     @model_validator(mode="after")
     def _ordered(self) -> Elastic:
@@ -149,12 +165,12 @@ class JobSpec(BaseModel):
     isolation: Isolation | None = Field(
         None, validate_default=True, description="exclusive | hardware | process | none; default by kind"
     )
-    gpus: int = Field(1, ge=1, le=1024, description="GPUs, or GPU slices, per replica")
-    gpu_memory_gb: float | None = Field(
+    gpus: Int = Field(1, ge=1, le=1024, description="GPUs, or GPU slices, per replica")
+    gpu_memory_gb: Float | None = Field(
         None, gt=0, le=1024, validate_default=True, description="GPU memory each GPU or slice must have, in GB"
     )
     elastic: Elastic | None = Field(None, validate_default=True)
-    cpus: int = Field(1, ge=1, le=4096)
+    cpus: Int = Field(1, ge=1, le=4096)
     memory: Memory | None = Field(None, description="host memory per replica, such as 16G")
     time_limit: TimeLimit | None = Field(None, description="[D-]HH:MM:SS; accepts 90 (minutes), 2h, 1h30m, 1-00:00:00")
     command: Command = Field(None, description="argv list, or a string run by /bin/sh -c")
@@ -163,7 +179,7 @@ class JobSpec(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     tenant: Principal | None = None
     user: Principal | None = None
-    priority: int = Field(0, ge=-1000, le=1000)
+    priority: Int = Field(0, ge=-1000, le=1000)
     preemptible: bool | None = Field(
         None, description="may be stopped for work of higher standing and queued again; unset: the policy's default"
     )
@@ -453,16 +469,15 @@ class ClusterCreate(BaseModel):
 
 
 class TenantSet(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    weight: float | None = Field(None, gt=0, description="fair-share weight (default 1)")
-    gpu_quota: float | None = Field(None, ge=0, description="most GPU-equivalents held at once")
+    weight: Float | None = Field(
+        None, gt=0, le=MAX_TENANT_WEIGHT, description="fair-share weight (default 1), at most 1,000,000"
+    )
+    gpu_quota: Float | None = Field(
+        None, ge=0, le=MAX_GPU_QUOTA, description="most GPU-equivalents held at once, at most 1,000,000"
+    )
     clear_quota: bool = False
-
-
-# Ids and versions are BIGINT columns: a larger number in a body is a 422 here, not an
-# OverflowError in the driver.
-MAX_ROW_ID = 2**63 - 1
 
 
 class PolicyText(BaseModel):
@@ -474,10 +489,10 @@ class PolicyText(BaseModel):
 
 class PolicyApply(PolicyText):
     comment: str = Field(min_length=1, max_length=2000, description="why: kept in the policy's history")
-    base_version: int | None = Field(
+    base_version: Int | None = Field(
         None,
         ge=1,
-        le=MAX_ROW_ID,
+        le=MAX_POLICY_VERSION,
         description="the active version this edit was made against; refused if another admin applied since",
     )
 
@@ -485,15 +500,15 @@ class PolicyApply(PolicyText):
 class PolicyRollback(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: int = Field(ge=1, le=MAX_ROW_ID)
+    version: Int = Field(ge=1, le=MAX_POLICY_VERSION)
     comment: str = ""
 
 
 class ExplainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    job_id: int | None = Field(None, ge=1, le=MAX_ROW_ID)
+    job_id: Int | None = Field(None, ge=1, le=MAX_ROW_ID)
     spec: JobSpec | None = None
-    version: int | None = Field(
-        None, ge=1, le=MAX_ROW_ID, description="a stored policy version; default the active one"
+    version: Int | None = Field(
+        None, ge=1, le=MAX_POLICY_VERSION, description="a stored policy version; default the active one"
     )

@@ -3,7 +3,8 @@ canonical form of its quantities.
 
 This module owns :class:`SpecLimits` (one place, each limit overridable by a
 ``GPUSH_MAX_*`` variable) and the refusal of a value over one; the text no cluster can
-take (NUL, a carriage return, a lone UTF-16 surrogate) and numbers that are not finite;
+take (NUL, a carriage return, a lone UTF-16 surrogate), numbers that are not finite and
+bools sent for numbers;
 and the grammar of a spec's quantities: memory sizes (to a Slurm-style size), time
 limits and other durations (to seconds, and Slurm's ``[D-]HH:MM:SS`` back), a preemption
 grace, and a command (a shell string to ``["/bin/sh", "-c", ...]``, an argv list as
@@ -109,6 +110,15 @@ def short_text(value: Any, limit: int = 80) -> str:
     """``value`` for a message: its repr, cut to ``limit`` characters."""
     text = repr(value[: limit + 1] if isinstance(value, str) else value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def not_a_bool(value: Any) -> Any:
+    """A number field's input as it is, unless it is a bool: pydantic's lax mode read
+    JSON's true as 1 (``"gpus": true`` ran on one GPU) and false as 0 (a quota of none).
+    Text that reads as a number (``"2"``, as YAML or a form may send it) is still taken."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a number: give a number, such as 1")
+    return value
 
 
 def finite_number(value: Any, what: str) -> Any:

@@ -16,14 +16,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from broker.core.clock import within_supported_years
+from broker.core.spec_values import not_a_bool
 
 REPORT_VERSION = 1
 
 # Any agent token may post a report, so every number and list is bounded to what a real
-# node can have (an unbounded integer once crashed the report's storage with a 500).
-Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
-MiB = Annotated[int, Field(ge=0, le=2**40)]  # a mebibyte count up to an exbibyte
+# node can have (an unbounded integer once crashed the report's storage with a 500), and
+# a bool is no number (pydantic took true for 1).
+Int = Annotated[int, BeforeValidator(not_a_bool)]
+Count = Annotated[Int, Field(ge=0, le=2**31 - 1)]
+MiB = Annotated[Int, Field(ge=0, le=2**40)]  # a mebibyte count up to an exbibyte
 Text = Annotated[str, Field(max_length=256)]
 MAX_GPUS = 64  # per node; the largest servers have 16
 MAX_MIG_INSTANCES = 64  # per GPU; NVML allows 7 (A100/H100)
@@ -54,7 +59,7 @@ class GpuProcess(_Strict):
 
 
 class GpuReport(_Strict):
-    index: Annotated[int, Field(ge=0, lt=MAX_GPUS)]  # NVML's device index (what gres.conf File= orders by)
+    index: Annotated[Int, Field(ge=0, lt=MAX_GPUS)]  # NVML's device index (what gres.conf File= orders by)
     uuid: Text | None = None  # "GPU-…"
     product: Text | None = None  # NVML's name: "NVIDIA A100-SXM4-80GB"
     memory_mb: MiB | None = None
@@ -70,17 +75,17 @@ class GpuReport(_Strict):
 class MigRefusal(_Strict):
     """A MIG layout the broker asked for (``gpush mig apply``) that the agent did not make, and why."""
 
-    change: Annotated[int, Field(ge=1)]  # the MIG change's id
-    gpu: Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+    change: Annotated[Int, Field(ge=1, le=2**63 - 1)]  # the MIG change's id (a BIGINT)
+    gpu: Annotated[Int, Field(ge=0, lt=MAX_GPUS)]
     why: Text
 
 
 class NodeReport(_Strict):
     # The node's name as the clusters know it (hostname -s by default): a DNS name.
     node: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-    report_version: Annotated[int, Field(ge=1, le=1000)] = REPORT_VERSION
+    report_version: Annotated[Int, Field(ge=1, le=1000)] = REPORT_VERSION
     agent_version: Text
-    collected_at: datetime
+    collected_at: Annotated[datetime, AfterValidator(within_supported_years)]
     driver_version: Text | None = None
     cuda_version: Text | None = None
     gpus: list[GpuReport] = Field(default_factory=list, max_length=MAX_GPUS)

@@ -7,6 +7,7 @@ hold (routed, submitting, submitted, running) across both tiers, in one ledger: 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -15,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from broker.core.errors import InvalidRequest
 from broker.core.models import Job, Tenant
+from broker.core.schemas import MAX_GPU_QUOTA, MAX_TENANT_WEIGHT
 from broker.core.states import JobState
 
 HOLDING = (JobState.ROUTED.value, JobState.SUBMITTING.value, JobState.SUBMITTED.value, JobState.RUNNING.value)
@@ -33,10 +35,18 @@ class TenantUsage:
 def set_tenant(
     session: Session, name: str, *, weight: float | None, gpu_quota: float | None, clear_quota: bool, now: datetime
 ) -> Tenant:
-    if weight is not None and weight <= 0:
-        raise InvalidRequest(f"weight {weight:g} must be more than 0 (1 is the default share)")
-    if gpu_quota is not None and gpu_quota < 0:
-        raise InvalidRequest(f"gpu quota {gpu_quota:g} must be 0 or more GPU-equivalents")
+    # Checked here too, not only by the API's schema: an infinite weight stored made every
+    # share NaN, and the tenant's jobs never went next.
+    if weight is not None and not 0 < weight <= MAX_TENANT_WEIGHT:
+        raise InvalidRequest(
+            f"weight {weight:g} must be more than 0 and at most {MAX_TENANT_WEIGHT:,} (1 is the default share)",
+            details=[{"field": "weight", "value": weight if math.isfinite(weight) else str(weight)}],
+        )
+    if gpu_quota is not None and not 0 <= gpu_quota <= MAX_GPU_QUOTA:
+        raise InvalidRequest(
+            f"gpu quota {gpu_quota:g} must be 0 to {MAX_GPU_QUOTA:,} GPU-equivalents",
+            details=[{"field": "gpu_quota", "value": gpu_quota if math.isfinite(gpu_quota) else str(gpu_quota)}],
+        )
     row = session.get(Tenant, name)
     if row is None:
         row = Tenant(name=name, weight=1.0, gpu_quota=None, updated_at=now)
