@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from queue import SimpleQueue
 from typing import Any
 
+from broker.core import faults
 from broker.core.adapter import AdapterError, ClusterAdapter, Owner, Placement, Rejected, Sharing, submit_batch
 from broker.core.clock import Clock
 from broker.core.clusters import ClusterInfo
@@ -165,6 +166,7 @@ class Submission:
     def _record(self, answers: Answers, report: CycleReport) -> None:
         """What the clusters answered: ``submitted`` with the backend id, ``failed`` when
         refused, back to ``queued`` when a cluster did not answer."""
+        faults.reach("submitted-before-record")  # a crash test's kill point (broker/core/faults.py)
         submitted, refused, unanswered = answers.submitted, answers.refused, answers.unanswered
         now = self.clock()
         with report.timing("record"), self.sessions() as session, session.begin():
