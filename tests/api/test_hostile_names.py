@@ -22,6 +22,7 @@ from broker.core.models import ApiToken, Cluster, PolicyVersion, Tenant
 
 NUL = "\x00"
 LONG = "t" * 5000
+TRAIN = {"kind": "training", "command": ["true"]}
 POLICY = "rules: []\n"
 FLEET = (Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml").read_text()
 
@@ -67,6 +68,9 @@ CASES: dict[str, Hostile] = {
     "events-node-nul": _query("/v1/events", "node", NUL),
     "events-node-long": _query("/v1/events", "node", LONG),
     "usage-tenant-nul": _query("/v1/usage", "tenant", NUL),
+    "usage-by-nul": _query("/v1/usage", "by", NUL),
+    "jobs-cursor-nul": _query("/v1/jobs", "cursor", NUL),
+    "gres-style-nul": Hostile("GET", "/v1/nodes/gpu-1/gres-conf", "style", params={"style": NUL}),
     # -- names in paths ---------------------------------------------------------------
     "tenant-put-nul": Hostile("PUT", "/v1/tenants/%00", "name", json={"weight": 2}),
     "tenant-put-long": Hostile("PUT", f"/v1/tenants/{LONG}", "name", json={"weight": 2}),
@@ -94,6 +98,19 @@ CASES: dict[str, Hostile] = {
     "policy-source-nul": Hostile("POST", "/v1/policy:validate", "source", json={"text": POLICY, "source": NUL}),
     "policy-text-nul": Hostile("POST", "/v1/policy:validate", "text", json={"text": f"routes: []{NUL}"}),
     "rollback-comment-nul": Hostile("POST", "/v1/policy:rollback", "comment", json={"version": 1, "comment": NUL}),
+    "token-user-nul": Hostile("POST", "/v1/admin/tokens", "user", json={"user": f"b{NUL}", "tenant": "ml"}),
+    "token-tenant-long": Hostile("POST", "/v1/admin/tokens", "tenant", json={"user": "bob", "tenant": LONG}),
+    "token-nodes-nul": Hostile(
+        "POST", "/v1/admin/tokens", "nodes", json={"user": "n1", "tenant": "agents", "role": "agent", "nodes": [NUL]}
+    ),
+    "job-tenant-nul": Hostile("POST", "/v1/jobs", "tenant", json={**TRAIN, "tenant": f"ml{NUL}"}),
+    "job-user-long": Hostile("POST", "/v1/jobs", "user", json={**TRAIN, "user": LONG}),
+    "job-cluster-nul": Hostile("POST", "/v1/jobs", "cluster", json={**TRAIN, "cluster": f"a{NUL}"}),
+    "job-label-nul": Hostile("POST", "/v1/jobs", "labels", json={**TRAIN, "labels": {"k": NUL}}),
+    "batch-tenant-nul": Hostile("POST", "/v1/jobs:batch", "tenant", json={"jobs": [{**TRAIN, "tenant": NUL}]}),
+    "explain-user-nul": Hostile("POST", "/v1/policy:explain", "user", json={"spec": {**TRAIN, "user": NUL}}),
+    "agent-node-nul": Hostile("POST", "/v1/agent/reports", "node", json={"node": f"n{NUL}", "gpus": []}),
+    "cluster-create-name-nul": Hostile("POST", "/v1/clusters", "name", json={"name": f"a{NUL}", "kind": "sim"}),
     "sim-fleet-path-nul": Hostile(
         "POST",
         "/v1/clusters",
