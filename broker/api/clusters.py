@@ -6,7 +6,7 @@ cluster keeps for the tenants' GPU quotas. Admins change clusters; every user ma
 from typing import Any
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from sqlalchemy import select
 
 from broker.api.deps import Adapters, Admin, AppClock, Db, Who
@@ -15,7 +15,7 @@ from broker.core import clusters
 from broker.core.adapter import AdapterError, Rejected, TenantQuotaKeeper, TimesliceConfigurator, capability
 from broker.core.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from broker.core.models import Cluster, Tenant
-from broker.core.schemas import ClusterCreate, Int
+from broker.core.schemas import ClusterCreate, Int, Name, label_problem
 from broker.intake import queue
 
 router = APIRouter(tags=["clusters"], responses=errors(*AUTH))
@@ -24,6 +24,15 @@ router = APIRouter(tags=["clusters"], responses=errors(*AUTH))
 class TimesliceRequest(BaseModel):
     replicas: Int = Field(ge=1, le=64, description="time-slices per physical GPU")
     node_label: str | None = Field(None, description="KEY=VALUE: only the nodes with this label")
+
+    @field_validator("node_label")
+    @classmethod
+    def _label(cls, value: str | None) -> str | None:
+        if value is not None:
+            key, sep, wanted = value.partition("=")
+            if problem := label_problem(key, wanted) if sep and key else "use KEY=VALUE, such as gpu=a100":
+                raise ValueError(problem)
+        return value
 
 
 @router.post("/v1/clusters", status_code=201, responses=errors(403, 409, *BODY))
@@ -59,7 +68,7 @@ def list_clusters(session: Db, _who: Who, adapters: Adapters) -> list[dict[str, 
 
 
 @router.post("/v1/clusters/{name}/timeslice", responses=errors(403, 404, *BODY))
-def apply_timeslice(name: str, body: TimesliceRequest, session: Db, _who: Admin, adapters: Adapters) -> dict[str, Any]:
+def apply_timeslice(name: Name, body: TimesliceRequest, session: Db, _who: Admin, adapters: Adapters) -> dict[str, Any]:
     """Render and apply a Kubernetes cluster's time-slicing config (the GPU Operator's
     device-plugin ConfigMap and ClusterPolicy patch); returns what changed."""
     with session.begin():
@@ -75,7 +84,7 @@ def apply_timeslice(name: str, body: TimesliceRequest, session: Db, _who: Admin,
 
 
 @router.get("/v1/clusters/{name}/tenant-quotas", responses=errors(403, 404, 409, 422, 503))
-def tenant_quotas(name: str, session: Db, _who: Admin, adapters: Adapters) -> dict[str, Any]:
+def tenant_quotas(name: Name, session: Db, _who: Admin, adapters: Adapters) -> dict[str, Any]:
     """The cluster's own limits for the tenants' GPU quotas, as YAML for ``kubectl apply -f -``
     (Kubernetes with a namespace per tenant: each tenant's Namespace and ResourceQuota). The
     scheduler applies them itself; this shows what it applies."""
@@ -101,7 +110,7 @@ def tenant_quotas(name: str, session: Db, _who: Admin, adapters: Adapters) -> di
 
 
 @router.delete("/v1/clusters/{name}", status_code=204, responses=errors(403, 404, 409, 422))
-def remove_cluster(name: str, session: Db, _who: Admin) -> Response:
+def remove_cluster(name: Name, session: Db, _who: Admin) -> Response:
     with session.begin():
         clusters.remove_cluster(session, name)
     return Response(status_code=204)

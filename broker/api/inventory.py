@@ -6,7 +6,7 @@ between the two, the gres.conf that matches a node, and MIG layouts for the queu
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -16,6 +16,7 @@ from broker.core import clusters
 from broker.core.clusters import AdapterPool
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster, MigChange, MigChangeEvent, NodeMove, NodeMoveEvent
+from broker.core.schemas import Name, NodeName
 from broker.fleet import mig_changes as changes
 from broker.inventory import occupancy as holders
 from broker.inventory import report_store as nodereports
@@ -40,14 +41,14 @@ def _inventory_of(session: Session, cluster: str | None, adapters: AdapterPool, 
 
 
 @router.get("/v1/inventory", response_class=JSONBytes)
-def inventory(session: Db, _who: Who, adapters: Adapters, clock: AppClock, cluster: str | None = None) -> JSONBytes:
+def inventory(session: Db, _who: Who, adapters: Adapters, clock: AppClock, cluster: Name | None = None) -> JSONBytes:
     """Clusters, nodes, physical GPUs and their slices from the clusters and the node
     agents, in physical GPU-equivalents; with the drift findings."""
     return JSONBytes(_inventory_of(session, cluster, adapters, clock).to_dict())
 
 
 @router.get("/v1/inventory/occupancy")
-def inventory_occupancy(session: Db, who: Who, cluster: str | None = None) -> list[dict[str, Any]]:
+def inventory_occupancy(session: Db, who: Who, cluster: Name | None = None) -> list[dict[str, Any]]:
     """Which job holds which capacity (the placements of the jobs a cluster has), to
     colour the inventory by tenant; a user's token sees other tenants' jobs only as
     taken capacity, without id, name, user or tenant."""
@@ -57,7 +58,7 @@ def inventory_occupancy(session: Db, who: Who, cluster: str | None = None) -> li
 
 @router.get("/v1/inventory/drift")
 def inventory_drift(
-    session: Db, _who: Who, adapters: Adapters, clock: AppClock, cluster: str | None = None
+    session: Db, _who: Who, adapters: Adapters, clock: AppClock, cluster: Name | None = None
 ) -> list[dict[str, Any]]:
     """Every disagreement between the clusters and the GPUs, worst first, with its fix;
     MIG layout changes that ended badly in the last day among them."""
@@ -65,7 +66,7 @@ def inventory_drift(
 
 
 @router.get("/v1/nodes/{node}/gres-conf")
-def gres_conf(node: str, session: Db, _who: Who, style: str = "multiple-files") -> dict[str, Any]:
+def gres_conf(node: NodeName, session: Db, _who: Who, style: str = "multiple-files") -> dict[str, Any]:
     """The gres.conf block and slurm.conf Gres= field matching what the node's agent sees."""
     if style not in GRES_STYLES:
         raise InvalidRequest(f"style {style!r} is not one of {', '.join(GRES_STYLES)}")
@@ -86,7 +87,7 @@ def mig_plan(
     _who: Admin,
     adapters: Adapters,
     clock: AppClock,
-    cluster: str | None = None,
+    cluster: Name | None = None,
     repartition_busy: bool = False,
     enable_mig: bool = False,
 ) -> dict[str, Any]:
@@ -113,8 +114,8 @@ class MigApply(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cluster: str | None = Field(default=None, max_length=64)
-    node: str | None = Field(default=None, max_length=253)
+    cluster: Name | None = None
+    node: NodeName | None = None
     dry_run: bool = False
     repartition_busy: bool = False
 
@@ -239,7 +240,7 @@ def events(
     _who: Admin,
     limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 50,
     since: Instant | None = None,
-    node: Annotated[str | None, Query(max_length=253)] = None,
+    node: NodeName | None = None,
 ) -> list[dict[str, Any]]:
     """The fleet's events, oldest first: each step of the MIG changes and of the nodes lent
     between clusters (the newest ``limit``; at or after ``since``; of ``node``). Admins only:

@@ -14,11 +14,23 @@ from fastapi import APIRouter, Header, Query
 from pydantic import BaseModel, Field, ValidationError
 
 from broker.api.deps import Adapters, AppClock, Db, Limits, RowId, Wake, Who
+from broker.api.limits import MAX_LABEL_FILTERS
 from broker.api.responses import AUTH, BODY, JSONBytes, errors
 from broker.core import clusters
 from broker.core.errors import InvalidRequest, NotFound
 from broker.core.models import Cluster
-from broker.core.schemas import Int, JobBatch, JobEventOut, JobOut, JobPage, JobSpec, Kind
+from broker.core.schemas import (
+    Int,
+    JobBatch,
+    JobEventOut,
+    JobOut,
+    JobPage,
+    JobSpec,
+    Kind,
+    Name,
+    free_text,
+    label_problem,
+)
 from broker.core.states import JobState
 from broker.core.validation import describe_details, validation_details
 from broker.intake import queue
@@ -26,6 +38,11 @@ from broker.scheduling import output, scaling
 from broker.scheduling.leader import notify
 
 router = APIRouter(tags=["jobs"], responses=errors(*AUTH))
+
+LabelFilters = Annotated[
+    list[str] | None,
+    Query(description=f"KEY=VALUE, repeat for several (all must match); at most {MAX_LABEL_FILTERS}"),
+]
 
 
 class ScaleRequest(BaseModel):
@@ -117,11 +134,11 @@ def list_jobs(
     who: Who,
     limits: Limits,
     state: Annotated[list[str] | None, Query(description="repeat or comma-separate")] = None,
-    tenant: str | None = None,
-    user: str | None = None,
+    tenant: Name | None = None,
+    user: Name | None = None,
     kind: Kind | None = None,
-    cluster: Annotated[str | None, Query(max_length=64, description="only jobs placed on this cluster")] = None,
-    label: Annotated[list[str] | None, Query(description="KEY=VALUE, repeat for several (all must match)")] = None,
+    cluster: Annotated[Name | None, Query(description="only jobs placed on this cluster")] = None,
+    label: LabelFilters = None,
     limit: Annotated[int, Query(ge=1, le=queue.MAX_PAGE)] = 50,
     cursor: str | None = None,
 ) -> JSONBytes:
@@ -163,11 +180,11 @@ class JobCounts(BaseModel):
 def count_jobs(
     session: Db,
     who: Who,
-    tenant: str | None = None,
-    user: str | None = None,
+    tenant: Name | None = None,
+    user: Name | None = None,
     kind: Kind | None = None,
-    cluster: Annotated[str | None, Query(max_length=64)] = None,
-    label: Annotated[list[str] | None, Query(description="KEY=VALUE, repeat for several (all must match)")] = None,
+    cluster: Name | None = None,
+    label: LabelFilters = None,
 ) -> JobCounts:
     """How many jobs are in each state, under the filters of ``GET /v1/jobs`` (a user's
     token counts its own tenant's jobs only): the dashboard's queue tabs."""
@@ -206,7 +223,7 @@ def cancel(job_id: RowId, session: Db, who: Who, clock: AppClock, wake: Wake) ->
 
 
 class CheckpointRequest(BaseModel):
-    note: str | None = Field(None, max_length=queue.MAX_CHECKPOINT_NOTE, description="what was saved, where")
+    note: free_text(queue.MAX_CHECKPOINT_NOTE) | None = Field(None, description="what was saved, where")
 
 
 @router.post(
@@ -294,11 +311,22 @@ def _with_header_key(spec: JobSpec, header_key: str) -> JobSpec:
 
 
 def _parse_labels(values: list[str]) -> dict[str, str]:
+    """The label filters, each KEY=VALUE under the rules of a job's labels. Counted first:
+    each is one more condition of the query, and 900 passed SQLite's expression depth."""
+    if len(values) > MAX_LABEL_FILTERS:
+        raise InvalidRequest(
+            f"{len(values)} label filters, but a query takes at most {MAX_LABEL_FILTERS}: "
+            "select by fewer labels, or by one label the jobs share",
+            details=[{"field": "label", "value": len(values)}],
+        )
     labels = {}
     for value in values:
         key, sep, wanted = value.partition("=")
-        if not sep or not key:
-            raise InvalidRequest(f"label {value!r} is not KEY=VALUE", details=[{"field": "label", "value": value}])
+        problem = label_problem(key, wanted) if sep and key else "use KEY=VALUE, such as team=vision"
+        if problem:
+            raise InvalidRequest(
+                f"label filter {value[:100]!r} is not a label: {problem}", details=[{"field": "label", "value": value}]
+            )
         labels[key] = wanted
     return labels
 

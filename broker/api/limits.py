@@ -24,6 +24,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 # token) and stray spaces. Checked before any hashing or lookup.
 MAX_AUTHORIZATION_CHARS = 512
 
+# Label filters in one GET /v1/jobs or /v1/jobs:count (``label=KEY=VALUE``, repeated):
+# each is one more condition of the query, and 900 went past SQLite's expression depth,
+# a 503 that no retry could cure. Ray's node provider selects by 2; a job has at most
+# GPUSH_MAX_LABELS (128) labels. Not a setting: the database's depth is the bound.
+MAX_LABEL_FILTERS = 32
+
 
 @dataclass(frozen=True)
 class HttpLimits:

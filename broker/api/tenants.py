@@ -8,14 +8,14 @@ from fastapi import APIRouter
 
 from broker.api.deps import Admin, AppClock, Db, Who
 from broker.api.responses import AUTH, BODY, errors
-from broker.core.schemas import TenantSet
+from broker.core.schemas import Principal, TenantSet
 from broker.placement import tenants
 
 router = APIRouter(tags=["tenants"], responses=errors(*AUTH))
 
 
 @router.put("/v1/tenants/{name}", responses=errors(403, *BODY))
-def set_tenant(name: str, body: TenantSet, session: Db, _who: Admin, clock: AppClock) -> dict[str, Any]:
+def set_tenant(name: Principal, body: TenantSet, session: Db, _who: Admin, clock: AppClock) -> dict[str, Any]:
     """Set a tenant's fair-share weight and GPU quota (physical GPU-equivalents)."""
     with session.begin():
         tenants.set_tenant(

@@ -10,6 +10,7 @@ from broker.accounting import usage
 from broker.api.deps import AppClock, Db, Instant, Who
 from broker.api.responses import AUTH, errors
 from broker.core.clock import as_utc
+from broker.core.schemas import Name
 
 router = APIRouter(tags=["accounting"], responses=errors(*AUTH))
 
@@ -22,7 +23,7 @@ def gpu_usage(
     since: Annotated[Instant | None, Query(description="start of the window (ISO 8601); default: all time")] = None,
     until: Annotated[Instant | None, Query(description="end of the window (ISO 8601); default: now")] = None,
     by: Annotated[str, Query(max_length=100, description=f"comma-separated: {', '.join(usage.GROUPS)}")] = "tenant",
-    tenant: Annotated[str | None, Query(max_length=64)] = None,
+    tenant: Name | None = None,
 ) -> dict[str, Any]:
     """GPU-hours per group: a MIG slice counts its fraction of the GPU, an MPS share its
     percentage, a time-sliced job its memory budget's fraction, whole GPUs whole; running

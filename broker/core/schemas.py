@@ -27,6 +27,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -35,12 +36,18 @@ from pydantic_core import PydanticCustomError, ValidationError
 
 from broker.core.names import Isolation, JobState, Kind
 from broker.core.spec_values import (
+    COMMENT_CHARS,
+    DESCRIPTION_CHARS,
     MAX_GRACE_SECONDS,
+    NAME_CHARS,
+    NODE_NAME_CHARS,
     check_argv,
     check_text,
     finite_number,
     format_duration,
     format_memory,
+    free_text_problem,
+    name_problem,
     normalize_command,
     not_a_bool,
     over_limit,
@@ -88,6 +95,49 @@ MAX_POLICY_VERSION = 2**31 - 1
 # share NaN and starved the tenant) and at most a million, beyond any fleet.
 MAX_TENANT_WEIGHT = 1_000_000
 MAX_GPU_QUOTA = 1_000_000
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """What makes ``key=value`` no label (at submit and in a filter), in words, or None."""
+    if not _LABEL_KEY.match(key):
+        return f"label key {short_text(key)} is not valid: [prefix/]name, name at most 63 of A-Z a-z 0-9 - _ ."
+    if not _LABEL_VALUE.match(value):
+        return (
+            f"label {key}={short_text(value)}: a value is at most 63 of A-Z a-z 0-9 - _ . "
+            "and starts and ends alphanumeric"
+        )
+    return None
+
+
+def _checked(problem_of):
+    def check(value: str) -> str:
+        if problem := problem_of(value):
+            raise ValueError(f"{short_text(value, 40)} holds {problem}")
+        return value
+
+    return check
+
+
+def _name(max_chars: int) -> Any:
+    return Annotated[str, StringConstraints(min_length=1, max_length=max_chars), AfterValidator(_checked(name_problem))]
+
+
+# The one type of every name the broker stores or looks up (a tenant, user, cluster or
+# node; in a path, a query or a body): bounded by its column, no control character. A
+# name's own grammar (Principal, a cluster's DNS label) narrows it where one is stored;
+# lookups take any Name, so a name that is merely unknown is a 404 or an empty list.
+# Measured: a NUL in `?user=` or a 5,000-character tenant was a 500 on PostgreSQL.
+Name = _name(NAME_CHARS)
+NodeName = _name(NODE_NAME_CHARS)
+
+
+def free_text(max_chars: int) -> Any:
+    """Free text the broker stores (a description, a comment): at most ``max_chars``, no NUL."""
+    return Annotated[str, StringConstraints(max_length=max_chars), AfterValidator(_checked(free_text_problem))]
+
+
+Description = free_text(DESCRIPTION_CHARS)
+Comment = free_text(COMMENT_CHARS)
 
 Memory = Annotated[str, BeforeValidator(_normalize_memory)]
 # Stored as Slurm's [D-]HH:MM:SS, so normalising a normalised spec changes nothing.
@@ -270,15 +320,8 @@ class JobSpec(BaseModel):
     @classmethod
     def _label_syntax(cls, labels: dict[str, str]) -> dict[str, str]:
         for key, value in labels.items():
-            if not _LABEL_KEY.match(key):
-                raise ValueError(
-                    f"label key {short_text(key)} is not valid: [prefix/]name, name at most 63 of A-Z a-z 0-9 - _ ."
-                )
-            if not _LABEL_VALUE.match(value):
-                raise ValueError(
-                    f"label {key}={short_text(value)}: a value is at most 63 of A-Z a-z 0-9 - _ . "
-                    "and starts and ends alphanumeric"
-                )
+            if problem := label_problem(key, value):
+                raise ValueError(problem)
         return labels
 
     # Cross-field rules are field validators (validate_default=True) rather than one
@@ -426,7 +469,7 @@ class TokenCreate(BaseModel):
     user: Principal
     tenant: Principal
     role: Role = Role.USER
-    description: str | None = Field(None, max_length=512)
+    description: Description | None = None
     nodes: list[NodePattern] | None = Field(
         None,
         min_length=1,
@@ -483,12 +526,14 @@ class TenantSet(BaseModel):
 class PolicyText(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(description="the policy YAML")
-    source: str = Field("policy", max_length=256, description="a name for messages, such as the file name")
+    text: Annotated[str, AfterValidator(_checked(free_text_problem))] = Field(description="the policy YAML")
+    source: Annotated[str, StringConstraints(max_length=256), AfterValidator(_checked(free_text_problem))] = Field(
+        "policy", description="a name for messages, such as the file name"
+    )
 
 
 class PolicyApply(PolicyText):
-    comment: str = Field(min_length=1, max_length=2000, description="why: kept in the policy's history")
+    comment: Comment = Field(min_length=1, description="why: kept in the policy's history")
     base_version: Int | None = Field(
         None,
         ge=1,
@@ -501,7 +546,7 @@ class PolicyRollback(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Int = Field(ge=1, le=MAX_POLICY_VERSION)
-    comment: str = ""
+    comment: Comment = ""
 
 
 class ExplainRequest(BaseModel):

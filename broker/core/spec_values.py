@@ -4,7 +4,8 @@ canonical form of its quantities.
 This module owns :class:`SpecLimits` (one place, each limit overridable by a
 ``GPUSH_MAX_*`` variable) and the refusal of a value over one; the text no cluster can
 take (NUL, a carriage return, a lone UTF-16 surrogate), numbers that are not finite and
-bools sent for numbers;
+bools sent for numbers; the names and free text the broker stores or looks up (bounded
+by their columns, no control character in a name, no NUL in any text);
 and the grammar of a spec's quantities: memory sizes (to a Slurm-style size), time
 limits and other durations (to seconds, and Slurm's ``[D-]HH:MM:SS`` back), a preemption
 grace, and a command (a shell string to ``["/bin/sh", "-c", ...]``, an argv list as
@@ -84,12 +85,7 @@ def _text_problem(text: str) -> str | None:
         return "a NUL character (\\0), which no cluster or database takes: remove it"
     if "\r" in text:
         return "a carriage return (\\r), which sbatch refuses as a DOS line end: end lines with \\n only"
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return "a lone UTF-16 surrogate, which is no character and cannot be stored: send the text as UTF-8"
-    return None
+    return _unstorable(text)
 
 
 def check_text(value: Any, where: str) -> None:
@@ -104,6 +100,43 @@ def check_text(value: Any, where: str) -> None:
         for key, item in value.items():
             check_text(key, f"{where} key {short_text(key)}")
             check_text(item, f"{where} {short_text(key)}")
+
+
+# -- names and free text the broker stores or looks up ------------------------------------
+
+# The columns names are kept in (broker.core.models): tenants, users and clusters are
+# varchar(64); a node is varchar(253), the longest DNS name. PostgreSQL refuses a longer
+# value (and any NUL in text) with an error, where SQLite stored it.
+NAME_CHARS = 64
+NODE_NAME_CHARS = 253
+# Free text kept beside a change (a token's description, a policy's comment).
+DESCRIPTION_CHARS = 512
+COMMENT_CHARS = 2000
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def name_problem(text: str) -> str | None:
+    """What makes ``text`` no name, in words, or None: a control character (NUL among
+    them) or a lone surrogate, none of which any name gpush keeps can hold."""
+    if found := _CONTROL.search(text):
+        return f"a control character ({found.group()!r}), which no name holds: use printable characters"
+    return _unstorable(text)
+
+
+def free_text_problem(text: str) -> str | None:
+    """What no database stores in free text (NUL, a lone surrogate), in words, or None."""
+    if "\x00" in text:
+        return "a NUL character (\\0), which the database does not store: remove it"
+    return _unstorable(text)
+
+
+def _unstorable(text: str) -> str | None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a lone UTF-16 surrogate, which is no character and cannot be stored: send the text as UTF-8"
+    return None
 
 
 def short_text(value: Any, limit: int = 80) -> str:

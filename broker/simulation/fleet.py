@@ -183,6 +183,9 @@ def load_fleet(text: str, source: str) -> Fleet:
 
 
 def load_fleet_file(path: str | os.PathLike[str]) -> Fleet:
+    if "\x00" in str(path):
+        # Path() takes it; opening it raised ValueError ("embedded null byte"), a 500.
+        raise InvalidRequest(f"fleet file {str(path)!r} holds a NUL character, which no file name holds: remove it")
     try:
         text = Path(path).read_text()
     except OSError as exc:

@@ -186,8 +186,10 @@ def recorded_newer(folder: Path, **kwargs: Any) -> RecordedSlurm:
 WORKDIR = Path("/nonexistent")  # the running test's own directory (_workdir)
 # Where the recorded jobs wrote their output (log_dir "log" of that cluster's directory):
 # the adapter reads only in its own log directory.
-RECORDED_LOG_DIR = {folder: {"workdir": f"/tmp/gpush-slurm-{name}", "log_dir": "log"} for folder, name in (
-    (V2205, "ut"), (V2411, "2411"), (V2605, "2605"))}
+RECORDED_LOG_DIR = {
+    folder: {"workdir": f"/tmp/gpush-slurm-{name}", "log_dir": "log"}
+    for folder, name in ((V2205, "ut"), (V2411, "2411"), (V2605, "2605"))
+}
 
 
 @pytest.fixture(autouse=True)

@@ -665,3 +665,9 @@ def test_a_jobs_output_only_grows_so_following_it_from_an_offset_reads_each_line
     assert "[simulated] succeeded (exit 0)" in rest.text and "started" not in rest.text
     assert running.text + rest.text == slurm.logs(1, "sim-1").text
     assert slurm.logs(1, "sim-1", tail=1).text == rest.text
+
+
+def test_a_fleet_path_with_a_nul_is_refused_in_words_not_a_value_error():
+    # Path("a\0").read_text() raises ValueError ("embedded null byte"): a 500 at the API.
+    with pytest.raises(InvalidRequest, match="NUL"):
+        load_fleet_file("/tmp/fleet\x00.yaml")

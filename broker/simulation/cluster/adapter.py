@@ -34,6 +34,7 @@ from broker.core.adapter import (
 from broker.core.clock import Clock
 from broker.core.errors import InvalidRequest
 from broker.core.schemas import JobSpec
+from broker.core.spec_values import short_text
 from broker.simulation.cluster.capacity import Capacity
 from broker.simulation.cluster.engine import EventEngine
 from broker.simulation.cluster.jobs import Jobs
@@ -75,6 +76,14 @@ class SimulatedCluster:
             raise InvalidRequest(
                 f"simulated cluster {name}: give exactly one of fleet (path to a fleet file) or fleet_yaml (its text)"
             )
+        for setting in ("fleet", "state_file"):
+            path = config.get(setting)
+            if path is not None and (not isinstance(path, str) or not path or "\x00" in path):
+                raise InvalidRequest(
+                    f"simulated cluster {name}: {setting} {short_text(path)} is no file path: "
+                    "give the path as text, without NUL characters",
+                    details=[{"field": f"config.{setting}", "value": path}],
+                )
         if "fleet" in config:
             fleet = load_fleet_file(config["fleet"])
         else:
