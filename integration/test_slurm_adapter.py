@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,7 +35,6 @@ from broker.routing import policy as policy_engine
 from broker.routing import versions as policystore
 from broker.routing.versions import cluster_views
 from broker.scheduling.cycle import Scheduler
-from broker.scheduling.submission import Submission
 from integration.brokers import QueueAccess
 from integration.slurm.cluster import ACTIVE_STATES, SlurmTestCluster, _read_env_file
 
@@ -350,9 +350,7 @@ def sbatch_as(slurm: SlurmTestCluster, user: str, *args: str) -> int:
     return int(done.stdout.strip().split(";")[0])
 
 
-def test_an_impostor_job_of_another_user_is_not_adopted_and_its_output_not_read(
-    broker: Broker, slurm, backend, monkeypatch
-):
+def test_an_impostor_job_of_another_user_is_not_adopted_and_its_output_not_read(broker: Broker, slurm, backend):
     """alice names two jobs of her own ``gpush-<id>`` after gpush's job, with the broker's
     secret as their output: one held, one that ran (its output could not be opened, but
     Slurm keeps the path and a node). The broker, restarted between sbatch and its
@@ -361,13 +359,7 @@ def test_an_impostor_job_of_another_user_is_not_adopted_and_its_output_not_read(
     secret = broker_only_file(broker.workdir)
     job_id = broker.submit(kind="training", gpus=1, command=["sleep", "60"])
 
-    def crash(self, answers, report):
-        raise KeyboardInterrupt("broker killed after sbatch, before the database write")
-
-    monkeypatch.setattr(Submission, "_record", crash)
-    with pytest.raises(KeyboardInterrupt):
-        broker.scheduler.run_cycle()
-    monkeypatch.undo()
+    cycle_killed_after_sbatch(broker)
     name = f"{broker.adapter().settings.tag}-{job_id}"
     (own,) = [j for j in slurm.jobs() if j["name"] == name]
     tag = [f"--job-name={name}", f"--comment={name.replace('-', ':job-')}", f"--output={secret}", f"--error={secret}"]
@@ -513,23 +505,41 @@ def test_cancel_works_in_every_state(broker: Broker, slurm):
 # -- crashes and restarts ------------------------------------------------------------------------
 
 
-def test_a_broker_killed_between_sbatch_and_the_write_finds_the_job_by_its_tag(broker: Broker, slurm, monkeypatch):
+def cycle_killed_after_sbatch(b: Broker) -> None:
+    """One scheduling cycle in a real ``gpush scheduler run`` process, killed by SIGKILL
+    once Slurm has answered sbatch and before the answer is written (``GPUSH_FAULT``,
+    broker/core/faults.py): the job stays ``submitting`` while Slurm has it."""
+    env = os.environ | {
+        "GPUSH_DATABASE_URL": b.engine.url.render_as_string(hide_password=False),
+        "GPUSH_FAULT": "submitted-before-record",
+        "GPUSH_LOCAL_SERVER": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from broker.cli.main import main; main(sys.argv[1:])"]
+        + ["scheduler", "run", "--cycles", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL, f"not killed at the fault point (exit {done.returncode}): {done.stderr}"
+
+
+def test_a_broker_killed_between_sbatch_and_the_write_finds_the_job_by_its_tag(broker: Broker, slurm):
     job_id = broker.submit(kind="training", isolation="hardware", gpu_memory_gb=4, command=["sleep", "5"])
 
-    def crash(self, answers, report):
-        raise KeyboardInterrupt("broker killed after sbatch, before the database write")
-
-    monkeypatch.setattr(Submission, "_record", crash)
-    with pytest.raises(KeyboardInterrupt):
-        broker.scheduler.run_cycle()
-    monkeypatch.undo()
+    cycle_killed_after_sbatch(broker)
     assert broker.job(job_id).state == "submitting"
     assert tagged_in_slurm(slurm, broker)[job_id] == 1
 
     broker.restart()  # a new broker process: new adapters, nothing in memory
     broker.cycle_until(lambda: broker.job(job_id).state in ("submitted", "running"))
     assert tagged_in_slurm(slurm, broker)[job_id] == 1
-    assert "after a broker restart" in " ".join(broker.events(job_id)) or broker.job(job_id).backend_id
+    backend_id = broker.job(job_id).backend_id
+    name = f"{broker.adapter().settings.tag}-{job_id}"
+    assert [backend_id] == [str(j["job_id"]) for j in slurm.jobs() if j["name"] == name]
+    found = [e.reason for e in broker.event_rows(job_id) if e.to_state == "submitted"]
+    assert found == [f"found on slurm-a as {backend_id} after a broker restart"]
 
 
 def test_status_sync_after_a_restart_catches_jobs_that_ended_meanwhile(broker: Broker, slurm):
