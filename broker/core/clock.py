@@ -9,9 +9,38 @@ the wall clock they default to: timezone-aware UTC, as every timestamp gpush sto
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True)
+class ScaledClock:
+    """A clock that runs ``speed`` times as fast as ``base`` from ``epoch`` on: a simulated
+    cluster's virtual time (its config's ``speed``). :meth:`wall` turns one of its times
+    back into the wall-clock time it happens at, for what people read beside other times."""
+
+    base: Clock
+    epoch: datetime
+    speed: float
+
+    def __call__(self) -> datetime:
+        return self.epoch + (self.base() - self.epoch) * self.speed
+
+    def wall(self, moment: datetime) -> datetime:
+        return self.epoch + (moment - self.epoch) / self.speed
+
+
+def wall_time(clock: Clock, moment: datetime) -> datetime:
+    """When ``moment`` of ``clock`` happens on the wall clock: itself, unless ``clock`` is
+    a :class:`ScaledClock`."""
+    return clock.wall(moment) if isinstance(clock, ScaledClock) else moment
+
+
+def speed_of(clock: Clock) -> float:
+    """How many times as fast as the wall clock ``clock`` runs (1 unless scaled)."""
+    return clock.speed if isinstance(clock, ScaledClock) else 1.0
 
 
 def utcnow() -> datetime:

@@ -40,7 +40,7 @@ from broker.core.adapter import (
     adapter_class,
     capability,
 )
-from broker.core.clock import Clock
+from broker.core.clock import Clock, ScaledClock
 from broker.core.config import data_dir
 from broker.core.errors import Conflict, InvalidRequest, NotFound
 from broker.core.metrics import instrument
@@ -225,8 +225,7 @@ class AdapterPool:
         speed = sim_speed(info.name, info.config) if info.kind == "sim" else 1.0
         if speed == 1.0:
             return self.clock
-        epoch = info.created_at
-        return lambda: epoch + (self.clock() - epoch) * speed
+        return ScaledClock(self.clock, info.created_at, speed)
 
     def _config_for(self, info: ClusterInfo, fingerprint: str) -> dict[str, Any]:
         config = dict(info.config)

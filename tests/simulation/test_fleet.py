@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.core.adapter import BackendState, ClusterAdapter, Placement, Rejected, Sharing, Unreachable, adapter_class
+from broker.core.clock import ScaledClock
 from broker.core.errors import InvalidRequest
 from broker.core.schemas import JobSpec
 from broker.simulation.cluster import SimulatedCluster
@@ -665,6 +666,19 @@ def test_a_jobs_output_only_grows_so_following_it_from_an_offset_reads_each_line
     assert "[simulated] succeeded (exit 0)" in rest.text and "started" not in rest.text
     assert running.text + rest.text == slurm.logs(1, "sim-1").text
     assert slurm.logs(1, "sim-1", tail=1).text == rest.text
+
+
+def test_a_fast_clusters_output_shows_wall_clock_times_and_its_pace(clock: VirtualClock) -> None:
+    """A cluster at speed 60, registered at T0: a job submitted 10 s later (virtual 10 min)
+    that runs 10 virtual minutes prints the wall-clock times it started and ended at."""
+    fast = SimulatedCluster("slurm-a", {"fleet": str(DEMO_FLEET)}, clock=ScaledClock(clock, T0, 60))
+    clock.at(10)
+    fast.submit(1, spec(600), slice_1g())
+    clock.at(20)
+    started, ended = fast.logs(1, "sim-1").text.splitlines()
+    assert started.startswith("2025-03-01T09:00:10Z [simulated] job 1 replica 0 started on mig-01")
+    assert "virtual time at 60x the wall clock" in started
+    assert ended == "2025-03-01T09:00:20Z [simulated] succeeded (exit 0) after 00:10:00 (00:00:10 of wall-clock time)"
 
 
 def test_a_fleet_path_with_a_nul_is_refused_in_words_not_a_value_error():

@@ -7,6 +7,7 @@ is where and on what it started and how it ended, and its stderr why it failed.
 from __future__ import annotations
 
 from broker.core.adapter import MAX_LOG_CHUNK, BackendState, JobOutput, Rejected
+from broker.core.clock import speed_of, wall_time
 from broker.core.spec_values import format_duration
 from broker.simulation.cluster.engine import EventEngine
 from broker.simulation.cluster.persistence import StateFile
@@ -45,8 +46,15 @@ class JobLogs:
         return JobOutput(location, text[offset : offset + MAX_LOG_CHUNK], min(len(text), offset + MAX_LOG_CHUNK))
 
     def _output(self, job: SimJob, replica: int, stream: str) -> str:
+        clock = self.state.clock
+
         def at(us: int) -> str:
-            return to_dt(us).strftime("%Y-%m-%dT%H:%M:%SZ")
+            # On the wall clock, as every other time the CLI shows: a cluster at speed 60
+            # would otherwise print times an hour ahead after a minute.
+            return wall_time(clock, to_dt(us)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+        speed = speed_of(clock)
+        pace = f"virtual time at {speed:g}x the wall clock" if speed != 1 else "virtual time"
 
         if stream == "stderr":
             if job.state is BackendState.FAILED and job.reason:
@@ -55,12 +63,13 @@ class JobLogs:
         what = job.placement.mig_profile or job.sharing.value.split("/", 1)[-1]
         lines = [
             f"{at(job.started_us)} [simulated] job {job.job_id} replica {replica} started on {job.node} "
-            f"({job.units} x {what}), {self.state.name}: virtual time; the simulator runs no program",
+            f"({job.units} x {what}), {self.state.name}: {pace}; the simulator runs no program",
         ]
         # Only lines that stay once written: ``gpush logs -f`` reads on from an offset.
         if job.state in FINISHED:
             ran = (job.at_us - job.started_us) // 1_000_000
             how = job.state.value + (f" (exit {job.exit_code})" if job.exit_code is not None else "")
             why = f": {job.reason}" if job.reason else ""
-            lines.append(f"{at(job.at_us)} [simulated] {how} after {format_duration(ran)}{why}")
+            took = f" ({format_duration(max(1, round(ran / speed)))} of wall-clock time)" if speed != 1 else ""
+            lines.append(f"{at(job.at_us)} [simulated] {how} after {format_duration(ran)}{took}{why}")
         return "".join(line + "\n" for line in lines)
