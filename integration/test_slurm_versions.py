@@ -41,6 +41,8 @@ from integration.test_slurm_adapter import (  # noqa: F401  (fixtures the collec
     slurm,
     test_a_broker_killed_between_sbatch_and_the_write_finds_the_job_by_its_tag,
     test_a_command_reaches_the_program_unchanged,
+    test_a_job_that_links_its_output_to_a_broker_only_file_gets_a_refusal,
+    test_an_impostor_job_of_another_user_is_not_adopted_and_its_output_not_read,
     test_cancel_works_in_every_state,
     test_each_sharing_mode_runs_to_completion,
     test_slurm_says_why_an_eighth_slice_job_waits,
