@@ -21,7 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
+from broker.scheduling.leader import ADVISORY_KEY
 from integration.test_servers import gpush, start_server, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +77,33 @@ def read_clusters(urls: list[str], token: str, stop: threading.Event) -> None:
         stop.wait(0.1)
 
 
+def leading(database_url: str) -> str | None:
+    """The application name of the server that leads: the one whose session holds the
+    scheduler's advisory lock in this database (broker.scheduling.leader), or None while
+    nobody does. Each server's URL names it (``application_name``), so the lock points
+    at a process, not at a guess of which one came first."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(
+                text(
+                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE l.locktype = 'advisory' AND l.granted"
+                    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                    # A bigint key is held as its high half in classid, its low half in objid.
+                    " AND l.classid = :high AND l.objid = :low AND l.objsubid = 1"
+                ),
+                {"high": ADVISORY_KEY >> 32, "low": ADVISORY_KEY & 0xFFFFFFFF},
+            ).scalar()
+    finally:
+        engine.dispose()
+
+
+def named(database_url: str, name: str) -> str:
+    """``database_url`` with PostgreSQL's application_name set, which pg_stat_activity shows."""
+    return f"{database_url}{'&' if '?' in database_url else '?'}application_name={name}"
+
+
 def test_killing_the_leader_under_traffic_loses_strands_and_doubles_nothing(database_url, monkeypatch, tmp_path):
     monkeypatch.setenv("GPUSH_DATA_DIR", str(tmp_path / "data"))  # the simulated cluster's shared state file
     admin = ["--database-url", database_url]
@@ -83,34 +112,60 @@ def test_killing_the_leader_under_traffic_loses_strands_and_doubles_nothing(data
     gpush(*admin, "policy", "apply", str(ROOT / "policies" / "default.yaml"), "-m", "drill")
     token = gpush(*admin, "admin", "token", "create", "--user", "alice", "--tenant", "ml").stdout.strip()
     options = ("--workers", "1", "--cycle-interval", "0.2")
-    servers = [start_server(database_url, *options)]
-    time.sleep(1.0)  # the first one takes the lead
-    servers.append(start_server(database_url, *options))
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}  # application_name -> (process, URL)
+
+    def start(name: str) -> None:
+        servers[name] = start_server(named(database_url, name), *options)
+
+    start("drill-server-0")
+    wait_for(lambda: leading(database_url) == "drill-server-0", what="the first server to take the lead")
+    start("drill-server-1")
     headers = {"Authorization": f"Bearer {token}"}
     submitted: list[str] = []
     errors: list[str] = []
+
+    def round_states(round_: int) -> set[str]:
+        page = httpx.get(
+            f"{next(iter(servers.values()))[1]}/v1/jobs", params={"limit": 1000}, headers=headers, timeout=10
+        )
+        return {j["state"] for j in page.json()["jobs"] if j["spec"]["idempotency_key"].startswith(f"drill-{round_}-")}
+
     try:
         for round_ in range(ROUNDS):
             keys = [f"drill-{round_}-{n}" for n in range(JOBS_PER_ROUND)]
             submitted += keys
-            urls = [url for _, url in servers]
+            urls = [url for _, url in servers.values()]
             traffic = threading.Thread(target=submit_all, args=(urls, token, keys, errors))
             traffic.start()
             stop_reading = threading.Event()
             reader = threading.Thread(target=read_clusters, args=(urls, token, stop_reading))
             reader.start()
-            time.sleep(1.0)  # jobs in every state when the leader dies
-            leader, _ = servers.pop(0)
+            # Jobs in flight when the leader dies: some of this round's already handed to a cluster.
+            wait_for(
+                lambda round_=round_: round_states(round_) & {"submitted", "running"},
+                timeout=30,
+                what=f"round {round_}: the leader to place some of its jobs",
+            )
+            killed = leading(database_url)
+            assert killed in servers, f"round {round_}: the lock is held by {killed!r}, none of {sorted(servers)}"
+            leader, _ = servers.pop(killed)
             os.killpg(leader.pid, signal.SIGKILL)
             leader.wait(10)
-            servers.append(start_server(database_url, *options))
-            urls.append(servers[-1][1])
+            start(f"drill-server-{round_ + 2}")
+            urls.append(servers[f"drill-server-{round_ + 2}"][1])
+            # PostgreSQL frees the dead session's lock and a live server takes it.
+            successor = wait_for(
+                lambda killed=killed: (name := leading(database_url)) not in (None, killed) and name,
+                timeout=30,
+                what=f"round {round_}: another server to lead after {killed} was killed",
+            )
+            assert successor in servers, f"round {round_}: {successor!r} leads, none of the live {sorted(servers)}"
             traffic.join(120)
             stop_reading.set()
             reader.join(10)
             assert not errors, errors
 
-        url = servers[-1][1]
+        url = servers[f"drill-server-{ROUNDS + 1}"][1]
 
         def jobs() -> list[dict]:
             page = httpx.get(f"{url}/v1/jobs", params={"limit": 1000}, headers=headers, timeout=10)
@@ -134,7 +189,7 @@ def test_killing_the_leader_under_traffic_loses_strands_and_doubles_nothing(data
         held = {t["name"]: t["gpu_used"] for t in (usage["tenants"] if isinstance(usage, dict) else usage)}
         assert all(value == 0 for value in held.values()), f"the ledger holds GPUs for jobs that ended: {held}"
     finally:
-        for proc, _ in servers:
+        for proc, _ in servers.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(10)
@@ -158,9 +213,11 @@ def test_a_server_killed_mid_submission_loses_and_doubles_nothing(database_url, 
         for client in clients:
             client.start()
         try:
-            time.sleep(1.0)
+            wait_for(lambda url=url: stored_jobs(url) >= 30, timeout=60, what="the clients to store some jobs")
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(10)
+            # The kill came mid-submission: some keys stored, others still to send.
+            assert stored_jobs(url) < len(keys), f"{url.split(':')[0]}: every job was in before the kill"
             # The same port again, so the clients' retries reach the new process.
             port = int(server_url.rsplit(":", 1)[1])
             server, _ = start_server(url, "--workers", "1", "--no-scheduler", port=port)
@@ -175,6 +232,16 @@ def test_a_server_killed_mid_submission_loses_and_doubles_nothing(database_url, 
             if server.poll() is None:
                 os.killpg(server.pid, signal.SIGTERM)
                 server.wait(10)
+
+
+def stored_jobs(database_url: str) -> int:
+    """How many jobs the database holds, read from it directly (no server needed)."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM jobs")).scalar()
+    finally:
+        engine.dispose()
 
 
 def restart_postgresql() -> None:
@@ -210,7 +277,9 @@ def test_postgresql_restarted_under_a_running_broker(database_url, monkeypatch, 
     try:
         traffic = threading.Thread(target=submit_all, args=([url], token, keys, errors))
         traffic.start()
-        time.sleep(1.0)
+        wait_for(lambda: stored_jobs(database_url) >= 10, timeout=60, what="the client to store some jobs")
+        # The restart comes mid-traffic: requests meet the broker's reconnection.
+        assert stored_jobs(database_url) < len(keys), "every job was in before the restart"
         restart_postgresql()
         traffic.join(120)
         assert not errors, errors

@@ -126,6 +126,15 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def cycles_run(url: str) -> float:
+    """How many scheduling cycles the server at ``url`` has finished (its /metrics; 0 for
+    one that never led)."""
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("gpush_scheduler_cycle_seconds_count"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_scheduling_moves_to_the_other_server_when_the_leader_dies(database_url, monkeypatch):
     root = Path(__file__).resolve().parents[1]
     admin = ["--database-url", database_url]
@@ -175,7 +184,8 @@ def test_a_submission_to_any_server_wakes_the_leader_at_once(database_url, monke
     leader, leader_url = start_server(database_url, "--workers", "1", "--cycle-interval", "120")
     api_only, api_url = start_server(database_url, "--workers", "1", "--no-scheduler")
     try:
-        time.sleep(2)  # the leader's first cycle (at start) is over: from now on it sleeps 120 s
+        # The leader's first cycle (at start) is over: from now on it sleeps 120 s.
+        wait_for(lambda: cycles_run(leader_url) >= 1, what="the leader's first cycle")
 
         def state(job_id: str) -> str:
             return json.loads(gpush("--url", api_url, "status", job_id, "--json").stdout)["state"]

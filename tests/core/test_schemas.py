@@ -425,24 +425,25 @@ def test_a_newline_inside_an_argv_item_or_env_value_is_still_kept():
 
 
 @pytest.mark.parametrize(
-    "fields",
+    ("fields", "words"),
     [
-        pytest.param({"gpu_memory_gb": float("nan")}, id="gpu-memory-nan"),
-        pytest.param({"gpu_memory_gb": float("inf")}, id="gpu-memory-inf"),
-        pytest.param({"memory": float("nan")}, id="memory-nan"),
-        pytest.param({"memory": float("inf")}, id="memory-inf"),
-        pytest.param({"time_limit": float("nan")}, id="time-limit-nan"),
-        pytest.param({"time_limit": float("-inf")}, id="time-limit-inf"),
-        pytest.param({"env": {"A": float("nan")}}, id="env-nan"),
-        pytest.param({"labels": {"a": float("inf")}}, id="label-inf"),
-        pytest.param({"cpus": float("nan")}, id="cpus-nan"),
+        pytest.param({"gpu_memory_gb": float("nan")}, "should be a finite number", id="gpu-memory-nan"),
+        pytest.param({"gpu_memory_gb": float("inf")}, "should be a finite number", id="gpu-memory-inf"),
+        pytest.param({"memory": float("nan")}, "nan is not a finite number", id="memory-nan"),
+        pytest.param({"memory": float("inf")}, "inf is not a finite number", id="memory-inf"),
+        # A duration is read as text (1h30m, HH:MM:SS): it says what a duration looks like.
+        pytest.param({"time_limit": float("nan")}, "nan is not a duration", id="time-limit-nan"),
+        pytest.param({"time_limit": float("-inf")}, "-inf is not a duration", id="time-limit-inf"),
+        pytest.param({"env": {"A": float("nan")}}, "env 'A': nan is not a finite number", id="env-nan"),
+        pytest.param({"labels": {"a": float("inf")}}, "labels 'a': inf is not a finite number", id="label-inf"),
+        pytest.param({"cpus": float("nan")}, "should be a finite number", id="cpus-nan"),
     ],
 )
-def test_a_number_that_is_not_finite_is_refused(fields):
+def test_a_number_that_is_not_finite_is_refused(fields, words):
     error = refused(**fields)
 
     assert [d["field"] for d in error.details] == list(fields)
-    assert "finite" in error.message or "not a" in error.message
+    assert words in error.message
 
 
 OVER_LIMITS = [
@@ -469,7 +470,7 @@ def test_a_field_over_its_limit_is_refused_naming_the_limit_and_its_setting(fiel
     error = refused(**fields)
 
     assert [d["field"] for d in error.details] == [field]
-    assert f"at most {int(limit):,}" in error.message or f"at most {limit}" in error.message
+    assert f"at most {int(limit):,}" in error.message
     assert setting in error.message
     assert len(error.message) < 2000  # the error does not echo the whole field
 

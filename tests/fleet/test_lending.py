@@ -205,4 +205,5 @@ def test_a_broker_that_restarts_mid_move_carries_the_move_on_from_its_row(engine
         moves = session.scalars(select(NodeMove)).all()
     assert [(m.id, m.step) for m in moves] == [(move.id, "done")]
     assert [job(sessions, j).state for j in waiting] == ["running"] * 12
-    assert all(job(sessions, j).state in ("running", "queued") for j in held)  # preempted ones queued again
+    # As without the restart: mig-01 and k8s-a's MIG node run 6 of them again; 2 wait for a slice.
+    assert sorted(job(sessions, j).state for j in held) == ["queued"] * 2 + ["running"] * 6

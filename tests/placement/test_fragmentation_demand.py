@@ -65,7 +65,9 @@ def test_a_cpu_only_task_goes_where_it_strands_no_gpu():
     cluster = SharedGpuNodes(nodes, placement="fgd", distribution=workload)
     cluster.place(TaskShape(1000, 1, 8000))  # takes a's GPU (both equal: the first)
     assert cluster.place_cpu(8000) == 0
-    assert cluster.place_cpu(8000) is None or cluster.place(TaskShape(1000, 1, 8000)) is not None
+    # a is full now: the next one can only go to b, and b's GPU still takes a GPU task beside it.
+    assert cluster.place_cpu(8000) == 1
+    assert cluster.place(TaskShape(1000, 1, 8000)).node == 1
     cluster.release_cpu(0, 8000)
     assert cluster.state(0).cpu_free == 8000
 

@@ -131,7 +131,7 @@ def test_no_more_victims_than_the_job_needs_and_none_without_a_fit(engine, sessi
     cycle.run_cycle()
     with sessions() as session:
         assert len(session.execute(select(Preemption)).all()) == 2
-    assert job(sessions, huge).state in ("held", "queued")
+    assert job(sessions, huge).state == "held"
 
 
 def test_a_victim_that_ignores_its_signal_is_stopped_after_the_grace(engine, sessions, clock, preempting, monkeypatch):
@@ -152,7 +152,7 @@ def test_a_victim_that_ignores_its_signal_is_stopped_after_the_grace(engine, ses
     assert victim.state == "queued"
     assert any(s == "requeued" and r.endswith("ended stopped by its cluster") for t, s, r in events(sessions, told[0]))
     # Placed in the cycle that stopped the victim: step 3 stops, step 4 reads the GPUs free.
-    assert job(sessions, urgent).state in ("submitted", "running")
+    assert job(sessions, urgent).state == "running"
 
 
 def test_a_user_cancel_of_a_victim_still_cancels_it(engine, sessions, clock, preempting, monkeypatch):
@@ -188,7 +188,8 @@ def test_fair_share_reclaim_is_rate_limited(engine, sessions, clock, preempting)
         rows = session.execute(select(Preemption)).scalars().all()
     assert len(rows) == 2 and {r.why for r in rows} == {"reclaim"}
     assert "reclaims its fair share" in rows[0].reason
-    assert sum(job(sessions, s).state == "submitted" or job(sessions, s).state == "running" for s in storm) == 2
+    # The two reclaimed GPUs run two of the storm (a sim job starts at once); the rest wait.
+    assert sorted(job(sessions, s).state for s in storm) == ["queued"] * 4 + ["running"] * 2
     clock.advance(3600)
     cycle.run_cycle()
     with sessions() as session:
@@ -230,7 +231,7 @@ def test_a_preemption_survives_a_failed_signal_and_a_broker_restart(engine, sess
     again = scheduler(engine, preempting, clock)
     again.run_cycle()
     assert job(sessions, row.victim_id).state == "queued"
-    assert job(sessions, urgent).state in ("submitted", "running")
+    assert job(sessions, urgent).state == "running"
 
 
 def test_a_preempted_run_is_charged_where_it_ran_while_the_job_waits_to_run_again(engine, sessions, clock, preempting):
