@@ -53,6 +53,7 @@ trace file).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -86,6 +87,7 @@ LEAD_TARGET = 0.010
 DEFAULT_TARGET = 0.960
 SECONDS_TARGET = 60.0
 REPLAY_TARGET_S = 60.0
+SMOKE_SAMPLE = 10  # --smoke: every 10th node and pod of the trace
 
 
 def _pct(value: float) -> str:
@@ -194,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-inflation", action="store_true")
     parser.add_argument("--skip-replay", action="store_true")
     parser.add_argument("--json", metavar="PATH", help="Also write the results as JSON to PATH.")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"tiny sizes, a few seconds: one seed, the default list, every {SMOKE_SAMPLE}th node and pod of "
+        "the trace; that the bench runs (make test runs it), its figures mean nothing",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -201,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidRequest as exc:
         print(f"placement bench: {exc}", file=sys.stderr)
         return 1
+    if args.smoke:
+        args.seeds, args.lists = 1, args.lists or "default"
+        trace = dataclasses.replace(trace, nodes=trace.nodes[::SMOKE_SAMPLE], pods=trace.pods[::SMOKE_SAMPLE])
     lists = all_lists()
     if args.lists:
         wanted = set(args.lists.split(","))
@@ -216,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace": args.trace,
         "nodes": trace.nodes_file,
         "seeds": args.seeds,
+        "smoke": args.smoke,
         "platform": platform.platform(),
         "python": platform.python_version(),
         "targets": {"lead": LEAD_TARGET, "default": DEFAULT_TARGET, "seconds_per_list": SECONDS_TARGET},
