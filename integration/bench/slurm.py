@@ -45,6 +45,7 @@ not a test: it prints figures and exits 0 when it ran.
     .venv/bin/python integration/bench/slurm.py --jobs 1000 --rounds 3
     .venv/bin/python integration/bench/slurm.py --jobs 300 --mps-share 8 --backlog 100   # 12 fit, 16 could run
     .venv/bin/python integration/bench/slurm.py --jobs 100 --latency-jobs 5   # a quick look
+    .venv/bin/python integration/bench/slurm.py --smoke --json out.json   # seconds: does it run
 """
 
 from __future__ import annotations
@@ -522,7 +523,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="of the latency jobs' submission times (1)")
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, seconds (20 jobs, one round, 2 latency pairs): that the bench runs (make test "
+        "runs it); its figures mean nothing",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.jobs, args.rounds, args.latency_jobs = 20, 1, 2
     # A stopped run (timeout, kill) still stops its Slurm daemons: the finally blocks run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -536,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": settings,
         "mps_share": args.mps_share,
         "interval_s": args.interval,
+        "smoke": args.smoke,
         "rounds": [],
     }
     described = ", ".join(f"{k}={v}" for k, v in settings.items()) or "the adapter's defaults"
