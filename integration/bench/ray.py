@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each count (default 2)")
     parser.add_argument("--interval", type=float, default=1.0, help="gpush scheduling cycle, seconds (default 1)")
     parser.add_argument(
-        "--pg-url", default=os.environ.get("GPUSH_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+        "--pg-url", default=os.environ.get("GPUSH_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
