@@ -1049,6 +1049,27 @@ def test_history_older_than_the_compaction_window_is_gone_without_forcing_it(tmp
         server.stop()
 
 
+def test_a_watch_from_before_the_server_started_is_gone_at_once(tmp_path):
+    """kube-apiserver's watch cache starts at the resourceVersion it listed when it started:
+    a new watch from an older one is 410 at once, before any compaction; from the listed one on,
+    a watch streams the changes."""
+    server = start(compaction_interval=None)
+    try:
+        core = _core(server, tmp_path)
+        listed = core.list_namespace().metadata.resource_version
+        assert int(listed) > 1  # the bootstrap namespaces came at 1, 2, ...
+        with pytest.raises(ApiException) as info:
+            list(watch.Watch().stream(core.list_namespace, resource_version="1", _request_timeout=10))
+        assert info.value.status == 410
+        events, thread = _watch_in_thread(core.list_namespace, resource_version=listed, count=1, _request_timeout=30)
+        core.create_namespace({"metadata": {"name": "after-start"}})
+        (event,) = _take(events, 1)
+        assert (event["type"], event["object"].metadata.name) == ("ADDED", "after-start")
+        thread.join(10)
+    finally:
+        server.stop()
+
+
 def test_the_default_compaction_window_is_kube_apiservers():
     server = TestApiServer()
     assert server.compaction_interval == 300.0  # --etcd-compaction-interval

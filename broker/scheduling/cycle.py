@@ -46,7 +46,7 @@ from broker.scheduling import holdings
 from broker.scheduling.claim import Candidate, Claim
 from broker.scheduling.parts import CycleParts, cycle_parts
 from broker.scheduling.preemption import terms_of
-from broker.scheduling.steps import CycleReport, unplaced
+from broker.scheduling.steps import CycleReport, PhaseObserver, unplaced
 from broker.scheduling.submission import Submission
 from broker.scheduling.sync import StatusChanges
 
@@ -113,6 +113,7 @@ class Scheduler:
         policy_source: Callable[[object], object | None] | None = None,
         claim_limit: int = 1000,
         parts: CycleParts | None = None,
+        on_phase: PhaseObserver | None = None,
     ):
         self.engine = engine
         self.sessions = session_factory(engine)
@@ -120,6 +121,8 @@ class Scheduler:
         self.clock = clock
         self.claim_limit = claim_limit
         self._policy_source = policy_source
+        # Told of each step as it ends (broker.scheduling.steps.CycleReport.on_phase).
+        self.on_phase = on_phase
         parts = parts if parts is not None else cycle_parts(self.sessions, adapters, clock)
         self.clusters = parts.clusters
         self.specs = parts.specs
@@ -135,7 +138,7 @@ class Scheduler:
 
     @observe_cycle  # its duration, steps and outcomes to /metrics (broker.core.metrics)
     def run_cycle(self) -> CycleReport:
-        report = CycleReport()
+        report = CycleReport(on_phase=self.on_phase)
         clusters = self.enabled_clusters()
         with report.timing("recover"):
             self.recover(clusters, report)  # 1
@@ -405,7 +408,7 @@ class Scheduler:
             raise
         self._pinned_waiting = dict(decisions.pinned_waiting)
         claim_in_loop = report.seconds["claim"] - claim_before
-        report.seconds["decide"] = time.perf_counter() - decide_begin - claim_in_loop
+        report.add_time("decide", time.perf_counter() - decide_begin - claim_in_loop)
         submission.close(report)
         return Decided(policy, fair, held, waiting, blocked, preempting=preempting, lending=lending)
 

@@ -48,11 +48,18 @@ def timed(label: str, rounds: int, call) -> dict[str, float]:
     return {"command": label, "median_s": statistics.median(times), "max_s": max(times), "rounds": rounds}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", metavar="FILE", help="Also write the figures here.")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one round, a few seconds: that the bench runs (make test runs it); its figures mean nothing",
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds = 1
 
     home = Path(tempfile.mkdtemp(prefix="gpush-bench-cli-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSH_")} | {
@@ -142,7 +149,7 @@ def main() -> int:
     for row in rows:
         print(f"  {row['command']:<44} {row['median_s']:>7.3f}s {row['max_s']:>7.3f}s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "target_s": TARGET_S}, indent=2))
+        Path(args.json).write_text(json.dumps({"rows": rows, "target_s": TARGET_S, "smoke": args.smoke}, indent=2))
     return 0
 
 

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from scratch import scratch_database  # noqa: E402
+
 from broker.core.auth import Principal, create_token  # noqa: E402
 from broker.core.db import make_engine, session_factory, upgrade  # noqa: E402
 from broker.core.schemas import JobSpec, Role  # noqa: E402
@@ -51,6 +54,8 @@ GPUSH = str(Path(sys.executable).with_name("gpush"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 QUEUE_TARGET_S, INVENTORY_TARGET_S = 1.0, 2.0
 TENANTS = ("vision", "nlp", "speech", "robotics")
+DEFAULT_PG_URL = os.environ.get("GPUSH_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+BENCH_DATABASE = "gpush_bench_dashboard"
 
 
 def fleet_yaml(nodes: int) -> str:
@@ -180,16 +185,17 @@ def measure(base: str, token: str, rounds: int, nodes: int) -> dict[str, float]:
     return {key: statistics.median(values) for key, values in out.items()}
 
 
-def run(jobs: int, nodes: int, rounds: int, postgres: bool = False) -> dict[str, float]:
+def run(jobs: int, nodes: int, rounds: int, pg_url: str | None = None) -> dict[str, float]:
+    """The pages measured on ``jobs`` jobs and ``nodes`` nodes: on SQLite, or (``pg_url``) on a
+    scratch PostgreSQL database of that server (created here, dropped after)."""
     directory = Path(tempfile.mkdtemp(prefix="gpush-bench-web-"))
-    database = None
-    if postgres:
-        from integration.conftest import ADMIN_DSN, _sqlalchemy_url, create_database, drop_database
-
-        database = create_database()
-    try:
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, directory, ignore_errors=True)
+        url = None
+        if pg_url:
+            url, _ = stack.enter_context(scratch_database(pg_url, f"{BENCH_DATABASE}_{jobs}_{nodes}"))
         began = time.perf_counter()
-        url, token = build(directory, jobs, nodes, _sqlalchemy_url(ADMIN_DSN, database) if database else None)
+        url, token = build(directory, jobs, nodes, url)
         built = time.perf_counter() - began
         proc, base = serve(url, directory)
         try:
@@ -197,25 +203,36 @@ def run(jobs: int, nodes: int, rounds: int, postgres: bool = False) -> dict[str,
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(10)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-        if database:
-            drop_database(database)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", metavar="FILE", help="Also write the figures here.")
     parser.add_argument(
-        "--postgres", action="store_true", help="On a scratch PostgreSQL database (127.0.0.1:5432) instead of SQLite."
+        "--postgres", action="store_true", help="On a scratch PostgreSQL database (of --pg-url) instead of SQLite."
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--pg-url",
+        default=DEFAULT_PG_URL,
+        help=f"PostgreSQL server for --postgres; the bench creates and drops its own databases there "
+        f"(default {DEFAULT_PG_URL}; env GPUSH_BENCH_PG_URL).",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, seconds (300 jobs, 12 nodes, one load): that the bench runs (make test runs it); "
+        "its figures mean nothing",
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.jobs, args.nodes, args.rounds = 300, 12, 1
+    pg_url = args.pg_url if args.postgres else None
     try:
-        baseline = run(100, 10, args.rounds, args.postgres)
-        large = run(args.jobs, args.nodes, args.rounds, args.postgres)
+        baseline = run(100, 10, args.rounds, pg_url)
+        large = run(args.jobs, args.nodes, args.rounds, pg_url)
     except Exception as exc:  # noqa: BLE001 - a benchmark reports what broke and exits 1
         print(f"dashboard bench failed: {exc}", file=sys.stderr)
         return 1
@@ -235,7 +252,9 @@ def main() -> int:
         f"baseline: 100 jobs, 10 nodes; median of {args.rounds} loads)"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps({"large": large, "baseline": baseline}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"large": large, "baseline": baseline, "postgres": args.postgres, "smoke": args.smoke}, indent=2)
+        )
     return 0
 
 

@@ -246,7 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift", type=float, default=0.03, help="Share of nodes with injected drift (0.03: 3%%).")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", metavar="PATH", help="Also write the results as JSON to PATH.")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds: that the bench runs (make test runs it); its figures mean nothing",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.nodes, args.rounds = 200, 1
 
     started = time.perf_counter()
     clusters, reports, injected = build(args.nodes, args.drift, args.seed)
@@ -305,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         result = {
             "nodes": args.nodes,
+            "smoke": args.smoke,
             "units": units,
             "agent_reports": len(reports),
             "agent_gpus": gpus,

@@ -866,9 +866,18 @@ def main(argv: list[str] | None = None) -> int:
         help="worker processes of the gpush server of the latency phase (default 1: its /metrics is the leader's)",
     )
     parser.add_argument("--json", metavar="PATH", help="write the figures here as JSON")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, seconds (8 nodes, 16 Pods, 2 latency jobs, 40 inventory nodes): that the bench "
+        "runs (make test runs it); its figures mean nothing",
+    )
     parser.add_argument("--serve-cluster", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.smoke and not args.serve_cluster:
+        args.nodes, args.pods, args.threads, args.rounds = 8, 16, 4, 1
+        args.inventory_nodes, args.repeats, args.latency_jobs, args.timeout = 40, 1, 2, 120.0
     if args.serve_cluster:
         return serve_cluster(args.nodes, args.kubeconfig)
 
@@ -881,6 +890,7 @@ def main(argv: list[str] | None = None) -> int:
         "db": args.db,
         "cpus": os.cpu_count(),
         "watch_seconds": args.watch_seconds,  # None: the adapter's default
+        "smoke": args.smoke,
     }
     workdir = Path(tempfile.mkdtemp(prefix="gpush-k8s-bench-"))
     with ExitStack() as stack:

@@ -152,10 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="Timed rounds per size (the median is reported).")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", metavar="PATH", help="Also write the results as JSON to PATH.")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds: that the bench runs (make test runs it); its figures mean nothing",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.rounds = [50], 1
 
     cap = getattr(policy_rules, "MAX_RULES", None)
-    sizes = sorted(set(args.sizes) | ({cap} if cap else set()))
+    sizes = sorted(set(args.sizes) | ({cap} if cap and not args.smoke else set()))
     views = shipped_views()
     print(
         f"rule cap (MAX_RULES): {cap if cap else 'none'}; "
@@ -183,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_rules": cap,
             "rounds": args.rounds,
             "seed": args.seed,
+            "smoke": args.smoke,
             "targets": {"validate_seconds": TARGET_SECONDS, "at_rules": TARGET_RULES},
             "platform": platform.platform(),
             "python": platform.python_version(),

@@ -128,10 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each count (default 2)")
     parser.add_argument("--interval", type=float, default=1.0, help="gpush scheduling cycle, seconds (default 1)")
     parser.add_argument(
-        "--pg-url", default=os.environ.get("GPUSH_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+        "--pg-url", default=os.environ.get("GPUSH_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one worker, one round: that the bench runs (make test runs it); its figures mean nothing",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.counts, args.rounds = "1", 1
     counts = [int(c) for c in args.counts.split(",")]
 
     import ray
@@ -198,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(f"{count} worker(s): median {summary[count]}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "summary": summary, "interval": args.interval}, indent=2))
+        args.json.write_text(
+            json.dumps({"rows": rows, "summary": summary, "interval": args.interval, "smoke": args.smoke}, indent=2)
+        )
     return 0
 
 

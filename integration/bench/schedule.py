@@ -667,7 +667,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"PostgreSQL server to use; the benchmark creates and drops its own database "
         f"{BENCH_DATABASE!r} there (default {DEFAULT_PG_URL}; env GPUSH_BENCH_PG_URL).",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds: a fill of 600 jobs on 10 nodes and the --million run with 1,200 "
+        "queued; that the bench runs (make test runs it), its figures mean nothing",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.jobs, args.nodes, args.claim_limit, args.max_cycles = 600, 10, 50, 10
+        args.million, args.million_jobs, args.million_claim_limit, args.million_cycles = True, 1200, 20, 2
     for name in (
         "jobs",
         "nodes",
@@ -749,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
                 "million_jobs": args.million_jobs,
                 "million_claim_limit": args.million_claim_limit,
                 "seed": args.seed,
+                "smoke": args.smoke,
             },
             "results": [asdict(r) for r in results],
             "peak_rss_mb": rss,

@@ -747,7 +747,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="N",
         help=f"Client processes the concurrent clients are spread over, as threads (default {DEFAULT_CLIENT_PROCS}).",
     )
-    parser.add_argument("--quick", action="store_true", help="Smoke run: 1 s measurements, 2 batches.")
+    parser.add_argument("--quick", action="store_true", help="A quick look: 1 s measurements, 2 batches.")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds a backend (0.3 s measurements, 1 and 4 clients, one batch of 100): "
+        "that the bench runs (make test runs it); its figures mean nothing",
+    )
     args = parser.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(args.backends) - set(BACKENDS)
@@ -759,6 +765,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.duration = min(args.duration, 1.0)
         args.batches = min(args.batches, 2)
+    args.clients = SINGLE_CLIENTS
+    if args.smoke:
+        args.duration, args.batches, args.batch_size, args.client_procs = 0.3, 1, 100, 1
+        args.clients = (1, 4)
     return args
 
 
@@ -772,6 +782,7 @@ def main(argv: list[str] | None = None) -> int:
         client_procs=args.client_procs,
         workers=args.workers,
         pg_url=args.pg_url,
+        clients=args.clients,
     )
     machine = machine_info()
     console.print(
@@ -820,6 +831,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "results": [asdict(row) for row in rows],
             "errors": failures,
+            "smoke": args.smoke,
         }
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"results written to {args.json}")

@@ -209,6 +209,7 @@ class ApiServerApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self.store.attach_loop(asyncio.get_running_loop())
+                self.store.start_watch_cache()
                 if self.compaction_interval:
                     self._compactor = asyncio.create_task(self._compact_every(self.compaction_interval))
                 await send({"type": "lifespan.startup.complete"})

@@ -12,7 +12,8 @@ It owns what etcd and the generic registry own in a real cluster:
   on a timer (every 5 minutes by default, as ``--etcd-compaction-interval``), forgets everything up
   to the revision the tick before it saw, so a watch from, or a list at, a resourceVersion older
   than one to two intervals is 410 Expired; a watch already open is not cut off by it, as the watch
-  cache keeps feeding it;
+  cache keeps feeding it. A new watch is served from the watch cache, which starts at the revision
+  it listed when the server started: a watch from an older resourceVersion is 410 at once;
 * create, update, patch and delete with the real semantics: optimistic concurrency, generation,
   the status and scale subresources, defaults and validation (apiserver_validation), and garbage
   collection of owned objects, done synchronously at the delete;
@@ -248,6 +249,10 @@ class Store:
         # etcd's compacted revision: a list or a new watch at an older resourceVersion is 410.
         self.compacted_revision = 0
         self._compaction_mark: int | None = None  # the revision the last compaction tick saw
+        # The revision kube-apiserver's watch cache listed when the server started: its window
+        # begins there, so a new watch from an older resourceVersion is 410 at once, history
+        # kept in etcd or not (set by :meth:`start_watch_cache` as the server starts).
+        self.watch_cache_revision = 0
         self.event_window = max(1, event_window)
         self._slack = max(1, self.event_window // 4)
         self._clock = clock
@@ -322,6 +327,13 @@ class Store:
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
+
+    def start_watch_cache(self) -> int:
+        """The server starts: its watch cache lists at the current revision and serves watches
+        from there on (cacher.go: a watch from an older resourceVersion is "too old", 410)."""
+        with self.lock:
+            self.watch_cache_revision = self.revision
+            return self.revision
 
     def signal(self, coll: Collection) -> asyncio.Event:
         """An event set at the next change to ``coll``; call from the server's event loop only."""
@@ -1023,8 +1035,9 @@ class Store:
                 ]
                 return coll, initial, self.revision
             rv = _parse_rv(resource_version)
-            if rv < self._horizon(coll):
-                raise expired(f"too old resource version: {rv} ({self._horizon(coll) + 1})")
+            oldest = max(self._horizon(coll), self.watch_cache_revision)
+            if rv < oldest:
+                raise expired(f"too old resource version: {rv} ({oldest + 1})")
             return coll, [], rv
 
     def changes_after(self, coll: Collection, rv: int) -> tuple[list[Change] | None, int]:

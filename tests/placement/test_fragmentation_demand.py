@@ -12,7 +12,7 @@ from broker.simulation.inflation import (
     inflate,
     inflation_arrivals,
     inflation_experiment,
-    offline_ceiling,
+    offline_best_fit,
     windows,
 )
 
@@ -82,19 +82,19 @@ def test_cpu_only_tasks_count_in_the_inflation_experiment_but_not_as_gpu_demand(
     assert set(result["medians"]) >= {"gpush (fgd)", "gpush (fgd, joint)", "gpush (first-fit)"}
 
 
-def test_the_offline_ceiling_knows_every_arrival_and_ignores_cpu():
+def test_offline_best_fit_knows_every_arrival_and_ignores_cpu():
     # Two 1-GPU nodes with 4 cores. Online, the 0.4 and the 0.6 each take a node's CPU
-    # and the 0.8 finds no GPU with room; the ceiling places 0.8 + 0.2 on one GPU and
+    # and the 0.8 finds no GPU with room; offline best fit places 0.8 + 0.2 on one GPU and
     # 0.6 + 0.4 on the other: all of it. What came after 100% arrived is not counted.
     nodes = [SharedNode("a", 1, cpu_milli=4000), SharedNode("b", 1, cpu_milli=4000)]
     arrivals = [TaskShape(400, 1, 4000), TaskShape(600, 1, 4000), TaskShape(800), TaskShape(200), TaskShape(1000)]
-    assert offline_ceiling(nodes, arrivals) == 1.0
+    assert offline_best_fit(nodes, arrivals) == 1.0
     assert inflate(nodes, arrivals, placement="best-fit", distribution=None).at_full < 1.0
     # Pinned work keeps its models.
     pinned = [SharedNode("a", 1, model="A100"), SharedNode("b", 1, model="T4")]
-    assert offline_ceiling(pinned, [TaskShape(1000, models=("A100",))] * 2) == 0.5
-    result = inflation_experiment(nodes, arrivals, seeds=[1], ceiling=True)
-    assert 0 < result["offline_ceiling"] <= 1.0
+    assert offline_best_fit(pinned, [TaskShape(1000, models=("A100",))] * 2) == 0.5
+    result = inflation_experiment(nodes, arrivals, seeds=[1], offline=True)
+    assert 0 < result["offline_best_fit"] <= 1.0
 
 
 def test_joint_windows_end_where_the_arrived_demand_reaches_the_capacity():

@@ -324,3 +324,23 @@ def test_a_job_its_cluster_requeues_or_loses_while_running_is_followed(engine, s
     assert ("running", "requeued", lost) in events
     assert [to for _, to, _ in events].count("submitting") == 2
     assert job(sessions, job_id).state == "submitted"
+
+
+def test_an_observer_is_told_each_step_of_the_cycle_as_it_ends(engine, sessions, clock, fleet):
+    """The public timing hook (on_phase): benchmarks and tracing time a cycle's steps
+    without wrapping the scheduler's collaborators."""
+    submit(sessions, clock, kind="inference", isolation="process", gpu_memory_gb=2)
+    told: list[tuple[str, float]] = []
+    report = Scheduler(
+        engine, fleet, clock=clock, on_phase=lambda step, seconds: told.append((step, seconds))
+    ).run_cycle()
+    assert report.placed == 1
+    steps = [step for step, _ in told]
+    # In the cycle's order: recover, MIG changes, the status read, then the others.
+    assert steps[:3] == ["recover", "mig", "sync"]
+    assert {"inventory", "cancel", "claim", "decide", "write"} <= set(steps)
+    assert steps.index("sync") < steps.index("inventory") < steps.index("decide") < steps.index("write")
+    assert all(seconds >= 0 for _, seconds in told)
+    # What the observer heard of a step run on the cycle's thread is what the report keeps.
+    for step in ("recover", "mig", "inventory", "cancel", "decide"):
+        assert sum(s for name, s in told if name == step) == pytest.approx(report.seconds[step])
