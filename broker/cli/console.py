@@ -287,6 +287,7 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("Reason", job.state_reason or "-"),
         ("Cancel requested", local_time(job.cancel_requested_at) if job.cancel_requested_at else "no"),
         ("Where", where(job.placement)),
+        ("GPU-equivalents", _held_text(job)),
         ("Output", output or "-"),
         ("Kind", job.kind.value),
         ("Isolation", job.isolation.value),
@@ -471,6 +472,16 @@ def policy_history_table(rows: list[dict[str, Any]]) -> Table:
 
 
 # -- inventory ---------------------------------------------------------------------
+
+
+def _held_text(job: Any) -> str:
+    """What the job holds, the figure tenants, inventory and usage count (one replica's
+    share too, for an elastic job)."""
+    if job.gpu_equivalents is None or not job.placement:
+        return "-"
+    replicas = int(job.placement.get("replicas") or 1)
+    each = f" ({replicas} replicas × {_eq(job.gpu_equivalents / replicas)})" if replicas > 1 else ""
+    return f"{_eq(job.gpu_equivalents)} held{each}"
 
 
 def _eq(value: float) -> str:
