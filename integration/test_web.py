@@ -329,6 +329,27 @@ def test_the_tenants_page_shows_share_against_weight(page, site):
     expect(table).to_contain_text("nlp")
 
 
+def test_a_user_sees_the_same_shares_as_an_admin_with_other_tenants_unnamed(page, site, shots):
+    def shares(user: str) -> dict[str, list[str]]:
+        sign_in(page, site, user)
+        page.get_by_role("link", name="Tenants").click()
+        rows = page.get_by_test_id("tenants").locator("tbody tr")
+        expect(rows.first).to_be_visible()
+        return {r[0]: r[1:4] for r in (row.split("\t") for row in rows.evaluate_all(TAB_ROWS))}
+
+    admin = shares("root")
+    alice = shares("alice")  # tenant vision
+    page.screenshot(path=shots / "tenants-user.png", full_page=True)
+    assert alice["vision"] == admin["vision"]  # weight, fair share, GPUs held
+    assert admin["vision"][1] == "50%" and alice["(other tenants)"][1] == "50%"
+    assert "nlp" not in page.get_by_test_id("tenants").inner_text()
+    bars = page.get_by_test_id("shares").inner_text()
+    assert "(other tenants)" in bars and "100%" not in bars
+
+
+TAB_ROWS = "rows => rows.map(r => [...r.cells].map(c => c.textContent.trim()).join('\\t'))"
+
+
 def test_the_page_calls_nothing_outside_the_broker(page, site):
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))

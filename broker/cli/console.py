@@ -396,12 +396,19 @@ def clusters_table(summaries: list[dict[str, Any]], *, width: int = 80) -> Table
 
 def tenants_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("TENANT", "WEIGHT", "GPU QUOTA", "GPU USED", "RUNNING", "QUEUED"):
+    for column in ("TENANT", "WEIGHT", "FAIR SHARE", "GPU QUOTA", "GPU USED", "OF IN USE", "RUNNING", "QUEUED"):
         table.add_column(column, no_wrap=True)
     for t in rows:
         quota = "-" if t["gpu_quota"] is None else f"{t['gpu_quota']:g}"
         table.add_row(
-            t["name"], f"{t['weight']:g}", quota, f"{t['gpu_used']:.2f}", str(t["jobs_running"]), str(t["jobs_queued"])
+            t["name"],
+            f"{t['weight']:g}",
+            f"{t['fair_share']:.0%}",
+            quota,
+            f"{t['gpu_used']:.2f}",
+            f"{t['gpu_share']:.0%}",
+            str(t["jobs_running"]),
+            str(t["jobs_queued"]),
         )
     return table
 

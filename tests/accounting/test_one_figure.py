@@ -142,3 +142,30 @@ def test_every_view_counts_what_a_job_holds_alike(demo, http, sessions):
     scaled = utcnow()
     run("scheduler", "run", "--cycles", "1")
     agree(views(run, http, sessions, since=scaled), {**EXPECTED, "chat-serve": 1.0})
+
+
+def test_a_user_sees_the_same_shares_as_an_admin_with_other_tenants_unnamed(demo, http):
+    run, _ids, tokens = demo
+    admin = {t["name"]: t for t in http(user="root", tenant="ops", role="admin").get("/v1/tenants").json()}
+    assert set(admin) == {"default", "nlp", "vision"}
+    held = sum(t["gpu_used"] for t in admin.values())
+    assert admin["nlp"]["gpu_share"] == pytest.approx(0.05 / held)
+    assert admin["nlp"]["fair_share"] == pytest.approx(1 / 3)
+
+    for seen in (
+        http(token=tokens["alice"]).get("/v1/tenants").json(),
+        run("tenant", "list", "--json", token=tokens["alice"]).json,
+    ):
+        mine, others = seen
+        assert mine == {**admin["nlp"], "others": 0}
+        assert others["name"] == "(other tenants)" and others["others"] == 2
+        assert others["gpu_used"] == pytest.approx(admin["default"]["gpu_used"] + admin["vision"]["gpu_used"])
+        assert others["weight"] == 2 and others["fair_share"] == pytest.approx(2 / 3)
+        assert others["gpu_share"] + mine["gpu_share"] == pytest.approx(1)
+        assert others["jobs_running"] == admin["default"]["jobs_running"] + admin["vision"]["jobs_running"]
+        assert "default" not in str(seen) and "vision" not in str(seen)
+
+    table = run("tenant", "list", token=tokens["alice"]).out
+    assert "nlp" in table and "(other tenants)" in table and "vision" not in table
+    nlp = next(line.split() for line in table.splitlines() if line.startswith("nlp"))
+    assert nlp[1:3] == ["1", "33%"] and nlp[4:6] == ["0.05", f"{0.05 / held:.0%}"]

@@ -651,26 +651,25 @@ function segment(seg, total) {
 async function renderTenants(ticket) {
   const rows = await api("/v1/tenants");
   if (!current(ticket)) return;
-  const weights = rows.reduce((s, t) => s + t.weight, 0) || 1;
-  const used = rows.reduce((s, t) => s + t.gpu_used, 0);
-  const max = Math.max(...rows.map((t) => Math.max(t.weight / weights, used ? t.gpu_used / used : 0)), 0.01);
+  // Shares come from the broker, over every tenant: a user's token sees the tenants it may
+  // not name as one "(other tenants)" row, and the same numbers as an admin's.
+  const max = Math.max(...rows.map((t) => Math.max(t.fair_share, t.gpu_share)), 0.01);
   mount(h("h1", { text: "Tenants" }),
     h("p", { class: "muted", text: "Fair share: each tenant's share of the GPUs in use (bar) against its share " +
       "of the weights (mark). Quota: the GPU-equivalents a tenant may hold at once." }),
     h("div", { class: "panel bars", "data-testid": "shares" }, rows.map((t) => {
-      const share = used ? t.gpu_used / used : 0;
       return h("div", { class: "row" }, h("span", { text: t.name }),
-        h("div", { class: "track", title: `${Math.round(share * 100)}% of the GPUs in use; weight share ${Math.round(t.weight / weights * 100)}%` },
-          h("i", { style: `width:${(share / max) * 100}%;background:${tenantColour(t.name)}` }),
-          h("b", { style: `left:${(t.weight / weights / max) * 100}%` })),
-        h("span", { class: "muted", text: `${Math.round(share * 100)}%` }));
+        h("div", { class: "track", title: `${Math.round(t.gpu_share * 100)}% of the GPUs in use; weight share ${Math.round(t.fair_share * 100)}%` },
+          h("i", { style: `width:${(t.gpu_share / max) * 100}%;background:${tenantColour(t.name)}` }),
+          h("b", { style: `left:${(t.fair_share / max) * 100}%` })),
+        h("span", { class: "muted", text: `${Math.round(t.gpu_share * 100)}%` }));
     })),
     h("table", { "data-testid": "tenants" },
       h("thead", {}, h("tr", {}, ["tenant", "weight", "fair share", "GPUs held", "quota", "quota used", "running",
         "waiting"].map((t, i) => h("th", { class: i ? "num" : "", text: t })))),
       h("tbody", {}, rows.map((t) => h("tr", {},
         h("td", { text: t.name }), h("td", { class: "num", text: t.weight }),
-        h("td", { class: "num", text: `${Math.round(t.weight / weights * 100)}%` }),
+        h("td", { class: "num", text: `${Math.round(t.fair_share * 100)}%` }),
         h("td", { class: "num", text: gpus(t.gpu_used) }),
         h("td", { class: "num", text: t.gpu_quota === null ? "none" : gpus(t.gpu_quota) }),
         h("td", { class: "num", text: t.gpu_quota ? `${Math.round(t.gpu_used / t.gpu_quota * 100)}%` : "" }),
