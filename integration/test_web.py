@@ -329,6 +329,68 @@ def test_the_tenants_page_shows_share_against_weight(page, site):
     expect(table).to_contain_text("nlp")
 
 
+def test_a_user_sees_the_same_shares_as_an_admin_with_other_tenants_unnamed(page, site, shots):
+    def shares(user: str) -> dict[str, list[str]]:
+        sign_in(page, site, user)
+        page.get_by_role("link", name="Tenants").click()
+        rows = page.get_by_test_id("tenants").locator("tbody tr")
+        expect(rows.first).to_be_visible()
+        return {r[0]: r[1:4] for r in (row.split("\t") for row in rows.evaluate_all(TAB_ROWS))}
+
+    admin = shares("root")
+    alice = shares("alice")  # tenant vision
+    page.screenshot(path=shots / "tenants-user.png", full_page=True)
+    assert alice["vision"] == admin["vision"]  # weight, fair share, GPUs held
+    assert admin["vision"][1] == "50%" and alice["(other tenants)"][1] == "50%"
+    assert "nlp" not in page.get_by_test_id("tenants").inner_text()
+    bars = page.get_by_test_id("shares").inner_text()
+    assert "(other tenants)" in bars and "100%" not in bars
+
+
+TAB_ROWS = "rows => rows.map(r => [...r.cells].map(c => c.textContent.trim()).join('\\t'))"
+
+
+# Every word of a table cell (split at spaces and hyphens, where a line may break; a
+# name whole) whose glyphs land on more than one line: a word broken mid-word.
+BROKEN_WORDS = """() => {
+  const broken = [];
+  for (const td of document.querySelectorAll("main td")) {
+    const walker = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      // A name (class token: slurm-a, bob-secret-model) is one word, hyphens and all.
+      const words = td.classList.contains("token") ? /\\S.*\\S|\\S/g : /[^\\s-]+/g;
+      for (const m of node.data.matchAll(words)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const lines = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+        if (lines.size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  return broken;
+}"""
+
+
+def test_no_table_cell_breaks_a_word_at_1000_px_and_wide_tables_scroll(browser, site, shots):
+    context = browser.new_context(viewport={"width": 1000, "height": 800})
+    page = context.new_page()
+    try:
+        sign_in(page, site, "root")
+        for view, table in (("queue?state=all", "jobs"), ("tenants", "tenants"), ("admin", "findings")):
+            page.goto(f"{site.url}/#/{view}")
+            expect(page.get_by_test_id(table).locator("tbody tr").first).to_be_visible()
+            page.screenshot(path=shots / f"narrow-{view.split('?')[0]}.png", full_page=True)
+            assert page.evaluate(BROKEN_WORDS) == [], view
+            # Each header row sits above the first row (it stuck 49 px down, over the rows).
+            head, first = (page.get_by_test_id(table).locator(part).first.bounding_box() for part in ("th", "tbody tr"))
+            assert head["y"] + head["height"] <= first["y"] + 1, view
+            # The page never scrolls sideways: a table wider than the page scrolls in its box.
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), view
+    finally:
+        context.close()
+
+
 def test_the_page_calls_nothing_outside_the_broker(page, site):
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))

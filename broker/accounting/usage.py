@@ -3,17 +3,10 @@
 
 A job is charged while it is ``running`` (from the event that moved it to running to the
 event that moved it away; a running job up to now), at the GPU-equivalents its
-placement holds, by sharing mode (:func:`per_replica`):
-
-- **MIG** (``slurm/mig``, ``k8s/mig``): the slice's fraction of its GPU, as placed (a
-  1g.5gb slice of an A100 is 1/7, a 3g.20gb 3/7): the slice is the GPU's compute and
-  memory that nobody else can use while the job holds it.
-- **MPS** (``slurm/mps``): its share, ``units`` percent of one GPU (Slurm's ``mps:25`` is 0.25).
-- **Time-slicing** (``k8s/timeslice``): the job's GPU memory budget as a fraction of the
-  GPU's memory (3 GB of a 16 GB T4 is 0.1875): time-slicing shares compute by turns, so
-  what a job takes from the others is memory, and the budget is what gpush enforces
-  (jobenv); a job with no budget is charged one replica's share (1/replicas of the GPU).
-- **Whole GPUs** (``*/exclusive``): the GPUs, whole.
+placement holds (:func:`broker.accounting.equivalents.per_replica`, the one definition
+that the ledger, tenants and inventory read too): a MIG slice its fraction of its GPU
+(3g.20gb of an A100: 3/7), an MPS share its percent, a time-slice replica 1/replicas of
+its GPU, whole GPUs whole.
 
 Each replica of an elastic job is charged alike; a ``scaled`` event changes the count from
 then on. A job that ran, was requeued and ran again is charged for each run at its last
@@ -27,7 +20,7 @@ import csv
 import io
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,9 +29,9 @@ import orjson
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from broker.accounting.equivalents import per_replica
 from broker.core.auth import Principal
 from broker.core.errors import InvalidRequest
-from broker.core.gpus import gpu_model
 from broker.core.models import Job, JobEvent, Preemption
 from broker.intake.queue import job_filters
 
@@ -46,34 +39,6 @@ RUNNING = "running"
 GROUPS = ("tenant", "user", "cluster", "sharing", "kind")
 _SCALED = re.compile(r"scaled from (\d+) to (\d+) replicas")
 _CHUNK = 2000
-
-
-def per_replica(placement: Mapping[str, Any]) -> float:
-    """The GPU-equivalents one replica of a job placed so holds (see the module docstring)."""
-    sharing = str(placement.get("sharing") or "")
-    replicas = max(int(placement.get("replicas") or 1), 1)
-    units = float(placement.get("units") or 1)
-    placed = placement.get("gpu_equivalents")
-    if sharing.endswith("/mig"):
-        return float(placed) / replicas if placed is not None else units / 7
-    if sharing == "slurm/mps":
-        return units / 100
-    if sharing == "k8s/timeslice":
-        budget = placement.get("gpu_memory_gb")
-        memory = _gpu_memory(placement.get("gpu_model"))
-        if budget and memory:
-            return min(float(budget) / memory, 1.0)
-        return float(placed) / replicas if placed is not None else 1.0
-    return units
-
-
-def _gpu_memory(model: str | None) -> float | None:
-    if not model:
-        return None
-    try:
-        return gpu_model(model).memory_gb
-    except Exception:  # noqa: BLE001 - a model gpush does not know: the fallback share
-        return None
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ def _inventory_of(session: Session, cluster: str | None, adapters: AdapterPool, 
             raise NotFound(f"no cluster {cluster!r} is registered (gpush cluster list shows them)")
         infos, reports = nodereports.read_sources(session, cluster)
     inventory = nodereports.reconciled(infos, reports, adapters, now=clock())
+    if cluster is not None:
+        inventory.only(cluster)
     # MIG changes that ended badly are findings too (a failed one keeps its node fenced).
     with session.begin():
         inventory.add(f for f in changes.change_findings(session, clock()) if cluster is None or f.cluster == cluster)

@@ -32,7 +32,9 @@ def set_tenant(name: Principal, body: TenantSet, session: Db, _who: Admin, clock
 
 @router.get("/v1/tenants", responses=errors(403))
 def list_tenants(session: Db, who: Who) -> list[dict[str, Any]]:
-    """Tenants with weight, quota and the GPU-equivalents they hold now."""
+    """Tenants with weight, quota and the GPU-equivalents they hold now, each with its
+    share of the weights and of the GPU-equivalents held, over every tenant; a user's
+    token sees its own tenant by name and the others as one row, ``(other tenants)``."""
     with session.begin():
         rows = tenants.tenant_usage(session)
-    return [u.__dict__ for u in rows if who.can_see_tenant(u.name)]
+    return tenants.tenants_as_seen(rows, who.can_see_tenant)

@@ -287,6 +287,7 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("Reason", job.state_reason or "-"),
         ("Cancel requested", local_time(job.cancel_requested_at) if job.cancel_requested_at else "no"),
         ("Where", where(job.placement)),
+        ("GPU-equivalents", _held_text(job)),
         ("Output", output or "-"),
         ("Kind", job.kind.value),
         ("Isolation", job.isolation.value),
@@ -324,30 +325,70 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
-def events_table(events: list[Any]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("TIME", "FROM", "TO", "BY", "REASON"):
-        table.add_column(column, no_wrap=column != "REASON", overflow="fold")
+# A note column narrower than this reads as a few letters a line: the note goes under its row.
+NOTE_MIN = 30
+
+
+def noted_table(headers: list[str], rows: list[list[str]], notes: list[str], width: int | None) -> Any:
+    """Rows of short fields (rich markup), each with a long note (plain text, a reason):
+    a table whose last column wraps at word boundaries while it gets ``NOTE_MIN`` columns
+    or more of ``width``; narrower, the short fields stay a table and each note goes
+    under its row, indented and wrapped at words (as ``kubectl describe`` does)."""
+    import textwrap
+
+    from rich.console import Group
+
+    cells = [[Text.from_markup(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [r[i].cell_len for r in cells]) for i, h in enumerate(headers[:-1])]
+    if width is None or width - (sum(widths) + 2 * len(widths)) >= NOTE_MIN:
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for header in headers[:-1]:
+            table.add_column(header, no_wrap=True)
+        table.add_column(headers[-1], overflow="fold", min_width=NOTE_MIN)
+        for row, note in zip(cells, notes, strict=True):
+            table.add_row(*row, Text(note))
+        return table
+
+    def line(parts: list[Text]) -> Text:
+        out = Text()
+        for i, part in enumerate(parts):
+            out.append_text(part)
+            if i < len(parts) - 1:
+                out.append(" " * (widths[i] - part.cell_len + 2))
+        return out
+
+    lines = [line([Text(h, style="bold") for h in headers[:-1]])]
+    for row, note in zip(cells, notes, strict=True):
+        lines.append(line(row))
+        wrapped = textwrap.wrap(note, max(width - 4, 20), break_on_hyphens=False)
+        lines.extend(Text("    " + part) for part in wrapped)
+    return Group(*lines)
+
+
+def events_table(events: list[Any], width: int | None = None) -> Any:
+    """A job's state changes; below ``NOTE_MIN`` columns for the reason, each reason goes
+    under its row (:func:`noted_table`)."""
+    rows, notes = [], []
     for e in events:
         to = styled_state(e.to_state.value) if e.type == "transition" else f"[yellow]{e.type}[/]"
-        table.add_row(local_time(e.at), e.from_state.value if e.from_state else "-", to, e.actor or "-", e.reason or "")
-    return table
+        rows.append([local_time(e.at), e.from_state.value if e.from_state else "-", to, escape(e.actor or "-")])
+        notes.append(e.reason or "")
+    return noted_table(["TIME", "FROM", "TO", "BY", "REASON"], rows, notes, width)
 
 
-def fleet_events_table(events: list[dict[str, Any]]) -> Table:
-    """``gpush events`` with no job: each step of the MIG changes and node moves."""
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("TIME", "WHAT", "NODE", "STEP", "NOTE"):
-        table.add_column(column, no_wrap=column != "NOTE", overflow="fold")
+def fleet_events_table(events: list[dict[str, Any]], width: int | None = None) -> Any:
+    """``gpush events`` with no job: each step of the MIG changes and node moves (the note
+    under its row when narrow, :func:`noted_table`)."""
+    rows, notes = [], []
     for e in events:
         at = local_time(datetime.fromisoformat(e["at"]))
         if e["kind"] == "mig-change":  # where: "slurm-a GPU 0"
             what = f"MIG {e['id']} GPU {e['where'].rsplit(' ', 1)[-1]}"
         else:
             what = f"move {e['id']}"
-        note = e["note"] if e["kind"] == "mig-change" else f"{e['where']}: {e['note']}"
-        table.add_row(at, what, e["node"], e["step"], note)
-    return table
+        notes.append(e["note"] if e["kind"] == "mig-change" else f"{e['where']}: {e['note']}")
+        rows.append([at, what, escape(e["node"]), escape(e["step"])])
+    return noted_table(["TIME", "WHAT", "NODE", "STEP", "NOTE"], rows, notes, width)
 
 
 def tokens_table(tokens: list[Any]) -> Table:
@@ -395,12 +436,19 @@ def clusters_table(summaries: list[dict[str, Any]], *, width: int = 80) -> Table
 
 def tenants_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("TENANT", "WEIGHT", "GPU QUOTA", "GPU USED", "RUNNING", "QUEUED"):
+    for column in ("TENANT", "WEIGHT", "FAIR SHARE", "GPU QUOTA", "GPU USED", "OF IN USE", "RUNNING", "QUEUED"):
         table.add_column(column, no_wrap=True)
     for t in rows:
         quota = "-" if t["gpu_quota"] is None else f"{t['gpu_quota']:g}"
         table.add_row(
-            t["name"], f"{t['weight']:g}", quota, f"{t['gpu_used']:.2f}", str(t["jobs_running"]), str(t["jobs_queued"])
+            t["name"],
+            f"{t['weight']:g}",
+            f"{t['fair_share']:.0%}",
+            quota,
+            f"{t['gpu_used']:.2f}",
+            f"{t['gpu_share']:.0%}",
+            str(t["jobs_running"]),
+            str(t["jobs_queued"]),
         )
     return table
 
@@ -471,6 +519,16 @@ def policy_history_table(rows: list[dict[str, Any]]) -> Table:
 
 
 # -- inventory ---------------------------------------------------------------------
+
+
+def _held_text(job: Any) -> str:
+    """What the job holds, the figure tenants, inventory and usage count (one replica's
+    share too, for an elastic job)."""
+    if job.gpu_equivalents is None or not job.placement:
+        return "-"
+    replicas = int(job.placement.get("replicas") or 1)
+    each = f" ({replicas} replicas × {_eq(job.gpu_equivalents / replicas)})" if replicas > 1 else ""
+    return f"{_eq(job.gpu_equivalents)} held{each}"
 
 
 def _eq(value: float) -> str:

@@ -50,7 +50,7 @@ def status(client: GpushClient, out: Output, job_id: int, *, watch: float | None
         parts: list[Any] = [console.job_detail(job, output=_output_location(client, job))]
         events = client.events(job_id)
         if events:
-            parts += ["", console.events_table(events[-5:])]
+            parts += ["", console.events_table(events[-5:], width=out.console.width)]
         return Group(*parts)
 
     if watch is not None:
@@ -395,7 +395,7 @@ def fleet_events(client: GpushClient, out: Output, *, limit: int, since: str | N
             "lending pools move nodes"
         )
     else:
-        out.print(console.fleet_events_table(items))
+        out.print(console.fleet_events_table(items, width=out.console.width))
     return EXIT_OK
 
 
@@ -404,7 +404,7 @@ def events(client: GpushClient, out: Output, job_id: int) -> int:
     if out.json_mode:
         out.json(items)
     else:
-        out.print(console.events_table(items))
+        out.print(console.events_table(items, width=out.console.width))
     return EXIT_OK
 
 

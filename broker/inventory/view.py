@@ -448,6 +448,15 @@ class Inventory:
                 node.findings[finding.severity] = node.findings.get(finding.severity, 0) + 1
         self.findings.sort(key=lambda f: f.sort_key())
 
+    def only(self, cluster: str) -> None:
+        """Keep cluster ``cluster`` alone: its nodes and its findings. A node no cluster
+        lists belongs to none, so a view of one cluster leaves it (and its findings) out;
+        the agent's reports of the other clusters' nodes read as such when only one
+        cluster was asked for, and would list them under this one."""
+        self.clusters = [c for c in self.clusters if c.name == cluster]
+        self.unscheduled = []
+        self.findings = [f for f in self.findings if f.cluster == cluster]
+
     def units(self, cluster: str) -> list[CapacityUnit]:
         """Cluster ``cluster``'s units as the scheduler should see them (broken ones marked)."""
         for view in self.clusters:

@@ -83,6 +83,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from broker.accounting.equivalents import held
 from broker.core.adapter import CapacityUnit, Placement, Sharing
 from broker.core.gpus import gpu_model
 from broker.core.schemas import JobSpec
@@ -577,6 +578,7 @@ class CapacityView:
             return None
         # Replicas of a Deployment may land on different nodes: best fit for each.
         first = None
+        shares = []
         for _ in range(replicas):
             position = best()[-1]
             slot = slots[position]
@@ -584,13 +586,14 @@ class CapacityView:
             if slot.memory_free_gb is not None:
                 slot.memory_free_gb -= need_memory
             first = first or slot
+            shares.append((spec.gpus, slot.unit.gpu_equivalent))
         unit = first.unit
         return Fit(
             Placement(
                 cluster=cluster,
                 sharing=Sharing.K8S_TIMESLICE,
                 units=spec.gpus,
-                gpu_equivalents=spec.gpus * unit.gpu_equivalent * replicas,
+                gpu_equivalents=held(shares),
                 node=unit.node if replicas == 1 else None,
                 gpu_model=unit.gpu_model,
                 gpu_memory_gb=spec.gpu_memory_gb,
@@ -675,7 +678,7 @@ class CapacityView:
             cluster=cluster,
             sharing=sharing,
             units=units,
-            gpu_equivalents=units * first.gpu_equivalent * replicas,
+            gpu_equivalents=held((u, slots[p].unit.gpu_equivalent) for p, u in picks),
             node=first.node if one_node else None,
             gpu_model=first.gpu_model,
             gpu_memory_gb=spec.gpu_memory_gb,
@@ -738,7 +741,7 @@ class CapacityView:
                 cluster=cluster,
                 sharing=sharing,
                 units=units,
-                gpu_equivalents=units * unit.gpu_equivalent * replicas,
+                gpu_equivalents=held([(units, unit.gpu_equivalent)] * replicas),
                 node=unit.node,
                 mig_profile=profile,
                 gpu_model=unit.gpu_model,

@@ -8,8 +8,10 @@ hold (routed, submitting, submitted, running) across both tiers, in one ledger: 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -19,6 +21,7 @@ from broker.core.models import Job, Tenant
 from broker.core.schemas import MAX_GPU_QUOTA, MAX_TENANT_WEIGHT
 from broker.core.states import JobState
 
+OTHER_TENANTS = "(other tenants)"
 HOLDING = (JobState.ROUTED.value, JobState.SUBMITTING.value, JobState.SUBMITTED.value, JobState.RUNNING.value)
 
 
@@ -91,3 +94,34 @@ def tenant_usage(session: Session) -> list[TenantUsage]:
         )
         for n in names
     ]
+
+
+def tenants_as_seen(rows: list[TenantUsage], can_see: Callable[[str], bool]) -> list[dict[str, Any]]:
+    """The tenants a caller may see, each with its share of all the weights
+    (``fair_share``) and of all the GPU-equivalents held (``gpu_share``), both over every
+    tenant; the tenants it may not see are one row, ``(other tenants)`` (``others``:
+    their count), so hiding their names changes no number a caller reads."""
+    weights = sum(r.weight for r in rows)
+    held = sum(r.gpu_used for r in rows)
+
+    def shares(weight: float, used: float) -> dict[str, float]:
+        return {"fair_share": weight / weights if weights else 0.0, "gpu_share": used / held if held else 0.0}
+
+    seen = [{**r.__dict__, **shares(r.weight, r.gpu_used), "others": 0} for r in rows if can_see(r.name)]
+    hidden = [r for r in rows if not can_see(r.name)]
+    if hidden:
+        weight = sum(r.weight for r in hidden)
+        used = sum(r.gpu_used for r in hidden)
+        seen.append(
+            {
+                "name": OTHER_TENANTS,
+                "weight": weight,
+                "gpu_quota": None,
+                "gpu_used": used,
+                "jobs_running": sum(r.jobs_running for r in hidden),
+                "jobs_queued": sum(r.jobs_queued for r in hidden),
+                **shares(weight, used),
+                "others": len(hidden),
+            }
+        )
+    return seen

@@ -26,6 +26,7 @@ from datetime import datetime
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from broker.accounting import equivalents
 from broker.core.adapter import AdapterError, ClusterAdapter, Placement, Rejected, Scaler, capability
 from broker.core.auth import Principal
 from broker.core.errors import Conflict, InvalidRequest, Unavailable
@@ -75,7 +76,7 @@ def scale_job(
         raise InvalidRequest(
             f"cluster {job.cluster} cannot change a running job's replicas; cancel and resubmit with the size you want"
         )
-    per_replica = (job.gpu_equivalents or placement.gpu_equivalents) / max(placement.replicas, 1)
+    per_replica = equivalents.per_replica(job.placement)
     grown = per_replica * (replicas - placement.replicas)
     if grown > 0:
         _check_quota(session, job.tenant, grown)

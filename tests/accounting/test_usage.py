@@ -45,8 +45,11 @@ WHOLE = {"cluster": "slurm-a", "sharing": "slurm/exclusive", "units": 4, "gpu_eq
 def test_each_sharing_mode_counts_what_it_takes_of_a_gpu():
     assert per_replica(MIG) == pytest.approx(3 / 7)
     assert per_replica(MPS) == 0.25
-    assert per_replica(SLICED) == 0.25  # 4 GB of a 16 GB T4, per replica
-    assert per_replica({**SLICED, "gpu_memory_gb": None}) == 0.25  # no budget: one replica's share (0.5 / 2)
+    # A time-slice replica holds its replica of the GPU (a T4 split 4 ways: 1/4), whatever
+    # memory it asks for: the figure the ledger, tenants and the inventory count.
+    assert per_replica(SLICED) == 0.25
+    assert per_replica({**SLICED, "gpu_memory_gb": 3.0}) == 0.25
+    assert per_replica({**SLICED, "gpu_memory_gb": None}) == 0.25
     assert per_replica(WHOLE) == 4
 
 
@@ -86,7 +89,9 @@ def scale(sessions, job_id: int, minutes: float, old: int, new: int) -> None:
             )
         )
         job = session.get(Job, job_id)
-        job.placement = {**job.placement, "replicas": new}
+        # As gpush scale writes it: the replicas and what they hold together.
+        held = job.placement["gpu_equivalents"] / old * new
+        job.placement, job.gpu_equivalents = {**job.placement, "replicas": new, "gpu_equivalents": held}, held
 
 
 @pytest.fixture

@@ -222,3 +222,35 @@ def test_watch_redraws_on_change_and_stops_when_the_job_ends(gpush, fleet, monke
     done = gpush("status", fleet["done"], "--watch")
     assert done.code == 0 and done.out.count("--- ") == 1 and "succeeded" in done.out
     assert gpush("list", "--watch", "-o", "json").code == 2  # tables only
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_events_and_status_read_whole_at_60_and_80_columns(gpush, fleet, monkeypatch, columns):
+    """Headers stay whole and a reason wraps at words: as a column while it has 30
+    columns, else under its row, indented (they were split, a few letters a line)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    reason = gpush("status", fleet["held"], "--json").json["state_reason"]
+    for args in (("events", fleet["held"]), ("status", fleet["held"]), ("status", fleet["done"], "--watch")):
+        result = gpush(*args)
+        assert result.code == 0, result.err
+        lines = result.out.splitlines()
+        assert max(len(line.rstrip()) for line in lines) <= columns, result.out
+        header = next(i for i, line in enumerate(lines) if line.startswith("TIME"))
+        stacked = lines[header].split() == ["TIME", "FROM", "TO", "BY"]
+        assert stacked or lines[header].split() == ["TIME", "FROM", "TO", "BY", "REASON"], result.out
+        assert stacked or columns > 60  # at 60 a reason column would be too narrow to read
+        rows = lines[header + 1 :]
+        for row in rows:  # each event a row of its fields whole; a stacked reason indented under it
+            fields = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(  \S+\s*){3}"
+            assert (stacked and row.startswith("    ")) or re.match(fields, row) or row.startswith(" " * 40), row
+        if args[1] == fleet["held"]:
+            words = {w for line in rows for w in line.split()}
+            assert set(reason.split()) <= words, result.out  # no word of the reason cut
+            if stacked:
+                under = " ".join(line.strip() for line in rows if line.startswith("    "))
+                assert " ".join(reason.split()) in under
+    # Wide enough, the reason is a column of its own and a short one stays on its row.
+    monkeypatch.setenv("COLUMNS", "160")
+    wide = gpush("events", fleet["held"]).out.splitlines()
+    assert wide[0].split() == ["TIME", "FROM", "TO", "BY", "REASON"]
+    assert wide[1].split()[2:] == ["-", "queued", "root", "submitted"]

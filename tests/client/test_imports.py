@@ -97,7 +97,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "broker.routing": {"broker.core", "broker.intake"},
     "broker.accounting": {"broker.core", "broker.intake"},
     "broker.mig": {"broker.core", "broker.inventory", "broker.routing"},
-    "broker.placement": {"broker.core", "broker.routing"},
+    "broker.placement": {"broker.accounting", "broker.core", "broker.routing"},
     "broker.client.sdk": {"broker.core"},
     "broker.nodeagent": {"broker", "broker.core", "broker.inventory", "broker.mig"},
     "adapters.settings": {"broker.core"},
@@ -112,6 +112,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "broker.routing",
     },
     "broker.scheduling": {
+        "broker.accounting",
         "broker.core",
         "broker.fleet",
         "broker.intake",

@@ -571,3 +571,27 @@ def test_cli_mig_plan_without_agents_says_to_run_one(gpush, embedded):
 
     assert result.code == 3
     assert "gpush agent" in result.err
+
+
+def test_cli_inventory_of_one_cluster_lists_its_nodes_alone(gpush, embedded):
+    fleet = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+    for name in ("slurm-a", "k8s-a"):
+        added = gpush("cluster", "add", name, "--kind", "sim", "--fleet", fleet)
+        assert added.code == 0, added.err
+    # The agent of mig-01, a node of slurm-a (not of k8s-a), has reported.
+    reported = gpush("agent", "--once", "--node", "mig-01", "--recording", NVML / "mig01.json")
+    assert reported.code == 0, reported.err
+
+    view = gpush("inventory", "--cluster", "k8s-a", "--json").json
+    assert [c["name"] for c in view["clusters"]] == ["k8s-a"]
+    assert view["unscheduled"] == []
+    assert {f["cluster"] for f in view["findings"]} <= {"k8s-a"}
+
+    text = gpush("inventory", "--cluster", "k8s-a")
+    assert text.code == 0, text.err
+    nodes = text.out.split("\n\n", 1)[1].splitlines()[1:]
+    assert nodes and all(row.split()[0] == "k8s-a" for row in nodes), text.out
+    assert "mig-01" not in text.out and "(none)" not in text.out
+
+    names = gpush("inventory", "--cluster", "slurm-a", "-o", "name").out.split()
+    assert names == ["slurm-a/mig-01", "slurm-a/mps-01", "slurm-a/gpu-01", "slurm-a/gpu-02"]

@@ -38,6 +38,12 @@ function current(ticket) {
   return ticket === app.ticket;
 }
 
+// A table in a container that scrolls sideways: a wide table is read by scrolling, never by
+// breaking its words mid-word to fit.
+function scrolling(attrs, ...children) {
+  return h("div", { class: "scroll" }, h("table", attrs, ...children));
+}
+
 function mount(...children) {
   const main = document.getElementById("main");
   main.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined && child !== false));
@@ -347,7 +353,7 @@ async function renderQueue(params, ticket) {
 
   if (!current(ticket)) return;
   mount(h("h1", { text: "Queue" }), form, tabs, problem,
-    h("table", { "data-testid": "jobs" },
+    scrolling({ "data-testid": "jobs" },
       h("thead", {}, h("tr", {}, ["job", "name", "state", "tenant", "user", "kind", "cluster", "GPUs", "age",
         "why it waits / how it ended"].map((t, i) => h("th", { class: i === 7 ? "num" : "", text: t })))),
       body),
@@ -372,12 +378,12 @@ async function renderQueue(params, ticket) {
 function jobRow(job) {
   return h("tr", { "data-job": job.id },
     h("td", {}, h("a", { href: `#/job/${job.id}`, text: `#${job.id}` })),
-    h("td", { text: job.name || "" }),
+    h("td", { class: "token", text: job.name || "" }),
     h("td", {}, badge(job.state)),
-    h("td", { text: job.tenant }),
-    h("td", { text: job.user }),
-    h("td", { text: job.kind }),
-    h("td", { text: job.cluster || "" }),
+    h("td", { class: "token", text: job.tenant }),
+    h("td", { class: "token", text: job.user }),
+    h("td", { class: "token", text: job.kind }),
+    h("td", { class: "token", text: job.cluster || "" }),
     h("td", { class: "num", text: gpus(job.gpu_equivalents) }),
     h("td", { title: when(job.created_at), text: ago(job.created_at) }),
     h("td", { class: "reason", text: job.state_reason || "" }));
@@ -651,26 +657,25 @@ function segment(seg, total) {
 async function renderTenants(ticket) {
   const rows = await api("/v1/tenants");
   if (!current(ticket)) return;
-  const weights = rows.reduce((s, t) => s + t.weight, 0) || 1;
-  const used = rows.reduce((s, t) => s + t.gpu_used, 0);
-  const max = Math.max(...rows.map((t) => Math.max(t.weight / weights, used ? t.gpu_used / used : 0)), 0.01);
+  // Shares come from the broker, over every tenant: a user's token sees the tenants it may
+  // not name as one "(other tenants)" row, and the same numbers as an admin's.
+  const max = Math.max(...rows.map((t) => Math.max(t.fair_share, t.gpu_share)), 0.01);
   mount(h("h1", { text: "Tenants" }),
     h("p", { class: "muted", text: "Fair share: each tenant's share of the GPUs in use (bar) against its share " +
       "of the weights (mark). Quota: the GPU-equivalents a tenant may hold at once." }),
     h("div", { class: "panel bars", "data-testid": "shares" }, rows.map((t) => {
-      const share = used ? t.gpu_used / used : 0;
       return h("div", { class: "row" }, h("span", { text: t.name }),
-        h("div", { class: "track", title: `${Math.round(share * 100)}% of the GPUs in use; weight share ${Math.round(t.weight / weights * 100)}%` },
-          h("i", { style: `width:${(share / max) * 100}%;background:${tenantColour(t.name)}` }),
-          h("b", { style: `left:${(t.weight / weights / max) * 100}%` })),
-        h("span", { class: "muted", text: `${Math.round(share * 100)}%` }));
+        h("div", { class: "track", title: `${Math.round(t.gpu_share * 100)}% of the GPUs in use; weight share ${Math.round(t.fair_share * 100)}%` },
+          h("i", { style: `width:${(t.gpu_share / max) * 100}%;background:${tenantColour(t.name)}` }),
+          h("b", { style: `left:${(t.fair_share / max) * 100}%` })),
+        h("span", { class: "muted", text: `${Math.round(t.gpu_share * 100)}%` }));
     })),
-    h("table", { "data-testid": "tenants" },
+    scrolling({ "data-testid": "tenants" },
       h("thead", {}, h("tr", {}, ["tenant", "weight", "fair share", "GPUs held", "quota", "quota used", "running",
         "waiting"].map((t, i) => h("th", { class: i ? "num" : "", text: t })))),
       h("tbody", {}, rows.map((t) => h("tr", {},
         h("td", { text: t.name }), h("td", { class: "num", text: t.weight }),
-        h("td", { class: "num", text: `${Math.round(t.weight / weights * 100)}%` }),
+        h("td", { class: "num", text: `${Math.round(t.fair_share * 100)}%` }),
         h("td", { class: "num", text: gpus(t.gpu_used) }),
         h("td", { class: "num", text: t.gpu_quota === null ? "none" : gpus(t.gpu_quota) }),
         h("td", { class: "num", text: t.gpu_quota ? `${Math.round(t.gpu_used / t.gpu_quota * 100)}%` : "" }),
@@ -707,7 +712,7 @@ async function renderAdmin(ticket = app.ticket, note = null) {
   const explainOut = h("div");
   mount(h("h1", { text: "Admin" }),
     h("h2", { text: "Clusters" }),
-    h("table", { "data-testid": "clusters" },
+    scrolling({ "data-testid": "clusters" },
       h("thead", {}, h("tr", {}, ["cluster", "kind", "enabled", "health", "GPUs free / total", "detail"]
         .map((t) => h("th", { text: t })))),
       h("tbody", {}, clusters.map((c) => h("tr", {},
@@ -717,7 +722,7 @@ async function renderAdmin(ticket = app.ticket, note = null) {
         h("td", { class: "num", text: `${gpus(c.gpu_free)} / ${gpus(c.gpu_total)}` }),
         h("td", { class: "reason", text: (c.health && c.health.detail) || "" }))))),
     h("h2", { text: `Drift findings (${findings.length})` }),
-    findings.length ? h("table", { "data-testid": "findings" },
+    findings.length ? scrolling({ "data-testid": "findings" },
       h("thead", {}, h("tr", {}, ["severity", "where", "what", "why it matters", "fix"].map((t) => h("th", { text: t })))),
       h("tbody", {}, findings.map((f) => h("tr", {},
         h("td", { class: `sev-${f.severity}`, text: f.severity }),
@@ -739,7 +744,7 @@ async function renderAdmin(ticket = app.ticket, note = null) {
     } }, explainId, h("button", { type: "submit", text: "Explain" })),
     explainOut,
     h("h2", { text: "Routing policy" }),
-    h("table", { "data-testid": "policy-history" },
+    scrolling({ "data-testid": "policy-history" },
       h("thead", {}, h("tr", {}, ["version", "author", "comment", "when", ""].map((t) => h("th", { text: t })))),
       h("tbody", {}, history.slice().reverse().map((v) => h("tr", {},
         h("td", {}, `${v.version} `, v.active ? h("span", { class: "badge s-running", text: "active" }) : null),
@@ -759,7 +764,7 @@ function fleetChanges(changes, moves, fleet) {
     : row.step === "failed" ? "s-failed" : "s-running";
   return [
     h("h2", { text: "MIG changes and node moves" }),
-    changes.length ? h("table", { "data-testid": "mig-changes" },
+    changes.length ? scrolling({ "data-testid": "mig-changes" },
       h("thead", {}, h("tr", {}, ["change", "node / GPU", "layout", "step", "last"].map((t) => h("th", { text: t })))),
       h("tbody", {}, changes.map((c) => h("tr", {},
         h("td", { text: `MIG ${c.id}` }), h("td", { text: `${c.cluster} / ${c.node} / GPU ${c.gpu}` }),
@@ -768,7 +773,7 @@ function fleetChanges(changes, moves, fleet) {
           .includes(c.step) ? `${c.step} (rolling back)` : c.step })),
         h("td", { class: "reason", text: c.events.length ? c.events[c.events.length - 1].note : "" })))))
       : h("p", { class: "muted", text: "No MIG change yet: gpush mig apply makes them, or the policy's mig section." }),
-    moves.length ? h("table", { "data-testid": "node-moves" },
+    moves.length ? scrolling({ "data-testid": "node-moves" },
       h("thead", {}, h("tr", {}, ["move", "node", "from → to", "step", "why"].map((t) => h("th", { text: t })))),
       h("tbody", {}, moves.map((m) => h("tr", {},
         h("td", { text: `move ${m.id}` }), h("td", { text: m.node }), h("td", { text: `${m.source} → ${m.target}` }),
