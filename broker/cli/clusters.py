@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from broker.cli import console
+from broker.cli import console, inventory_tables
 from broker.cli.console import Output
 from broker.cli.input_files import read_job_file
 from broker.cli.settings import CONTEXT, Settings, format_option, json_option, output
@@ -205,9 +205,9 @@ def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bo
     if not view["clusters"] and not view.get("unscheduled"):
         out.note("no clusters and no agent reports: add a cluster (gpush cluster add) or run `gpush agent` on a node")
         return EXIT_OK
-    out.print(console.inventory_clusters_table(view, width=out.console.width))
+    out.print(inventory_tables.inventory_clusters_table(view, width=out.console.width))
     out.line("")
-    out.print(console.inventory_nodes_table(view, gpus=gpus, width=out.console.width))
+    out.print(inventory_tables.inventory_nodes_table(view, gpus=gpus, width=out.console.width))
     counts = view.get("findings_by_severity", {})
     if any(counts.values()):
         summary = ", ".join(f"{counts[s]} {s}" for s in SEVERITIES if counts.get(s))
@@ -251,7 +251,7 @@ def drift(client: GpushClient, out: Output, *, cluster: str | None, severity: st
         for i, finding in enumerate(findings):
             if i:
                 out.line("")
-            out.print(console.finding_text(finding))
+            out.print(inventory_tables.finding_text(finding))
     if fail_on is not None:
         worst = SEVERITIES[: SEVERITIES.index(fail_on) + 1]
         if any(f["severity"] in worst for f in findings):

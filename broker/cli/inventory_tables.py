@@ -1,0 +1,122 @@
+"""How the CLI shows the reconciled inventory: its clusters, nodes and GPUs at a
+terminal's width, and a drift finding with its severity (`gpush inventory`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from broker.cli.console import Col, eq_text, fitted_table
+
+
+def inventory_clusters_table(inventory: dict[str, Any], *, width: int = 80) -> Table:
+    """One row per cluster and sharing mode: GPU-equivalents free/allocated/total, broken;
+    VERIFIED counts the physical GPUs a node agent reported."""
+    rows = []
+    for c in inventory["clusters"]:
+        if c.get("error"):
+            rows.append([escape(c["name"]), c["kind"], f"[red]does not answer[/]: {escape(c['error'])}"] + [""] * 5)
+            continue
+        shares = [("all", c["totals"])] + sorted(c.get("by_sharing", {}).items())
+        for i, (mode, t) in enumerate(shares):
+            rows.append(
+                [
+                    escape(c["name"]) if i == 0 else "",
+                    c["kind"] if i == 0 else "",
+                    mode,
+                    str(c.get("physical_gpus", "")) if i == 0 else "",
+                    eq_text(t["free"]),
+                    eq_text(t["allocated"]),
+                    eq_text(t["capacity"]),
+                    f"[red]{eq_text(t['broken'])}[/]" if t.get("broken") else "-",
+                ]
+            )
+    columns = [
+        Col("CLUSTER", min=8, give=2),
+        Col("KIND"),
+        Col("SHARING", min=10, give=1),
+        Col("VERIFIED"),
+        Col("FREE"),
+        Col("ALLOC"),
+        Col("TOTAL"),
+        Col("BROKEN"),
+    ]
+    return fitted_table(columns, rows, width)
+
+
+def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False, width: int = 80) -> Table:
+    """One row per node (and per GPU with ``gpus``): agent, GPUs, how shared, use, findings."""
+    rows: list[list[str]] = []
+    nodes = [n for c in inventory["clusters"] for n in c["nodes"]] + list(inventory.get("unscheduled", []))
+    for n in nodes:
+        agent = {"ok": "[green]ok[/]", "stale": "[yellow]stale[/]", "error": "[red]error[/]"}.get(
+            n["agent"], f"[dim]{n['agent']}[/]"
+        )
+        findings = ", ".join(f"{count} {sev}" for sev, count in n.get("findings", {}).items() if count) or "-"
+        models = sorted({g["model"] or g["product"] for g in n["gpus"] if g["model"] or g["product"]}) or sorted(
+            {u["gpu_model"] for u in n["units"]}
+        )
+        modes = sorted({g["mode"] for g in n["gpus"] if g["mode"] != "-"}) or sorted({u["sharing"] for u in n["units"]})
+        rows.append(
+            [
+                n["cluster"] or "[yellow](none)[/]",
+                n["name"],
+                agent,
+                str(len(n["gpus"])) if n["gpus"] else "?",
+                ", ".join(models),
+                ", ".join(modes),
+                f"{eq_text(n['free_gpu_equivalents'])}/{eq_text(n['capacity_gpu_equivalents'])}",
+                findings if n.get("unavailable") is None else f"{findings}; unavailable: {escape(n['unavailable'])}",
+            ]
+        )
+        if not gpus:
+            continue
+        for g in n["gpus"]:
+            slices = ", ".join(
+                f"{s['mig_profile'] or s['sharing']} {s['allocated']}/{s['capacity']}"
+                + (" BROKEN" if s["broken"] else "")
+                for s in g["slices"]
+            )
+            rows.append(
+                [
+                    "",
+                    "",
+                    "",
+                    f"{g['index']}" + (f" {g['uuid'][:12]}…" if g.get("uuid") else ""),
+                    (g["model"] or g["product"] or "?") + (f" {g['memory_gb']:g} GB" if g.get("memory_gb") else ""),
+                    g["mode"],
+                    # A broken slice has nothing free, as the node's total says.
+                    f"{eq_text(sum(s['free'] * s['gpu_equivalent'] for s in g['slices']))}/"
+                    f"{eq_text(g['capacity_gpu_equivalents'])}",
+                    (f"[red]{escape(g['error'])}[/] " if g.get("error") else "") + (slices or "-"),
+                ]
+            )
+    columns = [
+        Col("CLUSTER", min=7, give=2),
+        Col("NODE", min=8, give=2),
+        Col("AGENT"),
+        Col("GPU", min=3, give=3, soft=4),
+        Col("MODEL", min=8, give=5),
+        Col("MODE", min=12, give=4),
+        Col("FREE/ALL"),
+        Col("FINDINGS", min=12, give=1, soft=16),
+    ]
+    return fitted_table(columns, rows, width)
+
+
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def finding_text(f: dict[str, Any]) -> str:
+    """A drift finding as a short block: severity and where, what, why, the fix."""
+    where = "/".join(x for x in (f.get("cluster") or "(no cluster)", f.get("node") or "") if x)
+    if f.get("gpu") is not None:
+        where += f" GPU {f['gpu']}"
+    style = _SEVERITY_STYLE.get(f["severity"], "")
+    fix = "\n".join("       " + line if i else line for i, line in enumerate(f["fix"].splitlines()))
+    return (
+        f"[{style}]{f['severity'].upper()}[/] {escape(where)} [dim]({f['kind']})[/]\n"
+        f"  {escape(f['what'])}\n  why: {escape(f['why'])}\n  fix: {escape(fix)}"
+    )
