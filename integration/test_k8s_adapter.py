@@ -261,9 +261,11 @@ def test_a_time_sliced_pod_over_the_gpu_memory_ends_oomkilled_and_gpush_says_why
     follow = Follower(narrow)
     narrow.submit(3, spec, where)
     follow.until(3, BackendState.RUNNING)
-    # The device plugin spreads replicas over the two GPUs: of two more 9 GB jobs, one
-    # shares a GPU with the first and pushes it past its memory.
+    # The device plugin spreads replicas over the two GPUs: a second 9 GB job gets the
+    # other GPU; a third, started after it, shares a GPU and pushes it past its memory.
+    # (Submitted together, the second and third would race to start: either could lose.)
     narrow.submit(4, spec, where)
+    follow.until(4, BackendState.RUNNING)
     narrow.submit(5, spec, where)
 
     def oom_killed() -> list[BackendJob]:
@@ -271,8 +273,8 @@ def test_a_time_sliced_pod_over_the_gpu_memory_ends_oomkilled_and_gpush_says_why
         return [j for j in follow.last.values() if j.state == BackendState.FAILED]
 
     (oom,) = wait_for(oom_killed, what="an OOM kill")
-    assert oom.job_id in (4, 5) and (oom.reason, oom.exit_code) == (OOM_REASON, 137)
-    assert follow.last[3].state == BackendState.RUNNING
+    assert (oom.job_id, oom.reason, oom.exit_code) == (5, OOM_REASON, 137)
+    assert (follow.last[3].state, follow.last[4].state) == (BackendState.RUNNING, BackendState.RUNNING)
 
 
 def test_a_job_too_big_for_any_node_waits_with_the_schedulers_reason(adapter):
@@ -348,7 +350,13 @@ def test_a_broker_killed_between_create_and_its_write_finds_the_job_by_label(ada
     backend_id = adapter.submit(11, spec, placed(Sharing.K8S_EXCLUSIVE))
     restarted = make_adapter(kubeconfig)  # a new process: nothing in memory
     found = wait_for(lambda: restarted.find(11), what="find by label")
-    assert found.backend_id == backend_id and found.state in (BackendState.PENDING, BackendState.RUNNING)
+    assert found.backend_id == backend_id
+    # The first find may come before its Pod starts; found again, the job runs (for 30 s).
+    running = wait_for(
+        lambda: (job := restarted.find(11)) is not None and job.state == BackendState.RUNNING and job,
+        what="the found job running",
+    )
+    assert running.backend_id == backend_id
     assert restarted.submit(11, spec, placed(Sharing.K8S_EXCLUSIVE)) == backend_id  # not created twice
     jobs = client.BatchV1Api(api).list_namespaced_job(NAMESPACE, label_selector="gpush.io/job-id=11").items
     assert len(jobs) == 1

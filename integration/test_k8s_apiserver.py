@@ -905,6 +905,8 @@ def _take(events: queue.Queue, count: int) -> list[dict[str, Any]]:
 def test_a_watch_streams_added_modified_and_deleted_as_they_happen(core, namespace):
     since = core.list_namespaced_config_map(namespace).metadata.resource_version
     events, thread = _watch_in_thread(core.list_namespaced_config_map, namespace, resource_version=since, count=3)
+    # Lets the watch open first, so the changes below stream live; a watch that opened
+    # late still gets them all, replayed from ``since``: the sleep orders nothing the test relies on.
     time.sleep(0.2)
     core.create_namespaced_config_map(namespace, configmap("live"))
     core.patch_namespaced_config_map("live", namespace, {"data": {"k": "v2"}})
@@ -960,6 +962,8 @@ def test_a_selective_watch_reports_objects_entering_and_leaving_its_selection(co
     events, thread = _watch_in_thread(
         core.list_namespaced_config_map, namespace, resource_version=since, label_selector="app=x", count=3
     )
+    # Lets the watch open first, so the changes below stream live; a watch that opened
+    # late still gets them all, replayed from ``since``: the sleep orders nothing the test relies on.
     time.sleep(0.2)
     core.create_namespaced_config_map(namespace, configmap("cm", app="x"))
     core.patch_namespaced_config_map("cm", namespace, {"metadata": {"labels": {"app": "y"}}})

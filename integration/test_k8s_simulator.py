@@ -268,7 +268,7 @@ def test_a_pod_too_big_for_any_node_stays_pending_with_the_schedulers_message(co
     )
     assert [(e.reason, e.type) for e in events] == [("FailedScheduling", "Warning")]
     assert events[0].message == condition.message
-    time.sleep(0.3)
+    time.sleep(0.3)  # a window for a wrong binding, not a wait: the pod must stay Pending
     assert phase(core, namespace, "huge") == "Pending"
     assert core.read_namespaced_pod("huge", namespace).spec.node_name is None
 
@@ -339,7 +339,7 @@ def test_the_pod_that_pushes_a_time_sliced_gpu_past_its_memory_is_oomkilled(core
     # 9 GB + 5 GB fit the T4's 15 GB
     core.create_namespaced_pod(namespace, gpu_pod("third", {"nvidia.com/gpu": "1"}, env={"GPUSH_GPU_MEMORY_GB": 5}))
     wait_for(lambda: phase(core, namespace, "third") == "Running", what="third Running")
-    time.sleep(0.5)
+    time.sleep(0.5)  # past Timings.oom_after (0.3 s): a wrong OOM kill of the fitting pod would show
     assert phase(core, namespace, "third") == "Running"
 
 
@@ -426,7 +426,7 @@ def test_a_job_deleted_with_orphan_propagation_leaves_its_pods_running(api, core
     )
     batch.delete_namespaced_job("orphaned", namespace, propagation_policy="Orphan")
     wait_for(lambda: not sim.c.jobs.get(f"{namespace}/orphaned"), what="the Job gone from the cache")
-    time.sleep(0.5)
+    time.sleep(0.5)  # a window for a garbage collector that wrongly deletes orphans, not a wait
     pods = core.list_namespaced_pod(namespace).items
     assert len(pods) == 3 and {p.status.phase for p in pods} == {"Running"}
     assert all(not p.metadata.owner_references for p in pods)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -40,6 +40,8 @@ PROPERTY = settings(
 )
 JOB_ID = 7
 K8S_OPTIONS = RenderOptions(tag="gpush", namespace="gpush", image="python:3.11-slim")
+# The label domains Kubernetes and gpush keep for themselves: a job's label there is refused.
+RESERVED_DOMAINS = ("gpush.io", "kubernetes.io", "k8s.io")
 K8S_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 # The program the Slurm oracle runs instead of the job's: its argv and environment as JSON.
 ECHO = "import json, os, sys; print(json.dumps([sys.argv[1:], dict(os.environ)]))"
@@ -248,8 +250,21 @@ K8S_PLACEMENTS = [
 ]
 
 
+def k8s_job(**fields: Any) -> tuple[dict[str, Any], JobSpec]:
+    fields = {"kind": "batch", "command": ["python", "serve.py"], **fields}
+    return fields, JobSpec.model_validate(fields)
+
+
 @PROPERTY
 @given(job=job_specs(["python", "serve.py"]), placement=st.sampled_from(K8S_PLACEMENTS), elastic=st.booleans())
+# Each refusal the renderer makes, drawn rarely at random: both a device variable and a
+# reserved label (the variable is named), and a reserved label alone.
+@example(
+    job=k8s_job(env={"CUDA_VISIBLE_DEVICES": "0"}, labels={"gpush.io/job-id": "9"}),
+    placement=K8S_PLACEMENTS[0],
+    elastic=False,
+)
+@example(job=k8s_job(labels={"team": "a", "x.kubernetes.io/y": "x"}), placement=K8S_PLACEMENTS[1], elastic=True)
 def test_k8s_container_gets_argv_and_env_exactly_and_valid_labels_or_refuses(job, placement, elastic):
     fields, spec = job
     if elastic and not isinstance(spec, ValidationError):
@@ -268,13 +283,20 @@ def test_k8s_container_gets_argv_and_env_exactly_and_valid_labels_or_refuses(job
         manifest = render_k8s(JOB_ID, spec, placement, K8S_OPTIONS, gpu_memory_gb=80.0)
     except (Rejected, InvalidRequest) as refused:
         event("refused by the renderer")
-        assert str(refused)
-        reserved = any(
-            (key.split("/", 1)[0] if "/" in key else "").endswith(domain)
-            for key in spec.labels
-            for domain in ("gpush.io", "kubernetes.io", "k8s.io")
-        )
-        assert reserved or any(name in spec.env for name in DEVICE_VARIABLES), refused
+        # The environment is rendered before the labels, so a job that does both is told
+        # about its device variables; one that only claims a reserved domain, about the label.
+        devices = [name for name in DEVICE_VARIABLES if name in spec.env]
+        if devices:
+            assert str(refused).startswith(f"the job sets {', '.join(devices)}: the cluster chooses the GPUs")
+            return
+        prefixes = {key: key.split("/", 1)[0] for key in spec.labels if "/" in key}
+        reserved = [
+            key
+            for key, prefix in prefixes.items()
+            if any(prefix == domain or prefix.endswith("." + domain) for domain in RESERVED_DOMAINS)
+        ]
+        assert reserved, refused
+        assert str(refused).startswith(f"label {reserved[0]} is in a domain that gpush or Kubernetes reserves")
         return
     event("rendered")
     body = manifest.body

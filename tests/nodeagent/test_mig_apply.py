@@ -106,13 +106,17 @@ def test_the_fake_refuses_what_nvml_refuses():
     assert refused(nvml.nvmlGpuInstanceCreateComputeInstance, instance, 0) == "NVML_ERROR_INVALID_ARGUMENT"
     nvml.nvmlGpuInstanceDestroy(instance)
     assert refused(nvml.nvmlGpuInstanceGetInfo, instance) == "NVML_ERROR_INVALID_ARGUMENT"  # gone
-    # Seven 1g slices use every compute slice: an eighth 1g slot is memory without compute.
+    # Seven 1g slices use every compute slice: an eighth 1g has no slot. Each of 1g's
+    # placements (0-6) is taken; the eighth memory slot (7) has no compute slice of its
+    # own, so no 1g starts there (NVML names it a bad argument, as on an empty GPU).
     full = FakeNvml.with_layouts("A100-40GB", [SEVEN_SMALL])
     handle = full.nvmlDeviceGetHandleByIndex(0)
-    assert refused(full.nvmlDeviceCreateGpuInstanceWithPlacement, handle, 19, at(7, 1)) in (
-        "NVML_ERROR_INVALID_ARGUMENT",
-        "NVML_ERROR_INSUFFICIENT_RESOURCES",
-    )
+    assert [p.start for p in full.nvmlDeviceGetGpuInstancePossiblePlacements_v2(handle, 19)] == list(range(7))
+    for start in range(7):
+        assert refused(full.nvmlDeviceCreateGpuInstanceWithPlacement, handle, 19, at(start, 1)) == (
+            "NVML_ERROR_INSUFFICIENT_RESOURCES"
+        ), start
+    assert refused(full.nvmlDeviceCreateGpuInstanceWithPlacement, handle, 19, at(7, 1)) == "NVML_ERROR_INVALID_ARGUMENT"
 
 
 def test_the_real_gpu_dry_run_only_reads(tmp_path, capsys):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -233,12 +234,18 @@ def test_every_plot_has_a_title_labelled_axes_a_caption_and_y_from_zero(tmp_path
         for ax in fig.axes:
             if not ax.get_xlabel():  # the secondary GPU axis of allocation.png
                 assert ax.get_ylabel() == "GPUs (GPU-equivalents)", name
-                continue
-            assert ax.get_title() or fig.get_suptitle(), name
-            assert ax.get_ylabel(), name
-            for label in (ax.get_xlabel(), ax.get_ylabel()):  # the unit in brackets, or a percentage
-                assert "(" in label or label.startswith("%"), f"{name}: {label!r} without its unit"
-            assert ax.get_ylim()[0] == 0, name
+        (ax,) = [ax for ax in fig.axes if ax.get_xlabel()]
+        # One plot per figure: its title over the axes, none over the figure (it would run
+        # into the legend beside them).
+        assert ax.get_title(), name
+        assert fig.get_suptitle() == "", name
+        # The unit in brackets at the end; the shares of the fleet and of a tier are percentages.
+        assert re.fullmatch(r".+ \(.+\)", ax.get_xlabel()), f"{name}: {ax.get_xlabel()!r} without its unit"
+        if name in ("allocation.png", "tiers.png"):
+            assert ax.get_ylabel().startswith("% of the "), name
+        else:
+            assert re.fullmatch(r".+ \(.+\)", ax.get_ylabel()), f"{name}: {ax.get_ylabel()!r} without its unit"
+        assert ax.get_ylim()[0] == 0, name
 
 
 def test_a_series_equal_to_one_drawn_before_is_dashed_over_it_and_named() -> None:
