@@ -25,6 +25,7 @@ from broker.core.adapter import (
     Placement,
     Rejected,
     SubmitItem,
+    refuse_multi_node,
     submit_each,
 )
 from broker.core.gpus import gpu_model
@@ -40,6 +41,7 @@ class Jobs:
         self.capacity = capacity
 
     def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
+        refuse_multi_node(placement)  # Slurm and Kubernetes gangs: issue 34, not built yet
         ctx = self.ctx
         namespace, tenant = ctx.tenancy.namespace_for(owner)
         if owner is not None:
