@@ -25,9 +25,9 @@ from broker.core.adapter import (
     Placement,
     Rejected,
     SubmitItem,
-    refuse_multi_node,
     submit_each,
 )
+from broker.core.gangs import refuse_multi_node
 from broker.core.gpus import gpu_model
 from broker.core.schemas import JobSpec
 

@@ -24,9 +24,9 @@ from broker.core.adapter import (
     Placement,
     Rejected,
     Sharing,
-    refuse_multi_node,
     submit_each,
 )
+from broker.core.gangs import refuse_multi_node
 from broker.core.schemas import JobSpec
 
 

@@ -131,10 +131,9 @@ class Placement:
     instances, whose devices the broker does not track, and for replicas spread over
     several nodes). Placements stored before this field existed load with it empty.
 
-    ``nodes``: the nodes of a multi-node job (a gang), rank 0 first, each holding
-    ``units`` (so ``gpu_equivalents`` is the whole gang's); ``node`` is then the first of
-    them. Empty for a job on one node (or on nodes the cluster picks). A cluster starts a
-    gang on all of them at once or not at all; one that cannot run gangs rejects it.
+    ``nodes``: a multi-node job's (a gang's) nodes, rank 0 first (``node``), ``units`` on
+    each (``gpu_equivalents`` is the gang's); empty for one node. A cluster starts a gang
+    on all of them at once or not at all (:mod:`broker.core.gangs`).
     """
 
     cluster: str
@@ -158,24 +157,16 @@ class Placement:
     def to_dict(self) -> dict[str, Any]:
         out = {k: (v.value if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
         out["gpus"] = list(self.gpus)  # JSON has no tuples; from_dict turns it back
-        if self.nodes:
-            out["nodes"] = list(self.nodes)
-        else:  # one-node placements read as they did before gangs
-            del out["nodes"]
+        if nodes := out.pop("nodes"):  # one-node placements read as they did before gangs
+            out["nodes"] = list(nodes)
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Placement:
         # A stored placement is JSON: ``gpus`` comes back as a list (a tuple keeps the
         # placement hashable) or, from before the field existed, not at all.
-        return cls(
-            **{
-                **data,
-                "sharing": Sharing(data["sharing"]),
-                "gpus": tuple(data.get("gpus") or ()),
-                "nodes": tuple(data.get("nodes") or ()),
-            }
-        )
+        tuples = {name: tuple(data.get(name) or ()) for name in ("gpus", "nodes")}
+        return cls(**{**data, "sharing": Sharing(data["sharing"]), **tuples})
 
 
 class BackendState(StrEnum):
@@ -270,16 +261,6 @@ class AdapterError(Exception):
 
 class Rejected(AdapterError):
     """The cluster refused the job for a reason that retrying will not fix."""
-
-
-def refuse_multi_node(placement: Placement) -> None:
-    """Rejected for a gang (``placement.nodes``) on an adapter that cannot start one whole
-    yet, before anything reaches its cluster: nothing of the job half-starts there."""
-    if placement.gang:
-        raise Rejected(
-            f"multi-node jobs are not supported on this adapter yet (placed on {len(placement.nodes)} nodes of "
-            f"{placement.cluster}): route them to a simulated cluster, or submit with nodes 1"
-        )
 
 
 class Unreachable(AdapterError):

@@ -39,6 +39,7 @@ from broker.core.spec_values import (
     COMMENT_CHARS,
     DESCRIPTION_CHARS,
     MAX_GRACE_SECONDS,
+    MAX_NODES,
     NAME_CHARS,
     NODE_NAME_CHARS,
     check_argv,
@@ -95,13 +96,6 @@ MAX_POLICY_VERSION = 2**31 - 1
 # share NaN and starved the tenant) and at most a million, beyond any fleet.
 MAX_TENANT_WEIGHT = 1_000_000
 MAX_GPU_QUOTA = 1_000_000
-
-# A multi-node job's nodes: Slurm and an Indexed Job both take far more, but a gang larger
-# than a few hundred nodes is beyond any fleet gpush serves, and each is placed in one cycle.
-MAX_NODES = 256
-# Isolations a job on several nodes may have: a GPU shared by processes (MPS) or by time
-# (time-slicing) exists on one node only; whole GPUs and MIG slices are a node's own.
-GANG_ISOLATIONS = (Isolation.EXCLUSIVE, Isolation.HARDWARE)
 
 
 def label_problem(key: str, value: str) -> str | None:
@@ -376,7 +370,7 @@ class JobSpec(BaseModel):
         if value == 1:
             return value
         isolation = info.data.get("isolation")
-        if isolation is not None and isolation not in GANG_ISOLATIONS:
+        if isolation in (Isolation.PROCESS, Isolation.NONE):  # a GPU shared on one node only
             how = "MPS" if isolation is Isolation.PROCESS else "time-slicing"
             raise ValueError(
                 f"nodes {value} with isolation {isolation.value}: {how} shares a GPU on one node and cannot "

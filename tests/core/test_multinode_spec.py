@@ -96,3 +96,13 @@ def test_a_job_file_takes_nodes(gpush, tmp_path):
     assert placed.code == 0, placed.err
     spec = gpush("status", placed.out.strip(), "--json").json["spec"]
     assert (spec["nodes"], spec["gpus"], spec["tasks_per_node"]) == (3, 4, 4)
+
+
+def test_list_shows_the_shape_and_status_every_node_with_its_ranks(gpush):
+    job_id = gpush("submit", "-k", "training", "-N", "2", "-G", "8", "--ntasks-per-node", "4", "--", "t").out.strip()
+    listed = gpush("list").out
+    row = next(line for line in listed.splitlines() if line.startswith(job_id))
+    assert "2x8" in row.split()
+    shown = gpush("status", job_id).out
+    assert "2, 4 tasks (ranks) per node, 8 ranks in all" in shown
+    assert "node 1 (not placed yet): ranks 4-7" in " ".join(shown.split())

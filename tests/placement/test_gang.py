@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core.adapter import CapacityUnit, Placement, Rejected, Sharing, refuse_multi_node
+from broker.core.adapter import CapacityUnit, Placement, Rejected, Sharing
+from broker.core.gangs import refuse_multi_node
 from broker.core.schemas import JobSpec
 from broker.placement.capacity import CapacityView, Fit, NoFit
 from broker.placement.decision import CycleDecisions, Held, Placed, WaitCause, Waiting
