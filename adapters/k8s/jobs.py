@@ -27,6 +27,7 @@ from broker.core.adapter import (
     SubmitItem,
     submit_each,
 )
+from broker.core.gangs import refuse_multi_node
 from broker.core.gpus import gpu_model
 from broker.core.schemas import JobSpec
 
@@ -40,6 +41,7 @@ class Jobs:
         self.capacity = capacity
 
     def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
+        refuse_multi_node(placement)  # Slurm and Kubernetes gangs: issue 34, not built yet
         ctx = self.ctx
         namespace, tenant = ctx.tenancy.namespace_for(owner)
         if owner is not None:

@@ -26,6 +26,7 @@ from broker.core.adapter import (
     Sharing,
     submit_each,
 )
+from broker.core.gangs import refuse_multi_node
 from broker.core.schemas import JobSpec
 
 
@@ -40,6 +41,7 @@ class Submissions:
         self._primed = False
 
     def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
+        refuse_multi_node(placement)  # Slurm and Kubernetes gangs: issue 34, not built yet
         self.restarts.skip_reused_ids()
         with self.ctx.lock:
             if not self._primed:

@@ -9,7 +9,9 @@ physical GPU that the cluster's unit stands for (``CapacityUnit.gpu_equivalent``
 - a time-slice replica: 1/replicas of its GPU (a T4 split 4 ways: 1/4), whatever memory
   the job asks for: the replica is taken whole, nobody else is placed on it.
 
-A job holds the sum over its replicas (:func:`held`). The figure is computed once, when
+A job holds the sum over its replicas (:func:`held`), and a job on several nodes (a
+gang, ``Placement.nodes``) the sum over its nodes: N x what one node holds, stored as the
+gang's figure (the inventory's occupancy shows 1/N of it on each node). The figure is computed once, when
 the job is placed or scaled, and stored on its placement and its row; the ledger (fair
 share, quotas), tenants, the queue, a job's status, GPU-hours and the metrics read that
 stored figure (:func:`held_by`, :func:`per_replica`), and the inventory counts a

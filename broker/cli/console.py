@@ -136,7 +136,18 @@ def styled_state(state: str) -> str:
     return f"[{style}]{state}[/]" if style else state
 
 
-def gpu_request(spec: dict[str, Any]) -> str:
+def gpu_request(spec: dict[str, Any], placement: dict[str, Any] | None = None) -> str:
+    """What a job asked, per replica: "2", "1 × 10GB"; a multi-node job's shape, nodes x
+    GPUs per node, with the model once placed: "2x8 A100"."""
+    nodes = spec.get("nodes") or 1
+    if nodes > 1:
+        text = f"{nodes}x{spec.get('gpus', 1)}"
+        model = (placement or {}).get("gpu_model")
+        if model:
+            text += " " + model.split("-", 1)[0]  # A100-SXM4-80GB -> A100
+        if spec.get("gpu_memory_gb"):
+            text += f" × {spec['gpu_memory_gb']:g}GB"
+        return text
     text = str(spec.get("gpus", 1))
     if spec.get("gpu_memory_gb"):
         text += f" × {spec['gpu_memory_gb']:g}GB"
@@ -153,6 +164,9 @@ def where(placement: dict[str, Any] | None, *, short: bool = False) -> str:
     mode = placement["sharing"].split("/", 1)[1]
     if short:
         detail = placement.get("mig_profile") or mode
+        if placement.get("nodes"):
+            nodes = placement["nodes"]
+            return f"{placement['cluster']}/{nodes[0]}+{len(nodes) - 1} {detail}"
         return (
             f"{placement['cluster']}/{placement['node']} {detail}"
             if placement.get("node")
@@ -169,7 +183,9 @@ def where(placement: dict[str, Any] | None, *, short: bool = False) -> str:
             if placement.get("replicas", 1) > 1
             else f"x{placement['units']}"
         )
-    if placement.get("node"):
+    if placement.get("nodes"):
+        parts.append(",".join(placement["nodes"]))
+    elif placement.get("node"):
         parts.append(placement["node"])
     return " ".join(parts)
 
@@ -239,7 +255,7 @@ def jobs_table(jobs: list[Any], *, wide: bool = False, width: int = 80) -> Table
                 styled_state(state) + (" [yellow](cancelling)[/]" if cancelling else ""),
                 job.kind.value,
                 job.isolation.value,
-                gpu_request(job.spec),
+                gpu_request(job.spec, job.placement),
                 escape(job.tenant),
                 escape(job.user),
                 age(job.created_at),
@@ -258,7 +274,7 @@ def jobs_table(jobs: list[Any], *, wide: bool = False, width: int = 80) -> Table
                 str(job.id),
                 escape(job.name or "-"),
                 styled_state(state),
-                gpu_request(job.spec),
+                gpu_request(job.spec, job.placement),
                 age(job.created_at),
                 detail,
             ]
@@ -291,7 +307,8 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("Output", output or "-"),
         ("Kind", job.kind.value),
         ("Isolation", job.isolation.value),
-        ("GPUs", gpu_request(spec)),
+        ("GPUs", gpu_request(spec, job.placement)),
+        *_nodes_rows(spec, job.placement),
         ("CPUs / memory", f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"),
         ("Time limit", spec.get("time_limit") or "cluster default"),
         ("Command", " ".join(_quote(a) for a in spec["command"]) if spec.get("command") else "-"),
@@ -307,6 +324,22 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def _nodes_rows(spec: dict[str, Any], placement: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A multi-node job's nodes, each with its ranks (rank 0's node is the rendezvous)."""
+    nodes = spec.get("nodes") or 1
+    if nodes == 1:
+        return []
+    tasks = spec.get("tasks_per_node") or 1
+    placed = (placement or {}).get("nodes") or []
+    rows = [("Nodes", f"{nodes}, {tasks} task{'s' * (tasks != 1)} (ranks) per node, {nodes * tasks} ranks in all")]
+    for index in range(nodes):
+        name = placed[index] if index < len(placed) else "(not placed yet)"
+        ranks = f"rank {index * tasks}" if tasks == 1 else f"ranks {index * tasks}-{index * tasks + tasks - 1}"
+        rendezvous = " (rendezvous)" if index == 0 and placed else ""
+        rows.append((f"  node {index}", f"{escape(name)}: {ranks}{rendezvous}"))
+    return rows
 
 
 def _preemptible_text(spec: dict) -> str:

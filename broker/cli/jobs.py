@@ -263,7 +263,14 @@ def _watch(out: Output, view: Callable[[], Any], interval: float, *, done: Calla
 @click.argument("job_id", type=int)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing its output until the job ends.")
 @click.option("-n", "--tail", type=click.IntRange(0, 100_000), help="Only the last N lines.")
-@click.option("-r", "--replica", type=click.IntRange(0), help="Replica K of an elastic job (default: the first, 0).")
+@click.option(
+    "-r",
+    "--replica",
+    "--rank",
+    "replica",
+    type=click.IntRange(0),
+    help="Replica K of an elastic job, or rank K of a multi-node job (default: the first, 0).",
+)
 @click.option("--stderr", "stream", flag_value="stderr", help="The error stream (Slurm keeps it apart).")
 @click.option("--stdout", "stream", flag_value="stdout", default=True, hidden=True)
 @json_option

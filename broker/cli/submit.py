@@ -34,7 +34,15 @@ if TYPE_CHECKING:  # imported where used: `gpush --help` need not load pydantic 
     type=click.Choice([i.value for i in Isolation]),
     help="exclusive (whole GPUs), hardware (MIG), process (MPS), none (time-slicing). Default: by kind.",
 )
-@click.option("-G", "--gpus", type=int, help="GPUs or GPU slices per replica (default 1).")
+@click.option("-G", "--gpus", type=int, help="GPUs or GPU slices per replica, or per node with -N (default 1).")
+@click.option(
+    "-N",
+    "--nodes",
+    type=int,
+    help="Nodes of a multi-node job, each with -G GPUs, -c CPUs and --memory; started on all at once or not at all "
+    "(as sbatch -N; whole GPUs or MIG slices only).",
+)
+@click.option("--ntasks-per-node", "tasks_per_node", type=int, help="Processes (ranks) per node (default 1).")
 @click.option(
     "--gpu-memory-gb",
     "gpu_memory_gb",
@@ -93,6 +101,7 @@ def submit_command(
 
     \b
       gpush submit --kind training --gpus 2 -- python train.py --lr 3e-4
+      gpush submit --kind training -N 2 -G 8 -- torchrun train.py
       gpush submit -f job.yaml --priority 10
       gpush submit --kind training --preemptible --checkpoint USR1@2m -- ./train.sh
       gpush submit --ray http://ray-head:8265 -- python serve_app.py

@@ -130,6 +130,10 @@ class Placement:
     has room. Empty: the cluster picks the devices (always so for whole GPUs and MIG
     instances, whose devices the broker does not track, and for replicas spread over
     several nodes). Placements stored before this field existed load with it empty.
+
+    ``nodes``: a multi-node job's (a gang's) nodes, rank 0 first (``node``), ``units`` on
+    each (``gpu_equivalents`` is the gang's); empty for one node. A cluster starts a gang
+    on all of them at once or not at all (:mod:`broker.core.gangs`).
     """
 
     cluster: str
@@ -143,17 +147,26 @@ class Placement:
     replicas: int = 1
     partition: str | None = None
     gpus: tuple[int, ...] = ()
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def gang(self) -> bool:
+        """Whether this places a job on several nodes at once."""
+        return len(self.nodes) > 1
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: (v.value if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
         out["gpus"] = list(self.gpus)  # JSON has no tuples; from_dict turns it back
+        if nodes := out.pop("nodes"):  # one-node placements read as they did before gangs
+            out["nodes"] = list(nodes)
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Placement:
         # A stored placement is JSON: ``gpus`` comes back as a list (a tuple keeps the
         # placement hashable) or, from before the field existed, not at all.
-        return cls(**{**data, "sharing": Sharing(data["sharing"]), "gpus": tuple(data.get("gpus") or ())})
+        tuples = {name: tuple(data.get(name) or ()) for name in ("gpus", "nodes")}
+        return cls(**{**data, "sharing": Sharing(data["sharing"]), **tuples})
 
 
 class BackendState(StrEnum):

@@ -39,6 +39,7 @@ from broker.core.spec_values import (
     COMMENT_CHARS,
     DESCRIPTION_CHARS,
     MAX_GRACE_SECONDS,
+    MAX_NODES,
     NAME_CHARS,
     NODE_NAME_CHARS,
     check_argv,
@@ -220,8 +221,17 @@ class JobSpec(BaseModel):
         None, gt=0, le=1024, validate_default=True, description="GPU memory each GPU or slice must have, in GB"
     )
     elastic: Elastic | None = Field(None, validate_default=True)
-    cpus: Int = Field(1, ge=1, le=4096)
-    memory: Memory | None = Field(None, description="host memory per replica, such as 16G")
+    nodes: Int = Field(
+        1,
+        ge=1,
+        le=MAX_NODES,
+        description="nodes of a multi-node job (sbatch -N), each with gpus, cpus and memory; placed all or nothing",
+    )
+    tasks_per_node: Int = Field(1, ge=1, le=1024, description="processes (ranks) per node (sbatch --ntasks-per-node)")
+    cpus: Int = Field(1, ge=1, le=4096, description="CPUs per replica, or per node of a multi-node job")
+    memory: Memory | None = Field(
+        None, description="host memory per replica (per node of a multi-node job), such as 16G"
+    )
     time_limit: TimeLimit | None = Field(None, description="[D-]HH:MM:SS; accepts 90 (minutes), 2h, 1h30m, 1-00:00:00")
     command: Command = Field(None, description="argv list, or a string run by /bin/sh -c")
     image: str | None = Field(None, min_length=1, validate_default=True, description="at most GPUSH_MAX_IMAGE_CHARS")
@@ -353,6 +363,26 @@ class JobSpec(BaseModel):
             raise ValueError(f"elastic replicas are for kind inference, not {kind.value}")
         return value
 
+    @field_validator("nodes", mode="after")
+    @classmethod
+    def _nodes_can_gang(cls, value: int, info: ValidationInfo) -> int:
+        # Refused before anything is stored: a gang placed with these would never start whole.
+        if value == 1:
+            return value
+        isolation = info.data.get("isolation")
+        if isolation in (Isolation.PROCESS, Isolation.NONE):  # a GPU shared on one node only
+            how = "MPS" if isolation is Isolation.PROCESS else "time-slicing"
+            raise ValueError(
+                f"nodes {value} with isolation {isolation.value}: {how} shares a GPU on one node and cannot "
+                "span nodes; use isolation exclusive (whole GPUs) or hardware (MIG slices) per node, or nodes 1"
+            )
+        if info.data.get("elastic") is not None:
+            raise ValueError(
+                f"nodes {value} with elastic replicas: an elastic service scales by replicas of one node each; "
+                "drop elastic for a multi-node job, or use nodes 1"
+            )
+        return value
+
     @model_validator(mode="after")
     def _something_to_run(self) -> JobSpec:
         # Said of the command (not of the image, the last field read): what a user left out.
@@ -397,7 +427,13 @@ class JobSpec(BaseModel):
     @staticmethod
     def fingerprint_of(body: dict[str, Any]) -> str:
         """The fingerprint of a spec already dumped to JSON types."""
-        without_key = {k: v for k, v in body.items() if k != "idempotency_key"}
+        # A one-node job hashes as it did before multi-node jobs existed, so a retry of a
+        # submission made before the upgrade still finds its job.
+        without_key = {
+            k: v
+            for k, v in body.items()
+            if k != "idempotency_key" and not (k in ("nodes", "tasks_per_node") and v == 1)
+        }
         return hashlib.sha256(orjson.dumps(without_key, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

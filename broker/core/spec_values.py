@@ -251,6 +251,9 @@ def format_duration(seconds: int) -> str:
 
 # The longest a preempted job may take to save its state: the job that preempts it waits that long.
 MAX_GRACE_SECONDS = 3600
+# A multi-node job's nodes: Slurm and an Indexed Job take far more, but a gang of more than
+# a few hundred nodes is beyond any fleet gpush serves, and each is placed in one cycle.
+MAX_NODES = 256
 
 
 def parse_seconds(value: Any, what: str = "a duration") -> int:

@@ -1,5 +1,6 @@
 """Who holds the capacity the inventory counts as allocated: the placements of the jobs
-that a cluster has (submitting, submitted or running), one entry a job, as the
+that a cluster has (submitting, submitted or running), one entry a job and node (a
+multi-node job has one on each of its nodes, each holding its share), as the
 dashboard colours the units of a node by tenant.
 
 The inventory itself (broker.inventory.view) counts allocated units as the clusters
@@ -36,20 +37,25 @@ def occupancy(session: Session, principal: Principal, cluster: str | None = None
     out = []
     for job_id, name, tenant, user, job_cluster, placement in session.execute(query.order_by(Job.id)):
         mine = principal.is_admin or tenant == principal.tenant
-        out.append(
+        nodes = placement.get("nodes") or [placement.get("node")]
+        held = placement.get("gpu_equivalents")
+        if len(nodes) > 1 and held is not None:  # the gang's figure, the same on each node
+            held = float(held) / len(nodes)
+        out.extend(
             {
                 "job": job_id if mine else None,
                 "name": name if mine else None,
                 "tenant": tenant if mine else OTHER_TENANT,
                 "user": user if mine else None,
                 "cluster": job_cluster,
-                "node": placement.get("node"),
+                "node": node,
                 "sharing": placement.get("sharing"),
                 "mig_profile": placement.get("mig_profile"),
                 "gpus": list(placement.get("gpus") or []),
                 "units": int(placement.get("units") or 1),
                 "replicas": int(placement.get("replicas") or 1),
-                "gpu_equivalents": placement.get("gpu_equivalents"),
+                "gpu_equivalents": held,
             }
+            for node in nodes
         )
     return out

@@ -247,7 +247,12 @@ class CapacityView:
     def take(self, placement: Placement) -> None:
         """Count ``placement`` against free capacity: on its node (any node, best effort,
         when it names none), on a unit of its model and MIG profile, and on the GPU it
-        names; nothing when no such unit is left (never on another unit)."""
+        names; nothing when no such unit is left (never on another unit). A gang's
+        units are counted on each of its nodes."""
+        if placement.gang:
+            for rank in _ranks(placement):
+                self.take(rank)
+            return
         group = self._group(placement.cluster, Sharing(placement.sharing))
         if group is None:
             return
@@ -265,7 +270,12 @@ class CapacityView:
         model and MIG profile, on the GPU(s) it names. The replicas of a multi-replica
         fit of this view come back from exactly where the fit put them, whether the
         placement is given back whole or node by node (``replace(placement, node=n,
-        replicas=k)``: k of the replicas it put on node n)."""
+        replicas=k)``: k of the replicas it put on node n). A gang's units come back
+        on each of its nodes."""
+        if placement.gang:
+            for rank in _ranks(placement):
+                self.give_back(rank)
+            return
         sharing = Sharing(placement.sharing)
         group = self._group(placement.cluster, sharing)
         if group is None:
@@ -412,6 +422,8 @@ class CapacityView:
         if not shapes:
             return NoFit(f"{cluster} has no {gpu_model} GPUs offering {sharing.value}", never=True)
         of = f" of {shapes[0].model_name}" if model else ""
+        if spec.nodes > 1:
+            return self._fit_gang(spec, cluster, sharing, group, shapes, model, partition)
         if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG):
             return self._fit_mig(spec, cluster, sharing, group, shapes, model, of, partition)
         if sharing == Sharing.SLURM_MPS:
@@ -620,6 +632,98 @@ class CapacityView:
                     return True
         return False
 
+    # -- several nodes at once -----------------------------------------------------
+
+    def _fit_gang(self, spec, cluster, sharing, group: SlotGroup, shapes, model, partition) -> Fit | NoFit:
+        """``spec.nodes`` distinct nodes that each have ``spec.gpus`` units free now, all
+        of one model and (MIG) one profile, taken together, or nothing taken. Each rank
+        goes where a one-node job would: best fit, the nodes left with the least free,
+        so whole free nodes stay whole. Per (model, profile) the candidates are counted
+        before anything is taken, so a gang that does not fit takes nothing."""
+        n, units = spec.nodes, spec.gpus
+        memory = spec.gpu_memory_gb or 0
+        mig = sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG)
+        if sharing not in (Sharing.SLURM_EXCLUSIVE, Sharing.K8S_EXCLUSIVE) and not mig:
+            return NoFit(
+                f"a job on {n} nodes needs whole GPUs or MIG slices on each; {sharing.value} on {cluster} shares "
+                "a GPU within one node",
+                never=True,
+            )
+        # The kinds of unit a rank may take, smallest MIG profile first: (model, profile) -> shapes.
+        kinds: dict[tuple[str, str | None], list[Shape]] = {}
+        if mig:
+            offered = sorted(group.offered.get(model, {}).items(), key=lambda item: (item[1], item[0]))
+            for profile, _memory in (item for item in offered if item[1] >= memory):
+                for shape in shapes:
+                    if shape.profile == profile:
+                        kinds.setdefault((shape.model, profile), []).append(shape)
+        else:
+            for shape in shapes:
+                if shape.unit_memory_gb >= memory:
+                    kinds.setdefault((shape.model, None), []).append(shape)
+        best = None  # (free left on the chosen nodes, picks)
+        most_ever = most_now = 0
+        first_named = None
+        for (_model, profile), members in kinds.items():
+            ever: set[str] = set()
+            now: dict[str, tuple] = {}  # node -> its best-fit entry with room for a rank
+            for shape in members:
+                for entry in shape.order:  # per node: (free, node, position)
+                    node = group.slots[entry[-1]].unit.node
+                    if shape.capacity >= units:
+                        ever.add(node)
+                    if entry[0] >= units and (node not in now or entry < now[node]):
+                        now[node] = entry
+            if len(ever) > most_ever or first_named is None:
+                first_named = (members[0], profile)
+            most_ever = max(most_ever, len(ever))
+            most_now = max(most_now, min(len(now), len(ever)))
+            if len(now) >= n:
+                picks = sorted(now.values())[:n]
+                left = sum(free - units for free, *_ in picks)
+                if best is None or left < best[0]:
+                    best = (left, picks, profile)
+        shape, profile = first_named if first_named else (shapes[0], None)
+        what = (
+            f"{units} free {profile} slice{'s' * (units != 1)}"
+            if profile
+            else f"{units} free {shape.model_name}{'s' * (units != 1)}"
+        ) + (f" of {memory:g} GB" if memory and not profile else "")
+        if best is None:
+            if most_ever < n:
+                return NoFit(
+                    f"needs {n} nodes with {what.replace(' free', '')} each; {cluster} has "
+                    f"{most_ever or 'no'} such node{'s' * (most_ever != 1)}",
+                    never=True,
+                )
+            return NoFit(
+                f"waiting for {n} nodes with {what} on {cluster}: {most_now} have them now",
+                never=False,
+                waiting_for=(cluster, sharing.value, profile, model),
+            )
+        _left, picks, profile = best
+        shares = []
+        for free, _node, position in picks:
+            group.set_free(position, free - units)
+            shares.append((units, group.slots[position].unit.gpu_equivalent))
+        first = group.slots[picks[0][-1]].unit
+        # Rank 0 on the first node in inventory order: the rendezvous host is stable for a given fit.
+        nodes = tuple(group.slots[p].unit.node for p in sorted(position for *_, position in picks))
+        return Fit(
+            Placement(
+                cluster=cluster,
+                sharing=sharing,
+                units=units,
+                gpu_equivalents=held(shares),
+                node=nodes[0],
+                mig_profile=profile,
+                gpu_model=first.gpu_model,
+                gpu_memory_gb=spec.gpu_memory_gb,
+                partition=partition,
+                nodes=nodes,
+            )
+        )
+
     # -- shared GPUs: FGD over a bounded candidate set ----------------------------------
 
     def _pick(
@@ -757,6 +861,12 @@ def _replica_key(placement: Placement, node: str | None) -> tuple:
     and the replica count, so ``replace(placement, node=n, replicas=k)`` finds it."""
     p = placement
     return (p.cluster, p.sharing, node, p.units, p.gpu_equivalents, p.gpu_model, p.gpu_memory_gb, p.partition, p.gpus)
+
+
+def _ranks(placement: Placement) -> list[Placement]:
+    """A gang as one one-node placement per node, each with its share of the figure."""
+    share = placement.gpu_equivalents / len(placement.nodes)
+    return [replace(placement, node=node, nodes=(), gpu_equivalents=share) for node in placement.nodes]
 
 
 def _charges(placement: Placement) -> list[tuple[int | None, int]]:

@@ -170,7 +170,9 @@ class CycleDecisions:
             return Held("held: can never fit: " + "; ".join(reasons) + by)
         waiting_for = first_wait.waiting_for
         if waiting_for is not None and waiting_for[-1] is not None:  # (cluster, sharing, profile, model)
-            self.pinned_waiting[(waiting_for[0], waiting_for[-1])] += job.spec.gpus * replicas_of(job.spec)
+            self.pinned_waiting[(waiting_for[0], waiting_for[-1])] += (
+                job.spec.gpus * replicas_of(job.spec) * job.spec.nodes
+            )
         return self.behind(Waiting(first_wait.reason, WaitCause.CAPACITY, waiting_for))
 
     def behind(self, waiting: Waiting) -> Waiting:

@@ -94,7 +94,9 @@ class Admission:
                 "device indexes are per node, so give the node as well"
             )
         job = SimJob(job_id, 0, placement, unit_class)
-        if placement.node is not None:
+        if placement.gang:
+            self._gang_pools(job, unit_class, model_name)
+        elif placement.node is not None:
             job.pool = self._pinned_pool(job, unit_class, model_name)
         elif not unit_class.could_ever_hold(job):
             asked = describe_request(sharing, profile, unit_class.model_name, job.units, job.replicas)
@@ -104,6 +106,23 @@ class Admission:
             )
         _read_spec(job, spec, placement)
         return job
+
+    def _gang_pools(self, job: SimJob, unit_class: UnitClass, model_name: str | None) -> None:
+        """The pool of each node of a multi-node job (rank 0's in ``job.pool``); Rejected
+        if a node is named twice or one can never hold its rank."""
+        placement = job.placement
+        if placement.sharing in SHARED_SHARINGS:
+            raise Rejected(
+                f"a job on {len(placement.nodes)} nodes needs whole GPUs or MIG slices on each, not "
+                f"{placement.sharing.value}, which shares a GPU within one node"
+            )
+        if len(set(placement.nodes)) != len(placement.nodes):
+            raise Rejected(f"placement names a node twice ({', '.join(placement.nodes)}): a gang's nodes are distinct")
+        pools = []
+        for node in placement.nodes:
+            rank = SimJob(job.job_id, 0, replace(placement, node=node, nodes=()), unit_class)
+            pools.append(self._pinned_pool(rank, unit_class, model_name))
+        job.pool, job.gang = pools[0], tuple(pools[1:])
 
     def _pinned_pool(self, job: SimJob, unit_class: UnitClass, model_name: str | None) -> Pool:
         """The pool on ``placement.node`` the job runs or waits in; Rejected if it can never run there."""
@@ -200,3 +219,4 @@ def _read_spec(job: SimJob, spec: JobSpec, placement: Placement) -> None:
     else:
         raise Rejected(f"label sim-exit={outcome!r}: use succeeded, failed, or an exit code 0-255")
     job.memory_gb = placement.gpu_memory_gb or spec.gpu_memory_gb or 0.0
+    job.tasks = spec.tasks_per_node

@@ -92,6 +92,7 @@ def signature(spec: JobSpec, routes: list) -> tuple:
         spec.gpu_memory_gb,
         replicas_of(spec),
         spec.isolation,
+        spec.nodes,
     )
 
 

@@ -128,6 +128,8 @@ class SimJob:
         "holdings",
         "started_us",
         "ends_us",
+        "gang",
+        "tasks",
     )
 
     def __init__(self, job_id: int, seq: int, placement: Placement, unit_class: UnitClass) -> None:
@@ -155,6 +157,15 @@ class SimJob:
         self.holdings: tuple[tuple[int, int], ...] = ()  # (GPU position in pool, units) for MPS, time-slicing
         self.started_us: int | None = None
         self.ends_us: int | None = None
+        # A multi-node job: the pools of its other nodes (ranks 1..N-1; ``pool`` is rank 0's),
+        # taken and given back together with ``pool``; and its processes per node.
+        self.gang: tuple[Pool, ...] = ()
+        self.tasks = 1
+
+    @property
+    def pools(self) -> tuple[Pool, ...]:
+        """Every pool the job holds (or waits for) units in: its node's, and a gang's others."""
+        return (self.pool, *self.gang) if self.pool is not None else self.gang
 
 
 class Pool:

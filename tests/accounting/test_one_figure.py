@@ -25,10 +25,12 @@ ADMIN = Principal(user="root", tenant="ops", role=Role.ADMIN)
 # Every job runs a day of virtual time, so none ends between two views.
 DAY = "sim-duration=86400"
 
-# Whole GPUs, a 3g.20gb slice (3/7), a 2-replica time-sliced T4 job (2 x 1/4), a 2 GB
+# Whole GPUs on one node and on two (a gang of 2 nodes x 2 GPUs: 4),
+# a 3g.20gb slice (3/7), a 2-replica time-sliced T4 job (2 x 1/4), a 2 GB
 # MPS share of an A100 40 GB (5%), three time-sliced shards, a 1g.5gb slice (1/7).
 EXPECTED = {
-    "llama-pretrain": 4.0,
+    "llama-pretrain": 2.0,
+    "gang-pretrain": 4.0,
     "bert-finetune": 3 / 7,
     "chat-serve": 0.5,
     "small-serve": 0.05,
@@ -60,7 +62,8 @@ def demo(gpush, database_url):
     def submit(name, *args, token=None):
         ids[name] = int(run("submit", "--name", name, "-l", DAY, *args, token=token).out)
 
-    submit("llama-pretrain", "--kind", "training", "--isolation", "exclusive", "--gpus", "4", "--", "torchrun")
+    submit("llama-pretrain", "--kind", "training", "--isolation", "exclusive", "--gpus", "2", "--", "torchrun")
+    submit("gang-pretrain", "--kind", "training", "-N", "2", "--gpus", "2", "--", "torchrun")
     submit("bert-finetune", "--kind", "training", "--isolation", "hardware", "--gpu-memory-gb", "10", "--", "t")
     submit("too-big", "--kind", "training", "--gpus", "16", "--", "huge")
     elastic = ("--min-replicas", "2", "--max-replicas", "8")
@@ -142,6 +145,22 @@ def test_every_view_counts_what_a_job_holds_alike(demo, http, sessions):
     scaled = utcnow()
     run("scheduler", "run", "--cycles", "1")
     agree(views(run, http, sessions, since=scaled), {**EXPECTED, "chat-serve": 1.0})
+
+
+def test_a_gang_holds_its_per_node_figure_on_each_of_its_nodes(demo, http):
+    run, ids, _tokens = demo
+    gang = run("status", str(ids["gang-pretrain"]), "--json").json
+    assert gang["state"] == "running" and len(gang["placement"]["nodes"]) == 2
+    admin = http(user="root", tenant="ops", role="admin")
+    held = {
+        e["node"]: e["gpu_equivalents"] for e in admin.get("/v1/inventory/occupancy").json() if e["job"] == gang["id"]
+    }
+    assert held == dict.fromkeys(gang["placement"]["nodes"], 2.0)
+    listed = run("list", "-A").out
+    assert "2x2 A100" in listed
+    first, second = gang["placement"]["nodes"]
+    shown = " ".join(run("status", str(ids["gang-pretrain"])).out.split())
+    assert f"node 0 {first}: rank 0 (rendezvous) node 1 {second}: rank 1" in shown
 
 
 def test_a_user_sees_the_same_shares_as_an_admin_with_other_tenants_unnamed(demo, http):

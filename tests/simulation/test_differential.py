@@ -48,9 +48,10 @@ class SettableClock:
         return self.now
 
 
-def random_workload(seed: int, jobs: int = 70) -> str:
+def random_workload(seed: int, jobs: int = 70, *, with_gangs: bool = False) -> str:
     """A mix over the demo fleet that keeps it contended: every sharing mode, elastic
-    replicas, priorities, tenants with weights and a quota, jobs that never fit."""
+    replicas, priorities, tenants with weights and a quota, jobs that never fit; with
+    ``with_gangs``, every fifth job a multi-node one."""
     rng = random.Random(seed)
     shapes = [
         {"kind": "training", "isolation": "hardware", "gpu_memory_gb": 5},
@@ -70,9 +71,16 @@ def random_workload(seed: int, jobs: int = 70) -> str:
         {"kind": "training", "gpus": 4},
         {"kind": "training", "gpus": 32},  # more than any node: held
     ]
+    gangs = [
+        {"kind": "training", "nodes": 2, "gpus": 2},
+        {"kind": "training", "nodes": 2, "gpus": 4},
+        {"kind": "training", "nodes": 3, "gpus": 1},  # slurm-a has 2 nodes of whole GPUs: held
+    ]
     out = []
     for n in range(jobs):
         job = dict(rng.choice(shapes))
+        if with_gangs and n % 5 == 0:
+            job = dict(gangs[(n // 5) % len(gangs)])
         job.update(
             name=f"j{n}",
             at=rng.choice([0, 0, 60, 120, 300, 600, 900, 1800]) + rng.randrange(0, 3) * 30,
@@ -111,7 +119,7 @@ def _where(placement: dict | None) -> tuple:
     return tuple(
         (k, tuple(v) if isinstance(v, list) else v)
         for k, v in sorted(p.items())
-        if k in ("cluster", "sharing", "units", "node", "mig_profile", "gpus", "replicas", "gpu_equivalents")
+        if k in ("cluster", "sharing", "units", "node", "nodes", "mig_profile", "gpus", "replicas", "gpu_equivalents")
     )
 
 
@@ -212,6 +220,18 @@ def test_random_contended_workloads_decide_alike_live_and_in_simulation(engine, 
     seen = [view for _, jobs in live for view in jobs.values()]
     assert any(kind == "waiting" and "ahead)" in (why or "") for kind, why in seen)
     assert any(kind == "waiting" and "at quota" in (why or "") for kind, why in seen)
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_workloads_with_multi_node_jobs_decide_alike_live_and_in_simulation(engine, sessions, seed) -> None:
+    workload = read_workload(random_workload(seed, with_gangs=True), f"gangs-{seed}.yaml")
+    live = run_live(engine, sessions, workload)
+    assert_same_steps(live, run_replay(workload))
+    # Gangs were placed on two nodes at once, waited saying how far they were, and held.
+    seen = [view for _, jobs in live for view in jobs.values()]
+    assert any(kind == "placed" and len(dict(where).get("nodes") or ()) == 2 for kind, where in seen)
+    assert any(kind == "waiting" and "have them now" in (why or "") for kind, why in seen)
+    assert any(kind == "held" and "needs 3 nodes with" in (why or "") for kind, why in seen)
 
 
 def test_a_difference_is_caught() -> None:

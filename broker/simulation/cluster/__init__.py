@@ -36,6 +36,12 @@ How a simulated cluster behaves (what a broker or a test may rely on):
   pinned jobs wait go to no unpinned job until those have started, so a large job is
   not starved by small ones. A multi-unit job takes all its units on one node at once, or waits.
   Replicas (``placement.replicas``) are placed together on one node.
+- **Multi-node jobs.** A placement with several ``nodes`` (whole GPUs or MIG slices)
+  takes ``units`` on each of them at once, only when every one has room and no job
+  pinned there waits first, else it waits whole (gangs oldest first) and starts
+  nowhere; its ranks end together. Its status is one job whose node is the comma list
+  of its nodes; ``logs(replica=RANK)`` is rank RANK's output (ranks per node: the
+  spec's ``tasks_per_node``).
 - **Time-slicing OOM.** There is no memory isolation: when the ``gpu_memory_gb`` of the
   jobs on one physical GPU adds up to more than the GPU has, the job that pushed it over
   fails with ``OOMKilled: time-sliced GPU memory over-committed`` (exit code 137), as a

@@ -41,7 +41,13 @@ class EventEngine:
         """Start a newly submitted job now if it may, else queue it."""
         state = self.state
         t = state.now_us
-        if job.pinned:
+        if job.gang:
+            if not state.gangs and self._gang_fits(job):
+                self._start(job, job.pool, t)
+                return
+            job.reason = self._gang_reason(job)
+            state.gangs.append(job)
+        elif job.pinned:
             pool = job.pool
             if pool.fits(job) and (pool.waiting_count == 0 or not pool.blocked(job)):
                 self._start(job, pool, t)
@@ -63,13 +69,47 @@ class EventEngine:
         state.pending += 1
         state.record(job)
 
+    # -- multi-node jobs: every node at once, or none ------------------------------------
+
+    @staticmethod
+    def _gang_fits(job: SimJob) -> bool:
+        """Whether every node of a gang can start its rank now, with no one-node job waiting
+        there first (a gang passes no one; it is never started on part of its nodes)."""
+        return all(pool.fits(job) and not pool.waiting_count for pool in job.pools)
+
+    def _gang_reason(self, job: SimJob) -> str:
+        ready = sum(pool.fits(job) and not pool.waiting_count for pool in job.pools)
+        behind = len(self.state.gangs)
+        ahead = f"; {behind} earlier multi-node job(s) waiting first" if behind else ""
+        return (
+            f"waiting for all {len(job.pools)} nodes at once ({ready} have room now{ahead}); "
+            "no rank starts before every node has room"
+        )
+
+    def _drain_gangs(self, t: int) -> None:
+        """Start the waiting gangs, oldest first, while the oldest has room on every node."""
+        gangs = self.state.gangs
+        while gangs:
+            job = gangs[0]
+            if job.state is not BackendState.PENDING:
+                gangs.popleft()
+                continue
+            if not self._gang_fits(job):
+                return
+            gangs.popleft()
+            self.state.pending -= 1
+            self._start(job, job.pool, t)
+
     # -- running and ending ------------------------------------------------------------
 
     def _start(self, job: SimJob, pool: Pool, t: int) -> None:
         state = self.state
         over = pool.take(job)
+        for other in job.gang:  # whole GPUs and MIG slices only: nothing to over-commit
+            other.take(job)
+            other.refresh()
         job.pool = pool
-        job.node = pool.node
+        job.node = ",".join(p.node for p in job.pools) if job.gang else pool.node
         job.state = BackendState.RUNNING
         job.reason = None
         job.started_us = job.at_us = t
@@ -100,6 +140,9 @@ class EventEngine:
         state = self.state
         pool = job.pool
         pool.release(job)
+        for other in job.gang:  # a gang's ranks end together
+            other.release(job)
+            other.refresh()
         state.running -= 1
         job.state = end
         job.reason = reason
@@ -138,7 +181,8 @@ class EventEngine:
                 event = heapq.heappop(ends)
                 if self.is_live(event):
                     job = event[2]
-                    freed[job.pool] = None
+                    for pool in job.pools:
+                        freed[pool] = None
                     self._end(job, t)
             if t > state.now_us:
                 state.now_us = t
@@ -148,7 +192,7 @@ class EventEngine:
 
     def dispatch(self, pools: Iterable[Pool], t: int) -> None:
         """Start waiting jobs on ``pools`` whose units just freed: jobs pinned there first,
-        then the cluster-wide queues those pools serve."""
+        then the cluster-wide queues those pools serve, then the multi-node jobs waiting."""
         classes: list[UnitClass] = []
         for pool in pools:
             if pool.waiting_count:
@@ -159,6 +203,8 @@ class EventEngine:
                     classes.append(unit_class)
         if classes:
             self.drain_classes(classes, t)
+        if self.state.gangs:
+            self._drain_gangs(t)
 
     def _drain_pool(self, pool: Pool, t: int) -> None:
         waiting = pool.waiting

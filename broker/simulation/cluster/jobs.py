@@ -53,16 +53,19 @@ class Jobs:
                 return
             t = state.now_us
             if job.state is BackendState.RUNNING:
-                pool = job.pool
+                pools = job.pools
                 self.engine.finish(job, t, BackendState.CANCELLED, "cancelled while running", None)
-                self.engine.dispatch([pool], t)
+                self.engine.dispatch(pools, t)
             else:
                 state.pending -= 1
                 job.state = BackendState.CANCELLED
                 job.reason = "cancelled before it started"
                 job.at_us = t
                 state.record(job)
-                if job.pinned:
+                if job.gang:
+                    state.gangs.remove(job)
+                    self.engine.dispatch(job.pools, t)  # gangs behind it may start now
+                elif job.pinned:
                     job.pool.waiting_count -= 1
                     job.pool.refresh()
                     self.engine.dispatch([job.pool], t)
@@ -81,10 +84,10 @@ class Jobs:
             if job is None or job.state is not BackendState.RUNNING:
                 return
             state.rerun.add(job_id)
-            pool = job.pool
+            pools = job.pools
             t = state.now_us
             self.engine.finish(job, t, BackendState.SUCCEEDED, f"saved its state on {signal} and exited", 0)
-            self.engine.dispatch([pool], t)
+            self.engine.dispatch(pools, t)
             self.store.save()
 
     def find(self, job_id: int) -> BackendJob | None:
@@ -106,6 +109,8 @@ class Jobs:
                 raise Rejected(f"job {job_id} is not running on {state.name}")
             if replicas < 1:
                 raise Rejected("a job keeps at least one replica")
+            if job.gang:
+                raise Rejected(f"job {job_id} runs on {len(job.pools)} nodes at once: a multi-node job does not scale")
             old = job.replicas
             if replicas == old:
                 return old

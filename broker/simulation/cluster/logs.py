@@ -36,10 +36,14 @@ class JobLogs:
                 raise Rejected(f"simulated cluster {name} has no job {job_id}")
             if job.started_us is None:
                 raise Rejected(f"job {job_id} has not started on {name} yet: no output")
-            if replica and replica >= job.replicas:
+            ranks = len(job.pools) * job.tasks if job.gang else 0
+            if job.gang and replica and replica >= ranks:
+                raise Rejected(f"job {job_id} has {ranks} ranks on {name} (0 to {ranks - 1}): no rank {replica}")
+            if not job.gang and replica and replica >= job.replicas:
                 raise Rejected(f"job {job_id} has {job.replicas} replica(s) on {name}: no replica {replica}")
             text = self._output(job, replica or 0, stream)
-        location = f"simulated cluster {name}, node {job.node} (in memory: the simulator writes no files)"
+        node = job.pools[(replica or 0) // job.tasks].node if job.gang else job.node
+        location = f"simulated cluster {name}, node {node} (in memory: the simulator writes no files)"
         if tail is not None:
             lines = text.splitlines(keepends=True)
             return JobOutput(location, "".join(lines[-tail:]) if tail else "", len(text))
@@ -61,8 +65,15 @@ class JobLogs:
                 return f"{at(job.at_us)} {job.reason}\n"
             return ""
         what = job.placement.mig_profile or job.sharing.value.split("/", 1)[-1]
+        if job.gang:
+            pools = job.pools
+            node_rank = replica // job.tasks
+            who = f"rank {replica} of {len(pools) * job.tasks} (node rank {node_rank} of {len(pools)})"
+            where = f"{pools[node_rank].node}, rendezvous at {pools[0].node}"
+        else:
+            who, where = f"replica {replica}", job.node
         lines = [
-            f"{at(job.started_us)} [simulated] job {job.job_id} replica {replica} started on {job.node} "
+            f"{at(job.started_us)} [simulated] job {job.job_id} {who} started on {where} "
             f"({job.units} x {what}), {self.state.name}: {pace}; the simulator runs no program",
         ]
         # Only lines that stay once written: ``gpush logs -f`` reads on from an offset.

@@ -125,6 +125,8 @@ class StateFile:
             "holdings": [list(h) for h in job.holdings],
             "started_us": job.started_us,
             "ends_us": job.ends_us,
+            "gang": [[p.node, p.sharing.value, p.profile, p.model.name] for p in job.gang],
+            "tasks": job.tasks,
         }
 
     def load(self) -> None:
@@ -186,6 +188,11 @@ class StateFile:
         state.jobs[job.job_id] = job
         pool = state.pool_by_key.get(tuple(record["pool"])) if record["pool"] else None
         job.pool = pool
+        job.tasks = record.get("tasks", 1)
+        gang = [state.pool_by_key.get(tuple(key)) for key in record.get("gang", [])]
+        job.gang = tuple(p for p in gang if p is not None)
+        if len(job.gang) < len(gang):
+            pool = job.pool = None  # a node of the gang left the fleet file
         if pool is not None and placement.gpus and placement.sharing in SHARED_SHARINGS:
             try:
                 job.pins = gpu_pins(pool, job)
@@ -196,11 +203,16 @@ class StateFile:
                 # The node left the fleet file while the job ran: what Slurm calls NODE_FAIL.
                 self._lost(job, f"node {job.node} is no longer in the fleet file")
             else:
-                pool.restore(job)
+                for held in job.pools:
+                    held.restore(job)
                 state.ticket += 1
                 heapq.heappush(state.ends, (job.ends_us, state.ticket, job))
         elif job.state is BackendState.PENDING:
-            if job.pinned and pool is not None:
+            if record.get("gang") and pool is not None:
+                state.gangs.append(job)
+            elif record.get("gang"):
+                self._lost(job, "a node of the multi-node job is no longer in the fleet file")
+            elif job.pinned and pool is not None:
                 pool.waiting.append(job)
                 pool.waiting_count += 1
             elif not job.pinned and unit_class is not None:

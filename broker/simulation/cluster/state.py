@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from collections import deque
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
@@ -111,6 +112,8 @@ class ClusterState:
         self.next_seq = 1
         self.log: list[LogEntry] = []
         self.rerun: set[int] = set()  # jobs told of a preemption: their next submission is a new run
+        # Multi-node jobs waiting for room on all their nodes at once, oldest first.
+        self.gangs: deque[SimJob] = deque()
         self.fenced: dict[str, str] = {}  # node -> why it takes no new job
         # A cursor from another incarnation of this cluster (its state lost) must not be
         # read as an index into this one's log.

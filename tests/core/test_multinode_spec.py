@@ -1,0 +1,108 @@
+"""A multi-node job's spec: what it holds, and what is refused before anything is stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.core.errors import InvalidRequest
+from broker.core.schemas import JobSpec
+from broker.intake.jobfile import validate_spec
+
+
+def job(**fields: Any) -> JobSpec:
+    return validate_spec({"kind": "training", "command": ["torchrun", "train.py"], **fields})
+
+
+def test_a_job_is_one_node_with_one_task_unless_it_says_more():
+    spec = job(gpus=8)
+    assert (spec.nodes, spec.tasks_per_node) == (1, 1)
+
+
+def test_nodes_and_tasks_per_node_are_kept_with_the_per_node_request():
+    spec = job(nodes=4, gpus=8, tasks_per_node=8, cpus=64, memory="512G")
+    assert (spec.nodes, spec.gpus, spec.tasks_per_node, spec.cpus, spec.memory) == (4, 8, 8, 64, "512G")
+
+
+def test_a_multi_node_job_may_ask_mig_slices_on_each_node():
+    spec = job(nodes=2, isolation="hardware", gpu_memory_gb=10, gpus=2)
+    assert (spec.nodes, spec.isolation.value) == (2, "hardware")
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        pytest.param({"nodes": 0}, "greater than or equal to 1", id="zero"),
+        pytest.param({"nodes": 257}, "less than or equal to 256", id="too-many"),
+        pytest.param({"tasks_per_node": 0}, "greater than or equal to 1", id="no-tasks"),
+        pytest.param(
+            {"nodes": 2, "isolation": "process", "gpu_memory_gb": 8},
+            "MPS shares a GPU on one node and cannot span nodes; use isolation exclusive",
+            id="mps",
+        ),
+        pytest.param(
+            {"nodes": 2, "isolation": "none", "gpu_memory_gb": 8},
+            "time-slicing shares a GPU on one node and cannot span nodes",
+            id="time-slicing",
+        ),
+        pytest.param(
+            {"nodes": 3, "kind": "inference", "isolation": "exclusive", "elastic": {"max_replicas": 4}},
+            "nodes 3 with elastic replicas",
+            id="elastic",
+        ),
+    ],
+)
+def test_what_cannot_run_on_several_nodes_is_refused_naming_the_field(fields, words):
+    field = "tasks_per_node" if "tasks_per_node" in fields else "nodes"
+    with pytest.raises(InvalidRequest) as info:
+        job(**fields)
+    assert words in str(info.value)
+    assert info.value.details[0]["field"] == field
+
+
+def test_a_one_node_job_hashes_as_before_multi_node_jobs_existed():
+    spec = job(gpus=2)
+    body = spec.model_dump(mode="json")
+    old = {k: v for k, v in body.items() if k not in ("nodes", "tasks_per_node")}
+    assert JobSpec.fingerprint_of(body) == JobSpec.fingerprint_of(old)
+    assert job(gpus=2, nodes=2).fingerprint() != spec.fingerprint()
+
+
+def test_the_api_refuses_mps_across_nodes_with_a_422_naming_nodes(http):
+    answer = http().post(
+        "/v1/jobs",
+        json={"kind": "training", "nodes": 2, "isolation": "process", "gpu_memory_gb": 8, "command": ["x"]},
+    )
+    assert answer.status_code == 422, answer.text
+    detail = answer.json()["error"]["details"][0]
+    assert detail["field"] == "nodes" and "cannot span nodes" in answer.text
+
+
+def test_the_cli_takes_sbatchs_letters_and_refuses_time_slicing_across_nodes_with_exit_2(gpush):
+    placed = gpush("submit", "-k", "training", "-N", "2", "-G", "8", "--ntasks-per-node", "8", "--", "torchrun", "t.py")
+    assert placed.code == 0, placed.err
+    spec = gpush("status", placed.out.strip(), "--json").json["spec"]
+    assert (spec["nodes"], spec["gpus"], spec["tasks_per_node"]) == (2, 8, 8)
+    refused = gpush("submit", "-k", "inference", "-N", "2", "--gpu-memory-gb", "8", "--", "serve")
+    assert refused.code == 2
+    assert "nodes" in refused.err and "time-slicing" in refused.err
+
+
+def test_a_job_file_takes_nodes(gpush, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("kind: training\nnodes: 3\ngpus: 4\ntasks_per_node: 4\ncommand: [torchrun, t.py]\n")
+    placed = gpush("submit", "-f", str(path))
+    assert placed.code == 0, placed.err
+    spec = gpush("status", placed.out.strip(), "--json").json["spec"]
+    assert (spec["nodes"], spec["gpus"], spec["tasks_per_node"]) == (3, 4, 4)
+
+
+def test_list_shows_the_shape_and_status_every_node_with_its_ranks(gpush):
+    job_id = gpush("submit", "-k", "training", "-N", "2", "-G", "8", "--ntasks-per-node", "4", "--", "t").out.strip()
+    listed = gpush("list").out
+    row = next(line for line in listed.splitlines() if line.startswith(job_id))
+    assert "2x8" in row.split()
+    shown = gpush("status", job_id).out
+    assert "2, 4 tasks (ranks) per node, 8 ranks in all" in shown
+    assert "node 1 (not placed yet): ranks 4-7" in " ".join(shown.split())
