@@ -29,8 +29,8 @@ import httpx
 import pytest
 
 from broker.client.sdk import GpushClient
-from broker.ray.workers import LABEL_CLUSTER, LABEL_NODE_IP
-from integration.ray.harness import GPUSH, GpushBroker, RayHead, cluster_yaml, free_port, wait_for
+from broker.ray.workers import LABEL_CLUSTER, LABEL_NODE_IP, NOT_JOINED
+from integration.ray.harness import GPUSH, RAY, GpushBroker, RayHead, cluster_yaml, free_port, wait_for
 
 TOKEN_ENV = "GPUSH_RAY_TOKEN"
 
@@ -54,7 +54,9 @@ def broker(database_url, slurm):
 
 
 class RayCluster:
-    def __init__(self, broker: GpushBroker, tenant: str, worker_ip: str = "loopback", **options):
+    def __init__(
+        self, broker: GpushBroker, tenant: str, worker_ip: str = "loopback", ray_command: str | None = None, **options
+    ):
         self.broker = broker
         self.token = broker.token("ray", tenant)
         self.client = GpushClient(broker.url, self.token)
@@ -64,6 +66,8 @@ class RayCluster:
             cluster_name=self.name, gpush_url=broker.url, head_address="", token_env=TOKEN_ENV, **options
         )
         config["provider"]["worker_ip"] = worker_ip
+        if ray_command:
+            config["provider"]["ray_command"] = ray_command
         config["provider"]["use_node_id_as_ip"] = worker_ip == "node-id"
         self.head = RayHead(config, {TOKEN_ENV: self.token})
 
@@ -157,6 +161,32 @@ def test_a_worker_over_quota_stays_pending_with_gpushs_reason_and_starts_when_qu
     results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(results) == 2
     assert len(rc.jobs()) == 2  # the waiting worker was never relaunched
+
+
+def test_a_worker_whose_ray_start_is_slower_than_rays_heartbeat_timeout_is_pending_not_replaced(ray_cluster, slurm):
+    """Ray's autoscaler replaces an up-to-date node that sends no heartbeat within 30 s
+    ("lost contact with raylet"). Issue 33: on a cold machine a worker's ray start took
+    longer than that after its job started, so Ray cancelled it and launched another. It
+    is pending, with the reason, until it joins."""
+    bin_dir = Path(tempfile.mkdtemp(prefix="gpush-slow-ray-"))
+    bin_dir.chmod(0o755)  # Slurm's job runs it
+    slow = bin_dir / "ray"
+    slow.write_text(f'#!/bin/sh\nsleep 40\nexec {RAY} "$@"\n')
+    slow.chmod(0o755)
+    try:
+        rc = ray_cluster(ray_command=str(slow))
+        driver = rc.head.run_driver("gpu_tasks.py", "1", "1")
+        try:
+            wait_for(lambda: NOT_JOINED.lower() in (rc.head.status() or "").lower(), 90, f"the reason:\n{rc.explain()}")
+            out, err = driver.communicate(timeout=150)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+        assert driver.returncode == 0, f"{err[-3000:]}\n{rc.explain()}"
+        assert len(rc.jobs()) == 1, rc.explain()  # the worker was never replaced
+        assert "lost contact with raylet" not in rc.head.monitor_log(tail=None), rc.explain()
+    finally:
+        shutil.rmtree(bin_dir, ignore_errors=True)
 
 
 def test_a_queued_worker_is_cancelled_in_gpush_when_the_work_that_wanted_it_is_done(broker, ray_cluster, slurm):

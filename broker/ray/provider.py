@@ -78,17 +78,14 @@ def monitor_cluster_config(argv: Sequence[str] | None = None) -> dict[str, Any] 
     return config if isinstance(config, dict) else None
 
 
-class RayDemand:
-    """What the Ray cluster waits for, read from the GCS as the v1 monitor reads it:
-    waiting and infeasible task/actor shapes, the bundles of pending placement groups,
-    and the bundles of ``request_resources``. None when the GCS does not answer."""
+class Gcs:
+    """The GCS client of the monitor the provider runs in (or one of its own)."""
 
     def __init__(self, gcs_address: str | None) -> None:
         self._gcs_address = gcs_address
         self._client = None
-        self._failing = False
 
-    def _gcs(self):
+    def __call__(self):
         if self._client is None:
             from ray.experimental.internal_kv import internal_kv_get_gcs_client
 
@@ -99,6 +96,16 @@ class RayDemand:
 
                 self._client = GcsClient(address=self._gcs_address)
         return self._client
+
+
+class RayDemand:
+    """What the Ray cluster waits for, read from the GCS as the v1 monitor reads it:
+    waiting and infeasible task/actor shapes, the bundles of pending placement groups,
+    and the bundles of ``request_resources``. None when the GCS does not answer."""
+
+    def __init__(self, gcs: Gcs) -> None:
+        self._gcs = gcs
+        self._failing = False
 
     def __call__(self) -> list[dict[str, float]] | None:
         from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
@@ -123,6 +130,34 @@ class RayDemand:
         return shapes
 
 
+class JoinedRaylets:
+    """The raylets alive in the Ray cluster, keyed as the v1 monitor keys its load metrics
+    (``monitor.py``'s ``update_load_metrics``): the node's IP, or with ``use_node_id_as_ip``
+    its ``NODE_ID_AS_RESOURCE``. None when the GCS does not answer."""
+
+    def __init__(self, gcs: Gcs, use_node_id_as_ip: bool) -> None:
+        self._gcs = gcs
+        self._by_node_id = use_node_id_as_ip
+        self._failing = False
+
+    def __call__(self) -> set[str] | None:
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state
+        from ray.core.generated.autoscaler_pb2 import NodeStatus
+
+        try:
+            nodes = [n for n in get_cluster_resource_state(self._gcs()).node_states if n.status != NodeStatus.DEAD]
+        except Exception as exc:  # any failure: unknown, and every running worker is up-to-date
+            if not self._failing:
+                logger.warning("gpush: could not read which raylets joined (running workers taken as joined): %s", exc)
+            self._failing = True
+            return None
+        self._failing = False
+        if not self._by_node_id:
+            return {n.node_ip_address for n in nodes}
+        numbers = (n.total_resources.get("NODE_ID_AS_RESOURCE") for n in nodes)
+        return {str(int(number)) for number in numbers if number is not None}
+
+
 class GpushNodeProvider(NodeProvider):
     """Each Ray worker node is one gpush job (see broker.ray.workers)."""
 
@@ -131,10 +166,12 @@ class GpushNodeProvider(NodeProvider):
         settings = ProviderSettings.from_provider_config(provider_config)
         cluster = monitor_cluster_config() or {}
         node_types = cluster.get("available_node_types") or {}
+        gcs = Gcs(_monitor_arg("gcs-address") or settings.head_address)
         self.workers = GpushWorkers(
             settings,
             cluster_name,
-            demand=RayDemand(_monitor_arg("gcs-address") or settings.head_address),
+            demand=RayDemand(gcs),
+            raylets=JoinedRaylets(gcs, bool(provider_config.get("use_node_id_as_ip"))),
             idle_timeout_minutes=float(cluster.get("idle_timeout_minutes", RAY_DEFAULT_IDLE_TIMEOUT_MINUTES)),
             min_workers={name: int(t.get("min_workers", 0) or 0) for name, t in node_types.items()},
         )

@@ -16,8 +16,14 @@ assume:
   routed, submitting, submitted) is a pending node whose status is gpush's own reason
   ("queued in gpush: tenant ray at quota (0.143/0.143 GPU)"); Ray's autoscaler never
   declares a pending node dead, so it is neither killed nor launched twice. A running
-  job is an ``up-to-date`` node. A finished job, or one whose cancel was requested,
-  is a terminated node.
+  job whose ``ray start`` has joined the head is an ``up-to-date`` node; running, not
+  joined yet, it is still pending ("running in gpush: ray start has not joined the Ray
+  cluster yet"), read by an injected ``raylets()``. Ray's autoscaler expects a heartbeat
+  from an up-to-date node within 30 s (``AUTOSCALER_HEARTBEAT_TIMEOUT_S``) and replaces
+  one that sends none ("lost contact with raylet"): a worker whose ``ray start`` is
+  slower than that (a cold machine) would be cancelled and launched again. When which
+  raylets joined is unknown (the GCS did not answer), a running job is up-to-date. A
+  finished job, or one whose cancel was requested, is a terminated node.
 - **Terminate is cancel.** A queued worker is cancelled at once; a running one when
   its cluster confirms (Slurm's scancel stops ``ray start --block``, and with it the
   raylet).
@@ -97,6 +103,10 @@ log = logging.getLogger("gpush.ray")
 Shape = Mapping[str, float]
 # What the Ray cluster waits for, as resource shapes; None when it cannot be read.
 DemandReader = Callable[[], "list[Shape] | None"]
+# The addresses of the raylets alive in the Ray cluster, as the autoscaler keys its nodes
+# (the IP; with use_node_id_as_ip, NODE_ID_AS_RESOURCE); None when they cannot be read.
+RayletReader = Callable[[], "set[str] | None"]
+NOT_JOINED = "running in gpush: ray start has not joined the Ray cluster yet"
 
 
 class ProviderConfigError(ValueError):
@@ -208,10 +218,10 @@ def _aware(at: datetime) -> datetime:
     return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
-def worker_status(job: JobOut) -> str:
-    """The node's ``ray-node-status``: ``up-to-date`` once running, else gpush's reason."""
+def worker_status(job: JobOut, joined: bool = True) -> str:
+    """The node's ``ray-node-status``: ``up-to-date`` once running and joined, else why not."""
     if job.state == JobState.RUNNING:
-        return STATUS_UP_TO_DATE
+        return STATUS_UP_TO_DATE if joined else NOT_JOINED
     why = f": {job.state_reason}" if job.state_reason else ""
     return f"{job.state.value} in gpush{why}"
 
@@ -226,6 +236,7 @@ class GpushWorkers:
         client: GpushClient | None = None,
         *,
         demand: DemandReader | None = None,
+        raylets: RayletReader | None = None,
         idle_timeout_minutes: float = RAY_DEFAULT_IDLE_TIMEOUT_MINUTES,
         min_workers: Mapping[str, int] | None = None,
         now: Clock = utcnow,
@@ -241,6 +252,9 @@ class GpushWorkers:
         # Cancelling queued workers that no demand wants (reap).
         self._demand = demand
         self._now = now
+        # Up-to-date only once joined (module docstring); None: unknown, every running job is.
+        self._raylets = raylets
+        self._joined: set[str] | None = None
         minutes = settings.queued_idle_timeout_minutes
         self.queued_idle_timeout_s = 60 * float(idle_timeout_minutes if minutes is None else minutes)
         self.min_workers = dict(min_workers or {})
@@ -266,6 +280,9 @@ class GpushWorkers:
     def refresh(self) -> dict[str, WorkerNode]:
         """Every live worker of this cluster, from gpush (one list call, by label)."""
         jobs = self.client.iter_jobs(labels={LABEL_CLUSTER: self.cluster_label}, states=LIVE_STATES, limit=1000)
+        if self._raylets is not None:
+            # Read after the jobs: a worker that joined meanwhile is up-to-date already.
+            self._joined = self._raylets()
         nodes = {}
         for job in jobs:
             if job.cancel_requested_at is not None:
@@ -326,6 +343,8 @@ class GpushWorkers:
     def _node_of(self, job: JobOut) -> WorkerNode:
         labels = job.spec.get("labels", {})
         node_id = str(job.id)
+        address = labels.get(LABEL_NODE_IP, "")
+        joined = self._joined is None or address in self._joined
         tags = {
             **self._extra_tags.get(node_id, {}),
             TAG_NODE_KIND: KIND_WORKER,
@@ -333,9 +352,9 @@ class GpushWorkers:
             TAG_USER_NODE_TYPE: job.spec.get("env", {}).get(ENV_NODE_TYPE) or labels.get(LABEL_NODE_TYPE, ""),
             TAG_LAUNCH_CONFIG: labels.get(LABEL_LAUNCH_CONFIG, ""),
             TAG_LAUNCH_REQUEST: labels.get(LABEL_LAUNCH_REQUEST, ""),
-            TAG_NODE_STATUS: worker_status(job),
+            TAG_NODE_STATUS: worker_status(job, joined),
         }
-        return WorkerNode(node_id, job, tags, labels.get(LABEL_NODE_IP, ""))
+        return WorkerNode(node_id, job, tags, address)
 
     def node(self, node_id: str) -> WorkerNode | None:
         """A worker from the last refresh, or read from gpush if it is newer than that."""

@@ -95,6 +95,28 @@ class Claim:
             error, self._error = self._error, None
             raise error
 
+    def leave_out(self, job_ids: set[int], report: CycleReport) -> None:
+        """Leave ``job_ids`` out of this claim (the jobs this cycle's status sync puts back in
+        the queue: its write runs beside the claim's read, so whether the read sees them
+        would be down to the threads' timing; they are claimed from the next cycle on). They
+        count against a tenant's claim when they were read."""
+        if not job_ids:
+            return
+        emptied = set()
+        with report.timing("claim"), self.sessions() as session:
+            for queue in self.queues.values():
+                queue.skip = job_ids
+                kept = deque(job for job in queue.buffer if job.job_id not in job_ids)
+                if len(kept) < len(queue.buffer):
+                    queue.buffer = kept
+                    queue.fill(session)
+                    if not queue.buffer:
+                        emptied.add(queue.tenant)
+        # A tenant queued only through them waits from the next cycle on, as they do.
+        self.tenants = [tenant for tenant in self.tenants if tenant not in emptied]
+        for tenant in emptied:
+            del self.queues[tenant]
+
     def pop(self, tenant: str, report: CycleReport) -> Candidate:
         """The tenant's next job; the next priority level is read when this was the last
         one read of its level."""
@@ -109,7 +131,7 @@ class Claim:
 class TenantQueue:
     """One tenant's part of a claim: its jobs read so far, and where to read on."""
 
-    __slots__ = ("tenant", "levels", "level", "left", "buffer", "done")
+    __slots__ = ("tenant", "levels", "level", "left", "buffer", "done", "skip")
 
     def __init__(self, tenant: str, levels: list[int], limit: int):
         self.tenant = tenant
@@ -118,6 +140,7 @@ class TenantQueue:
         self.left = limit  # of the tenant's claim this cycle
         self.buffer: deque[Candidate] = deque()
         self.done = not levels or limit <= 0
+        self.skip: set[int] = set()  # left out of this claim (Claim.leave_out)
 
     def fill(self, session) -> None:
         """Read the tenant's jobs of its next priority level that has any, up to what is
@@ -139,7 +162,9 @@ class TenantQueue:
                 .limit(self.left)
             ).all()
             self.buffer.extend(
-                Candidate(r[0], self.tenant, r[1], r[2], r[3], r[4], r[5], r[6], user=r[7]) for r in rows
+                Candidate(r[0], self.tenant, r[1], r[2], r[3], r[4], r[5], r[6], user=r[7])
+                for r in rows
+                if r[0] not in self.skip
             )
             self.left -= len(rows)
             self.level += 1

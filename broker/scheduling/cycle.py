@@ -69,8 +69,9 @@ class Scheduler:
        ``running``, ``succeeded``, ``failed`` or ``cancelled``, each change in the
        order the cluster reported it. The changes are read here and written beside
        steps 3 to 7, which count them as made (the ledger, the capacity and the
-       cancels read what the changes touch before they are written); a cluster's
-       cursor moves once its changes are in.
+       cancels read what the changes touch before they are written); they are all in
+       before step 8, whose steps read jobs from the database. A cluster's cursor moves
+       once its changes are in.
     3. Cancel: jobs a user cancelled while a cluster had them are cancelled there, and
        preemption victims are told and stopped (broker.scheduling.preemption).
     4. Capacity: each healthy cluster's inventory, minus the placements it has not
@@ -83,8 +84,9 @@ class Scheduler:
        weighted fair share (GPU-equivalents across both tiers), then age; at most
        ``claim_limit`` per tenant. Each tenant's jobs are read per priority level as the
        order reaches them, with a LIMIT, so a cycle reads the jobs it decides however
-       long the queue is. Steps 2 to 4 never touch queued jobs, so the claim is read
-       beside them.
+       long the queue is. The claim is read beside steps 2 to 4; the jobs step 2 puts
+       back in the queue (a preemption ended, a cluster lost them) are left out of it
+       whether its read saw their write or not, and claimed from the next cycle on.
     6. Decide each, in fair-share order, by the one decision the replays also make
        (:class:`broker.placement.decision.CycleDecisions`): routed by the active policy
        (no rule: ``held``), fitted on the routes in order and counted against capacity,
@@ -173,7 +175,11 @@ class Scheduler:
             raise
         try:
             claim.wait(report)  # 5
+            claim.leave_out(sync.requeued, report)
             decided = self.place(clusters, view, report, claim=claim, ledger=ledger)  # 6, 7
+            # Steps 8 and 9 read jobs' states and placements from the database: the status
+            # changes must be in by then, not on their way beside them.
+            sync.wait(report)
             if decided.blocked and decided.preempting:
                 with report.timing("preempt"):  # 8
                     told = self.preemptions.choose(
@@ -188,7 +194,6 @@ class Scheduler:
         except BaseException:
             sync.wait(report, raise_error=False)
             raise
-        sync.wait(report)
         return report
 
     def enabled_clusters(self) -> dict[str, ClusterInfo]:

@@ -38,6 +38,9 @@ class StatusChanges:
     pages: list[tuple[str, dict, dict[int, str], str | None]] = field(default_factory=list)
     leaving_submitted: set[int] = field(default_factory=set)  # the cluster started or ended them
     finishing: set[int] = field(default_factory=set)  # their chains end in a final state
+    # Their chains end back in the queue (a preemption ended, the cluster lost them): this
+    # cycle's claim leaves them out, whether its read comes before their write or after.
+    requeued: set[int] = field(default_factory=set)
     finished: dict[int, Any] = field(default_factory=dict)  # those jobs' tenant, ledger share, placement
     synced: int = 0
     seconds: float = 0.0
@@ -101,6 +104,8 @@ class StatusSync:
                     changes.leaving_submitted.add(job_id)
                 if chain[-1][1] in _FINISHED or chain[-1][1] == S.QUEUED:  # it holds nothing any more
                     changes.finishing.add(job_id)
+                if chain[-1][1] == S.QUEUED:
+                    changes.requeued.add(job_id)
         if changes.finishing:
             with self.sessions() as session:
                 changes.finished = {

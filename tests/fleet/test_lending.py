@@ -4,6 +4,8 @@ when the other side's work waits, never offered by both."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from sqlalchemy import select
 
@@ -149,7 +151,68 @@ def test_a_node_busy_at_home_drains_first_and_the_move_is_called_off_when_the_re
     assert [job(sessions, j).state for j in held] == ["running"] * 8  # nothing was stopped
 
 
-def test_preemptible_work_on_a_draining_node_is_preempted_for_the_move(engine, sessions, clock, pool):
+@pytest.fixture(params=["as-they-come", "claim-after-sync-writes", "sync-writes-late"])
+def interleaving(request, monkeypatch):
+    """A cycle's threads held to one order (issue 33: the outcome of a cycle hung on which
+    came first): the claim's read after the status sync's writes, or those writes held
+    until the cycle waits for them or its lending step is over."""
+    from broker.fleet.lending import NodeLending
+    from broker.scheduling.claim import Claim
+    from broker.scheduling.sync import StatusChanges, StatusSync
+
+    read, write, start, wait, lend = (
+        Claim._read,
+        StatusSync.write_statuses,
+        StatusChanges.start,
+        StatusChanges.wait,
+        NodeLending.step,
+    )
+    gate = threading.Event()
+
+    def held(work):
+        def run(*args, **kwargs):
+            assert gate.wait(30), "the other side never came"
+            gate.clear()
+            return work(*args, **kwargs)
+
+        return run
+
+    def then_open(work):
+        def run(*args, **kwargs):
+            try:
+                return work(*args, **kwargs)
+            finally:
+                gate.set()
+
+        return run
+
+    if request.param == "claim-after-sync-writes":
+        monkeypatch.setattr(Claim, "_read", held(read))
+        monkeypatch.setattr(StatusSync, "write_statuses", then_open(write))
+
+        def start_or_open(changes, sync):
+            start(changes, sync)
+            if not changes.pages:  # nothing to write this cycle
+                gate.set()
+
+        monkeypatch.setattr(StatusChanges, "start", start_or_open)
+    elif request.param == "sync-writes-late":
+        monkeypatch.setattr(StatusSync, "write_statuses", held(write))
+
+        def start_closed(changes, sync):
+            gate.clear()
+            start(changes, sync)
+
+        monkeypatch.setattr(StatusChanges, "start", start_closed)
+        monkeypatch.setattr(StatusChanges, "wait", lambda *a, **kw: (gate.set(), wait(*a, **kw))[1])
+        monkeypatch.setattr(NodeLending, "step", then_open(lend))
+    return request.param
+
+
+def test_preemptible_work_on_a_draining_node_is_preempted_for_the_move(engine, sessions, clock, pool, interleaving):
+    """Whichever of a cycle's threads comes first, the jobs preempted for the move are
+    claimed from the next cycle on and the node is seen empty once they are requeued: the
+    move is done, never called off by its own victims and planned again (issue 33)."""
     from broker.core.models import Preemption
 
     apply_policy(sessions, pool, clock, LENDING + "\npreemption:\n  grace: 10s\n")

@@ -28,13 +28,14 @@ MIG_WORKER = {"gpush": {"kind": "inference", "isolation": "hardware", "gpu_memor
 
 @pytest.fixture
 def workers(sdk, clock):
-    def make(cluster: str = "serve", *, demand=None, min_workers=None, idle_timeout_minutes=5, **config):
+    def make(cluster: str = "serve", *, demand=None, raylets=None, min_workers=None, idle_timeout_minutes=5, **config):
         settings = ProviderSettings.from_provider_config({**PROVIDER, **config})
         return GpushWorkers(
             settings,
             cluster,
             client=sdk(user="ray", tenant="ml"),
             demand=demand,
+            raylets=raylets,
             idle_timeout_minutes=idle_timeout_minutes,
             min_workers=min_workers,
             now=clock,
@@ -82,6 +83,34 @@ def test_waiting_workers_are_pending_with_gpushs_reason_and_running_ones_up_to_d
     nodes = w.refresh()
     assert nodes[a.node_id].tags[TAG_NODE_STATUS] == STATUS_UP_TO_DATE
     assert nodes[b.node_id].tags[TAG_NODE_STATUS] == "held in gpush: tenant ml at quota (1/1 GPU)"
+
+
+def test_a_running_worker_is_pending_until_its_ray_start_joined_the_ray_cluster(workers, sessions, clock):
+    """Ray's autoscaler replaces an up-to-date node that sends no heartbeat within 30 s: a
+    worker whose ray start is slower than that (issue 33: a cold machine) stays pending,
+    with the reason, until its raylet is in the Ray cluster."""
+    joined: list[set[str] | None] = [set()]
+    w = workers(raylets=lambda: joined[0])
+    a, b = w.launch("mig_worker", MIG_WORKER, {"GPU": 1}, 2)
+    start(sessions, clock, a)
+    start(sessions, clock, b)
+    joined[0] = {a.internal_ip}
+    nodes = w.refresh()
+    assert nodes[a.node_id].tags[TAG_NODE_STATUS] == STATUS_UP_TO_DATE
+    assert nodes[b.node_id].tags[TAG_NODE_STATUS] == "running in gpush: ray start has not joined the Ray cluster yet"
+    assert nodes[b.node_id].running  # running in gpush: never cancelled as a queued worker nobody wants
+    joined[0] = None  # the GCS did not answer: running is taken as joined, as before
+    assert {n.tags[TAG_NODE_STATUS] for n in w.refresh().values()} == {STATUS_UP_TO_DATE}
+
+
+def test_node_id_workers_are_known_by_their_number_among_the_joined_raylets(workers, sessions, clock):
+    joined = {"1"}  # the head
+    w = workers(raylets=lambda: joined, worker_ip="node-id", use_node_id_as_ip=True)
+    (a,) = w.launch("mig_worker", MIG_WORKER, {"GPU": 1}, 1)
+    start(sessions, clock, a)
+    assert w.refresh()[a.node_id].tags[TAG_NODE_STATUS] != STATUS_UP_TO_DATE
+    joined.add(a.internal_ip)  # "2": its NODE_ID_AS_RESOURCE, as the monitor keys it
+    assert w.refresh()[a.node_id].tags[TAG_NODE_STATUS] == STATUS_UP_TO_DATE
 
 
 def test_launch_is_idempotent_by_request_id(workers):
