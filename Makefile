@@ -39,15 +39,18 @@ slurm:
 PYTEST := GPUSH_CI=1 $(BIN)/python -m pytest
 
 test-fast: venv
-	$(PYTEST) tests -q -n 2
+	$(PYTEST) tests -q -n 2 --durations=10
 
 # Debian's chromium for the dashboard's browser tests (Playwright drives it).
 .PHONY: browser
 browser:
 	integration/scripts/ensure-chromium.sh
 
+# Two workers: the Slurm test clusters' tests (and Ray's) as one group on one of them, the
+# rest beside (integration/conftest.py); then the tests that change the machine, alone.
 test-integration: venv postgres slurm browser
-	$(PYTEST) integration -q
+	$(PYTEST) integration -q -n 2 --dist loadgroup -m "not alone" --durations=15
+	$(PYTEST) integration -q -m alone
 
 test: test-fast test-integration
 

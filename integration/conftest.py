@@ -23,6 +23,24 @@ from integration.slurm_fixtures import (  # noqa: F401  (Slurm test clusters, on
 
 ADMIN_DSN = os.environ.get("GPUSH_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
+# `make test-integration` runs the suite on two pytest-xdist workers (--dist loadgroup):
+# every test of the Slurm test clusters (and Ray's workers, which run on them) on one, as
+# one group, since a session's clusters are one per worker; the rest on whichever is free.
+# A test marked `alone` changes the machine under every other test (restarts PostgreSQL,
+# fills a disk): it runs in a second, serial pass.
+SLURM_FIXTURES = {"slurm_cluster", "slurm_site", "slurm_chroots"}
+SLURM_MODULES = {"test_bench_smoke"}  # its Slurm and Ray benches start their own clusters
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "alone: runs in make test-integration's serial pass, with no other test")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLURM_FIXTURES & set(item.fixturenames) or item.module.__name__.rsplit(".", 1)[-1] in SLURM_MODULES:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
 
 def _sqlalchemy_url(dsn: str, dbname: str) -> str:
     base = dsn.rsplit("/", 1)[0]

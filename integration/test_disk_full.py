@@ -30,6 +30,9 @@ from broker.core.db import open_database, session_factory
 from broker.core.schemas import Role
 from integration.conftest import _admin
 
+# It changes the machine under every other test (see integration/conftest.py).
+pytestmark = pytest.mark.alone
+
 
 def mount_tmpfs(where: Path, size: str, **options: str) -> None:
     where.mkdir(parents=True, exist_ok=True)

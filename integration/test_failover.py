@@ -26,6 +26,9 @@ from sqlalchemy import create_engine, text
 from broker.scheduling.leader import ADVISORY_KEY
 from integration.test_servers import gpush, start_server, wait_for
 
+# It changes the machine under every other test (see integration/conftest.py).
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3
 JOBS_PER_ROUND = 40
