@@ -29,7 +29,9 @@ ADMIN_DSN = os.environ.get("GPUSH_TEST_PG_DSN", "postgresql://postgres@127.0.0.1
 # A test marked `alone` changes the machine under every other test (restarts PostgreSQL,
 # fills a disk): it runs in a second, serial pass.
 SLURM_FIXTURES = {"slurm_cluster", "slurm_site", "slurm_chroots"}
-SLURM_MODULES = {"test_bench_smoke"}  # its Slurm and Ray benches start their own clusters
+# Modules that start a Slurm test cluster of their own (the Slurm and Ray benches' smoke
+# runs), or may: a cluster takes fixed ports, so two at once on one machine cannot start.
+SLURM_MODULES = ("test_slurm", "test_ray", "test_lending", "test_inventory_drift", "test_bench_smoke")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,7 +40,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SLURM_FIXTURES & set(item.fixturenames) or item.module.__name__.rsplit(".", 1)[-1] in SLURM_MODULES:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        if SLURM_FIXTURES & set(item.fixturenames) or module.startswith(SLURM_MODULES):
             item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
