@@ -42,6 +42,10 @@ class Candidate:
     def asked(self) -> JobSpec:  # what the policy's rules match on: the spec itself
         return self.spec
 
+    @property
+    def waiting_since(self) -> datetime:  # how long a gang has waited (its reservation)
+        return self.created_at
+
 
 class Claim:
     """The queued jobs of one cycle, per tenant, read as the cycle's order reaches them.
