@@ -49,8 +49,7 @@ class Reservation:
     def words(self) -> str:
         """What ``gpush status`` says of it."""
         return (
-            f"reserved {', '.join(self.nodes)} on {self.cluster}; starts by ~{self.start_by:%H:%M} "
-            "when their jobs end"
+            f"reserved {', '.join(self.nodes)} on {self.cluster}; starts by ~{self.start_by:%H:%M} when their jobs end"
         )
 
     def to_dict(self) -> dict:
@@ -162,11 +161,15 @@ class Reservations:
         with their units free now."""
         held = self.held.get(job_id)
         if held is not None and held.cluster == cluster and all(n in candidates for n in held.nodes):
-            start_by = max(self._room_at(cluster, node, need, candidates[node]) or self.now for node in held.nodes)
-            if start_by != held.start_by:
-                held = self.held[job_id] = replace(held, start_by=start_by)
-                self._index()
-            return held
+            rooms = [self._room_at(cluster, node, need, candidates[node]) for node in held.nodes]
+            if all(at is not None for at in rooms):
+                start_by = max(rooms)
+                if start_by != held.start_by:
+                    held = self.held[job_id] = replace(held, start_by=start_by)
+                    self._index()
+                return held
+        # none yet, or its nodes cannot hold it any more (gone, or work without an end on
+        # them): picked afresh
         if self.after is None or self.now - waiting_since < self.after:
             return None
         taken = {key for key, r in self._by_node.items() if r.job_id != job_id}

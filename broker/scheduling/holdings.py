@@ -189,7 +189,9 @@ def keep_reservations(sessions, before: Mapping[int, Reservation], held: Mapping
     with sessions() as session, session.begin():
         session.execute(delete(GangReservation))
         session.add_all(
-            GangReservation(job_id=r.job_id, cluster=r.cluster, nodes=list(r.nodes), start_by=r.start_by, made_at=r.made_at)
+            GangReservation(
+                job_id=r.job_id, cluster=r.cluster, nodes=list(r.nodes), start_by=r.start_by, made_at=r.made_at
+            )
             for r in held.values()
         )
 
@@ -216,7 +218,7 @@ def expected_ends(sessions, sync: StatusChanges, before: datetime) -> dict[tuple
     return running_ends(
         (Placement.from_dict(placement), expected_end(_aware(at), limit))
         for job_id, placement, limit, at in rows
-        if job_id not in sync.finished and placement
+        if job_id not in sync.finishing and placement
     )
 
 

@@ -13,7 +13,13 @@ from broker.simulation.workload import TenantTerms, tenant_of
 
 KINDS = ("training", "inference", "batch")
 # Multi-node jobs' size classes for their waits: (label, fewest nodes, most nodes).
-GANG_CLASSES = (("2 nodes", 2, 2), ("3-4 nodes", 3, 4), ("5-8 nodes", 5, 8), ("9-16 nodes", 9, 16), ("17+ nodes", 17, 10**9))
+GANG_CLASSES = (
+    ("2 nodes", 2, 2),
+    ("3-4 nodes", 3, 4),
+    ("5-8 nodes", 5, 8),
+    ("9-16 nodes", 9, 16),
+    ("17+ nodes", 17, 10**9),
+)
 PERCENTILES = (50, 95, 99)
 
 # What the measures a reader may not know mean, each in one line with its unit and which

@@ -54,9 +54,7 @@ def starving_workload() -> str:
 
 def run(reservations: bool) -> ReplayResult:
     workload = read_workload(starving_workload(), "starving.yaml")
-    return replay(
-        load_fleet(FLEET, "fleet.yaml"), load_policy(POLICY), workload.arrivals, reservations=reservations
-    )
+    return replay(load_fleet(FLEET, "fleet.yaml"), load_policy(POLICY), workload.arrivals, reservations=reservations)
 
 
 def gang_of(result: ReplayResult):
