@@ -7,7 +7,8 @@ half again), 8-GPU one-node jobs (1 to 4 hours) and gangs of 2 to 8 nodes x 8 GP
 4 hours), about 90% of the fleet asked for on average. Both runs replay it through the one
 decision (``broker.placement.decision``); the comparison is the same replay without
 reservations. Printed: gang waits p50/p95 per size class, jobs that never started, the
-small jobs' p95 wait, GPU allocation (the utilisation reservations cost), the GPU-hours
+small jobs' p95 wait, GPU allocation and the GPUs left free while jobs wait (the
+utilisation reservations cost: nodes held partly idle until their gang starts), the GPU-hours
 backfilled onto reserved nodes, and the wall time.
 
     python integration/bench/gangs.py --nodes 64 --hours 24 --report /tmp/gangs
@@ -121,6 +122,7 @@ def main() -> int:
             "gang_waits": s["gang_waits"],
             "small_wait_p95": s["waits"]["batch"]["p95"] if "batch" in s["waits"] else None,
             "allocation_mean": s["allocation_mean"],
+            "stranded_mean_gpus": s["stranded_mean_gpus"],
             "makespan": s["makespan"],
             "backfilled_gpu_hours": s["backfilled_gpu_hours"],
             "backfilled_jobs": s["backfilled_jobs"],
@@ -136,7 +138,10 @@ def main() -> int:
             print(f"  gangs of {size}: {w['jobs']} jobs, wait p50 {p50}, p95 {p95}, never started {w['never_started']}")
         p95 = row["small_wait_p95"]
         print(f"  1-GPU and 8-GPU jobs (batch) wait p95: {'-' if p95 is None else f'{p95 / 60:.0f} min'}")
-        print(f"  GPU allocation mean: {row['allocation_mean']:.1%}; still waiting at the end: {row['still_waiting']}")
+        print(
+            f"  GPU allocation mean: {row['allocation_mean']:.1%}; GPUs free while jobs wait, mean: "
+            f"{row['stranded_mean_gpus']:.1f}; still waiting at the end: {row['still_waiting']}"
+        )
         print(
             f"  backfilled onto reserved nodes: {row['backfilled_jobs']} jobs, {row['backfilled_gpu_hours']:.1f} GPU-h"
         )
