@@ -35,7 +35,7 @@ are the user's words, as ``gpush status`` shows them.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -233,7 +233,17 @@ class CycleDecisions:
         if not nodes:
             return self.capacity.fit_route(job, route)
         with self.capacity.hiding(route.cluster, nodes):
-            return self.capacity.fit_route(job, route)
+            fit = self.capacity.fit_route(job, route)
+        if isinstance(fit, NoFit) and not fit.never:  # say why the free GPUs there do not count
+            until = min(r.start_by for r in (book.on_node(route.cluster, node) for node in nodes) if r is not None)
+            named = ", ".join(nodes[:2]) + (f" and {len(nodes) - 2} more" if len(nodes) > 2 else "")
+            what = "time limit" if end is not None else "lack of a time limit"
+            fit = replace(
+                fit,
+                reason=f"{fit.reason}; {named} held for a multi-node job until ~{until:%H:%M}, "
+                f"which this job's {what} runs past",
+            )
+        return fit
 
     def behind(self, waiting: Waiting) -> Waiting:
         """``waiting`` as the next job waiting for the same thing says it: with the jobs of

@@ -97,9 +97,12 @@ def test_nothing_that_ends_after_the_gang_could_start_lands_on_its_nodes_but_sho
     decisions.decide(gang)
     # a1 has the only free GPUs; it is reserved until 13:00
     too_long = decisions.decide(Job(gpus=2, time_limit="2h"))
-    assert isinstance(too_long, Waiting) and too_long.reason.startswith("waiting for 2 whole GPUs on slurm-a")
+    assert isinstance(too_long, Waiting) and too_long.reason == (
+        "waiting for 2 whole GPUs on slurm-a (0 of 32 free); a1, a2 held for a multi-node job until ~13:00, "
+        "which this job's time limit runs past (1 job ahead)"  # the gang waits for whole GPUs there too
+    )
     no_limit = decisions.decide(Job(gpus=1))
-    assert isinstance(no_limit, Waiting)
+    assert isinstance(no_limit, Waiting) and no_limit.reason.endswith("lack of a time limit runs past (2 jobs ahead)")
     short = Job(gpus=2, time_limit="45m")
     backfilled = decisions.decide(short)
     assert isinstance(backfilled, Placed) and backfilled.placement.node == "a1"
