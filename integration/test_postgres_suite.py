@@ -9,3 +9,4 @@ from tests.core.test_states import *  # noqa: F401,F403
 from tests.scheduling.conftest import fleet  # noqa: F401 - the scheduling tests' fixture
 from tests.scheduling.test_cycle import *  # noqa: F401,F403
 from tests.scheduling.test_preemption import *  # noqa: F401,F403
+from tests.scheduling.test_reservations_live import *  # noqa: F401,F403

@@ -24,6 +24,7 @@ from broker.inventory.events import MAX_EVENTS, fleet_events
 from broker.inventory.view import Inventory
 from broker.mig import queue as migqueue
 from broker.mig.config import GRES_STYLES, render_gres_conf
+from broker.scheduling.holdings import held_reservations
 
 router = APIRouter(tags=["inventory"], responses=errors(*AUTH, 403, 404, 422))
 
@@ -45,8 +46,19 @@ def _inventory_of(session: Session, cluster: str | None, adapters: AdapterPool, 
 @router.get("/v1/inventory", response_class=JSONBytes)
 def inventory(session: Db, _who: Who, adapters: Adapters, clock: AppClock, cluster: Name | None = None) -> JSONBytes:
     """Clusters, nodes, physical GPUs and their slices from the clusters and the node
-    agents, in physical GPU-equivalents; with the drift findings."""
-    return JSONBytes(_inventory_of(session, cluster, adapters, clock).to_dict())
+    agents, in physical GPU-equivalents; with the drift findings. A node reserved for a
+    waiting multi-node job says so (``reserved_for``: the job and when it starts by)."""
+    body = _inventory_of(session, cluster, adapters, clock).to_dict()
+    with session.begin():
+        reserved = {
+            (r.cluster, node): {"job_id": r.job_id, "start_by": r.start_by.isoformat()}
+            for r in held_reservations(session, cluster).values()
+            for node in r.nodes
+        }
+    for c in body.get("clusters", []):
+        for node in c.get("nodes", []):
+            node["reserved_for"] = reserved.get((node.get("cluster"), node.get("name")))
+    return JSONBytes(body)
 
 
 @router.get("/v1/inventory/occupancy")

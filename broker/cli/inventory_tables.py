@@ -55,6 +55,11 @@ def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False, widt
             n["agent"], f"[dim]{n['agent']}[/]"
         )
         findings = ", ".join(f"{count} {sev}" for sev, count in n.get("findings", {}).items() if count) or "-"
+        reserved = n.get("reserved_for")
+        if reserved:  # held for a waiting multi-node job: only work that ends in time lands here
+            findings = f"[cyan]reserved for job {reserved['job_id']} until ~{reserved['start_by'][11:16]}[/]" + (
+                f"; {findings}" if findings != "-" else ""
+            )
         models = sorted({g["model"] or g["product"] for g in n["gpus"] if g["model"] or g["product"]}) or sorted(
             {u["gpu_model"] for u in n["units"]}
         )

@@ -49,6 +49,12 @@ from broker.core.errors import EXIT_OK
     "checkpoint_every:), losing the least work; compared with the same replay without preemption.",
 )
 @click.option(
+    "--reservations",
+    is_flag=True,
+    help="With --fleet: compare with the same replay without gang reservations (multi-node jobs' waits per size "
+    "class, the GPU-hours backfilled onto reserved nodes).",
+)
+@click.option(
     "--layouts",
     is_flag=True,
     help="With --fleet: replay three ways, static layouts, MIG layouts re-planned for the queue, and that plus "
@@ -56,7 +62,7 @@ from broker.core.errors import EXIT_OK
 )
 @json_option
 def simulate_command(
-    fleet, workload, trace, policy, compare, report, seed, placement, preemption, layouts, json_mode
+    fleet, workload, trace, policy, compare, report, seed, placement, preemption, reservations, layouts, json_mode
 ) -> int:
     """Replay a workload or trace on a simulated fleet, in virtual time: what would this policy do?
 
@@ -85,7 +91,12 @@ def simulate_command(
         )
     if preemption and trace_dir:
         raise click.UsageError("--preemption replays a --fleet workload: a trace's pods say nothing of preemption")
-    if layouts and (trace_dir or compare or preemption):
+    if reservations and (trace_dir or compare or preemption):
+        raise click.UsageError(
+            "--reservations compares a --fleet workload with and without gang reservations: leave out --trace, "
+            "--compare and --preemption"
+        )
+    if layouts and (trace_dir or compare or preemption or reservations):
         raise click.UsageError(
             "--layouts compares three runs of a --fleet workload: leave out --trace, --compare and --preemption"
         )
@@ -104,6 +115,7 @@ def simulate_command(
         seed=seed,
         placement=placement or "fgd",
         preemption=preemption,
+        reservations=reservations,
         layouts=layouts,
     )
 
@@ -120,6 +132,7 @@ def simulate(
     seed: int,
     placement: str,
     preemption: bool = False,
+    reservations: bool = False,
     layouts: bool = False,
 ) -> int:
     """Replay a workload or a trace in virtual time and write the report (no broker needed).
@@ -144,6 +157,7 @@ def simulate(
             placement=placement,
             progress=progress,
             preemption=preemption,
+            reservations=reservations,
         )
     if out.json_mode:
         out.json(result)

@@ -145,6 +145,21 @@ class JobEvent(Base):
     actor: Mapped[str | None] = mapped_column(String(128))
 
 
+class GangReservation(Base):
+    """Nodes reserved for a waiting multi-node job (broker.placement.reservation): they
+    take no work that would end after ``start_by``. Kept from cycle to cycle (the cycle
+    rewrites them after deciding); a row whose job no longer waits is ignored and dropped."""
+
+    __tablename__ = "gang_reservations"
+
+    job_id: Mapped[int] = mapped_column(BigId, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    nodes: Mapped[list[str]] = mapped_column(Document)
+    # When the last of its nodes is expected to have room (their jobs' placed time + limit).
+    start_by: Mapped[datetime] = mapped_column(UTCDateTime)
+    made_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class Preemption(Base):
     """One preemption: a running job (``victim_id``) stopped so that a waiting one
     (``preemptor_id``) can run. Written when the scheduler chooses the victim, before any

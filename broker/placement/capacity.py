@@ -80,7 +80,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from broker.accounting.equivalents import held
@@ -375,6 +376,50 @@ class CapacityView:
     def undo(self, fit: Fit) -> None:
         """Give back what ``fit`` took: the job will not use it after all (its tenant's quota)."""
         self.give_back(fit.placement)
+
+    @contextmanager
+    def hiding(self, cluster: str, nodes: Iterable[str]) -> Iterator[None]:
+        """Within the block, the units of ``nodes`` on ``cluster`` look full: a fit goes
+        elsewhere or waits (nodes reserved for a gang, broker.placement.reservation).
+        Afterwards they have what they had, plus what a give_back in the block returned."""
+        hidden = []
+        for (c, _sharing), group in self._groups.items():
+            if c != cluster:
+                continue
+            for node in nodes:
+                for position in group.positions(node):
+                    free = group.slots[position].free
+                    if free:
+                        hidden.append((group, position, free))
+                        group.set_free(position, 0)
+        try:
+            yield
+        finally:
+            for group, position, free in reversed(hidden):
+                group.set_free(position, group.slots[position].free + free)
+
+    def gang_candidates(self, spec: JobSpec, route) -> dict[str, int]:
+        """The nodes of ``route`` that could ever hold one rank of the multi-node ``spec``
+        (whole GPUs of the route's model with the memory it asks), with their units free
+        now, in inventory order: where a reservation may hold nodes for it."""
+        sharing = Sharing(route.sharing)
+        if sharing not in (Sharing.SLURM_EXCLUSIVE, Sharing.K8S_EXCLUSIVE):
+            return {}
+        group = self._group(route.cluster, sharing)
+        if group is None:
+            return {}
+        model = canonical_model(route.gpu_model) if route.gpu_model else None
+        memory = spec.gpu_memory_gb or 0
+        found: dict[str, tuple[int, int]] = {}  # node -> (first position, most free)
+        for shape in group.shapes_of(model):
+            if shape.capacity < spec.gpus or shape.unit_memory_gb < memory:
+                continue
+            for entry in shape.order:
+                position = entry[-1]
+                slot = group.slots[position]
+                first, free = found.get(slot.unit.node, (position, 0))
+                found[slot.unit.node] = (min(first, position), max(free, slot.free))
+        return {node: free for node, (_, free) in sorted(found.items(), key=lambda item: item[1][0])}
 
     def _wait_for_repair(self, spec, cluster, sharing, partition, gpu_model) -> NoFit | None:
         """Why the job waits when the broken units of ``cluster`` could hold it; None if not even they could."""

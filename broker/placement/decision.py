@@ -23,6 +23,10 @@ The decision, for one job:
    for any node), :class:`Held` with every route's reason; else :class:`Waiting` for
    the first route that could, with how many jobs of this cycle already wait for the
    same thing ahead of it ("…, 3 jobs ahead)").
+6. **Reservations** (with a :class:`broker.placement.reservation.Reservations` book): a
+   job never fits on nodes reserved for a gang that starts before the job would end
+   (its time limit from now); a multi-node job that has waited long gets the nodes it
+   will use reserved, and its reason says which and until when.
 
 Outcomes are typed values, so callers cannot mistake one for another, and the reasons
 are the user's words, as ``gpush status`` shows them.
@@ -31,7 +35,7 @@ are the user's words, as ``gpush status`` shows them.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -39,6 +43,7 @@ from broker.core.adapter import Placement
 from broker.core.schemas import JobSpec
 from broker.placement.capacity import Fit, NoFit, replicas_of
 from broker.placement.fairshare import FairShare
+from broker.placement.reservation import Reservations, expected_end
 from broker.routing.policy import Decision as RoutingDecision
 from broker.routing.policy import Policy, Route, evaluate
 
@@ -88,6 +93,8 @@ class Ask(Protocol):
     which fits every job as whole GPUs wherever the rules send it as asked)."""
 
     tenant: str
+    job_id: int  # what a reservation is held for
+    waiting_since: Any  # datetime: when it joined the queue (how long a gang has waited)
 
     @property
     def asked(self) -> JobSpec: ...
@@ -107,6 +114,14 @@ class Capacity(Protocol):
         """Give back exactly what ``fit`` took (the job will not use it after all)."""
         ...
 
+    def hiding(self, cluster: str, nodes: Any) -> Any:
+        """A context within which ``nodes`` of ``cluster`` offer nothing (reserved)."""
+        ...
+
+    def gang_candidates(self, spec: JobSpec, route: Route) -> dict[str, int]:
+        """Nodes of ``route`` that could ever hold a rank of ``spec``, with units free now."""
+        ...
+
 
 class CycleDecisions:
     """The decisions of one scheduling cycle, on ``capacity`` under ``policy``
@@ -115,10 +130,18 @@ class CycleDecisions:
     Within a cycle, jobs that look alike to the policy's rules share one evaluation, and
     jobs that wait for the same thing are counted, so each says how many are ahead."""
 
-    def __init__(self, policy: Policy | None, capacity: Capacity, fair: FairShare) -> None:
+    def __init__(
+        self,
+        policy: Policy | None,
+        capacity: Capacity,
+        fair: FairShare,
+        reservations: Reservations | None = None,
+    ) -> None:
         self.policy = policy
         self.capacity = capacity
         self.fair = fair
+        # Nodes held for waiting gangs (None: the caller keeps none, as the trace replays).
+        self.reservations = reservations
         self._routings: dict[tuple, RoutingDecision] = {}
         self._ahead: dict[tuple | None, int] = defaultdict(int)
         # GPUs that jobs pinned to a model (a route's gpu_model) wait for, by (cluster,
@@ -147,23 +170,34 @@ class CycleDecisions:
         if self.policy is None:
             return Held(NO_POLICY)
         routing = self.routing(job.asked, job.tenant)
+        book = self.reservations
         if not routing.routes:
+            if book is not None:
+                book.drop(job.job_id)
             return Held(f"held: {routing.message}")
+        end = expected_end(book.now, job.spec.time_limit) if book is not None else None
         reasons: list[str] = []
         first_wait: NoFit | None = None
+        first_route: Route | None = None
         for route in routing.routes:
-            fit = self.capacity.fit_route(job, route)
+            fit = self._fit(job, route, end)
             if isinstance(fit, Fit):
                 over_quota = self.fair.over_quota(job.tenant, fit.placement.gpu_equivalents)
                 if over_quota:
                     self.capacity.undo(fit)
+                    if book is not None:
+                        book.drop(job.job_id)  # a gang at its quota holds no nodes idle
                     return Waiting(over_quota, WaitCause.QUOTA)
                 self.fair.charge(job.tenant, fit.placement.gpu_equivalents)
+                if book is not None:
+                    book.placed(job.job_id, fit.placement, end)
                 return Placed(fit)
             reasons.append(fit.reason)
             if first_wait is None and not fit.never:
-                first_wait = fit
+                first_wait, first_route = fit, route
         if first_wait is None:
+            if book is not None:
+                book.drop(job.job_id)
             # Which rule sent it there: a job that fell through to a catch-all (whole GPUs
             # for an inference job that asked to share) learns why it is on that route.
             by = f" (routed by rule '{routing.rule_name}': `gpush policy explain` shows every rule)"
@@ -173,7 +207,43 @@ class CycleDecisions:
             self.pinned_waiting[(waiting_for[0], waiting_for[-1])] += (
                 job.spec.gpus * replicas_of(job.spec) * job.spec.nodes
             )
-        return self.behind(Waiting(first_wait.reason, WaitCause.CAPACITY, waiting_for))
+        waiting = self.behind(Waiting(first_wait.reason, WaitCause.CAPACITY, waiting_for))
+        if book is not None and job.spec.nodes > 1 and first_route is not None:
+            reservation = book.reserve(
+                job.job_id,
+                job.waiting_since,
+                first_route.cluster,
+                job.spec.gpus,
+                job.spec.nodes,
+                self.capacity.gang_candidates(job.spec, first_route),
+            )
+            if reservation is None:
+                book.drop(job.job_id)
+            else:
+                waiting = Waiting(
+                    f"{waiting.reason}; {reservation.words()}", waiting.cause, waiting.waiting_for, waiting.plain
+                )
+        return waiting
+
+    def _fit(self, job: Ask, route: Route, end: Any) -> Fit | NoFit:
+        """Fit ``job`` on ``route``, off the nodes reserved for gangs that start before it
+        would end (``end``: its time limit from now; None: it has none)."""
+        book = self.reservations
+        nodes = book.blocked(job.job_id, route.cluster, end) if book is not None and book.held else ()
+        if not nodes:
+            return self.capacity.fit_route(job, route)
+        with self.capacity.hiding(route.cluster, nodes):
+            fit = self.capacity.fit_route(job, route)
+        if isinstance(fit, NoFit) and not fit.never:  # say why the free GPUs there do not count
+            until = min(r.start_by for r in (book.on_node(route.cluster, node) for node in nodes) if r is not None)
+            named = ", ".join(nodes[:2]) + (f" and {len(nodes) - 2} more" if len(nodes) > 2 else "")
+            what = "time limit" if end is not None else "lack of a time limit"
+            fit = replace(
+                fit,
+                reason=f"{fit.reason}; {named} held for a multi-node job until ~{until:%H:%M}, "
+                f"which this job's {what} runs past",
+            )
+        return fit
 
     def behind(self, waiting: Waiting) -> Waiting:
         """``waiting`` as the next job waiting for the same thing says it: with the jobs of

@@ -48,7 +48,7 @@ from broker.core.adapter import Sharing
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, gpu_model
 from broker.core.schemas import Isolation, Kind
-from broker.core.spec_values import MAX_GRACE_SECONDS, parse_grace
+from broker.core.spec_values import MAX_GRACE_SECONDS, parse_grace, parse_seconds
 from broker.core.yamltext import EXCERPT_CHARS, BoundedLoader, excerpt, gc_paused, yaml_problem
 
 # broker.fleet imports LendingPool and MigLayouts from here, beside Policy.
@@ -294,6 +294,41 @@ class Preemption(BaseModel):
     )
 
 
+# How long a multi-node job waits for capacity before its nodes are reserved, when the
+# policy does not say: long enough that gangs which find room soon take none (a reservation
+# holds nodes partly idle), short against the hours a gang starves behind a stream of small
+# jobs without one (the starving case of tests/simulation/test_reservations.py).
+GANG_RESERVATION_AFTER = 600
+# The longest wait a policy may set: a day (longer is a gang left to starve).
+MAX_GANG_RESERVATION_AFTER = 86_400
+
+
+def _parse_reservation_after(value: Any) -> Any:
+    return parse_seconds(value, "a wait before a reservation") if isinstance(value, str | int | float) else value
+
+
+class Scheduling(BaseModel):
+    """How the scheduler treats large jobs against a stream of small ones.
+
+    A multi-node job (a gang) that has waited for capacity ``gang_reservation_after``
+    gets a reservation: the decision picks the nodes it will use (those whose jobs end
+    soonest, by when they were placed plus their time limit) and those nodes take no work
+    that would end after the gang could start; shorter work is backfilled onto them, as
+    Slurm's backfill does (broker.placement.reservation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gang_reservations: bool = Field(
+        True, description="reserve nodes for multi-node jobs that waited long; false: never (they may starve)"
+    )
+    gang_reservation_after: Annotated[int, BeforeValidator(_parse_reservation_after)] = Field(
+        GANG_RESERVATION_AFTER,
+        ge=0,
+        le=MAX_GANG_RESERVATION_AFTER,
+        description="seconds (or 10m, 1h) a multi-node job waits for capacity before its nodes are reserved",
+    )
+
+
 # The most rules a policy may hold. Any user may ask to validate a policy, every
 # policy is read and checked whole, and routing a job tries rules in order, so each
 # queued job of each cycle may walk them all: without a cap the cost of one request
@@ -323,11 +358,20 @@ class Policy(BaseModel):
     lending: list[LendingPool] = Field(
         default_factory=list, max_length=100, description="nodes two clusters share, lent as their queues call for it"
     )
+    scheduling: Scheduling | None = Field(
+        None, description="reservations for multi-node jobs; leave out for the defaults (reserve after 10 minutes)"
+    )
 
     # Where each node sat in the YAML it was loaded from, so that findings name a
     # line and column; empty for a policy built from plain data.
     _source: str | None = PrivateAttr(None)
     _value_marks: dict[tuple[Any, ...], tuple[int, int]] = PrivateAttr(default_factory=dict)
+
+    @property
+    def gang_reservation_after(self) -> int | None:
+        """Seconds a gang waits before its nodes are reserved; None: never reserved."""
+        settings = self.scheduling or Scheduling()
+        return settings.gang_reservation_after if settings.gang_reservations else None
 
     @field_validator("rules", mode="before")
     @classmethod

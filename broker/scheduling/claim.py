@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import DateTime, Text, cast, literal_column, select, text, type_coerce
 
@@ -41,6 +41,12 @@ class Candidate:
     @property
     def asked(self) -> JobSpec:  # what the policy's rules match on: the spec itself
         return self.spec
+
+    @property
+    def waiting_since(self) -> datetime:  # how long a gang has waited (its reservation)
+        # The claim reads created_at as the database gives it: naive UTC on SQLite.
+        at = self.created_at
+        return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 class Claim:

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -42,6 +43,7 @@ from broker.core.states import JobState, set_reasons, set_states
 from broker.placement.capacity import CapacityView
 from broker.placement.decision import CycleDecisions, Held, Placed, WaitCause
 from broker.placement.fairshare import FairShare
+from broker.placement.reservation import Reservations
 from broker.scheduling import holdings
 from broker.scheduling.claim import Candidate, Claim
 from broker.scheduling.parts import CycleParts, cycle_parts
@@ -176,7 +178,7 @@ class Scheduler:
         try:
             claim.wait(report)  # 5
             claim.leave_out(sync.requeued, report)
-            decided = self.place(clusters, view, report, claim=claim, ledger=ledger)  # 6, 7
+            decided = self.place(clusters, view, report, claim=claim, ledger=ledger, sync=sync)  # 6, 7
             # Steps 8 and 9 read jobs' states and placements from the database: the status
             # changes must be in by then, not on their way beside them.
             sync.wait(report)
@@ -358,6 +360,7 @@ class Scheduler:
         *,
         claim: Claim | None = None,
         ledger: holdings.Ledger | None = None,
+        sync: StatusChanges | None = None,
     ) -> Decided:
         """Steps 6 and 7: each claimed job decided, the placed ones submitted in batches
         meanwhile; what the others wait for is returned for steps 8 to 10."""
@@ -394,7 +397,9 @@ class Scheduler:
         preempting = terms_of(policy) is not None
         lending = policy is not None and bool(policy.lending)
         view.pinned = dict(self._pinned_waiting)
-        decisions = CycleDecisions(policy, view, fair)
+        kept = holdings.reservations(self.sessions)
+        book = self._reservations(policy, sync, kept)
+        decisions = CycleDecisions(policy, view, fair, book)
         try:
             while (tenant := next_tenant()) is not None:
                 job = claim.pop(tenant, report)
@@ -412,10 +417,24 @@ class Scheduler:
             submission.close(report, abandon=True)
             raise
         self._pinned_waiting = dict(decisions.pinned_waiting)
+        holdings.keep_reservations(self.sessions, kept, book.held if book is not None else {})
         claim_in_loop = report.seconds["claim"] - claim_before
         report.add_time("decide", time.perf_counter() - decide_begin - claim_in_loop)
         submission.close(report)
         return Decided(policy, fair, held, waiting, blocked, preempting=preempting, lending=lending)
+
+    def _reservations(self, policy, sync: StatusChanges | None, kept) -> Reservations | None:
+        """The cycle's book of gang reservations: those kept from the last cycle
+        (``kept``), and the expected ends of what runs (read only if a reservation needs
+        them). None when the policy makes none."""
+        after = policy.gang_reservation_after if policy is not None else None
+        if after is None:
+            return None
+        changes = sync if sync is not None else StatusChanges()
+        now = self.clock()
+        return Reservations(
+            timedelta(seconds=after), now, kept, lambda: holdings.expected_ends(self.sessions, changes, now)
+        )
 
     def _write_waits(self, held, waiting, report: CycleReport) -> None:
         """Record the jobs held, and what the waiting ones wait for."""

@@ -10,14 +10,16 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import NamedTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from broker.core.adapter import CapacityUnit, Placement, Sharing
 from broker.core.clusters import ClusterInfo
-from broker.core.models import Job, Tenant
+from broker.core.models import GangReservation, Job, JobEvent, Tenant
 from broker.core.states import JobState
+from broker.placement.reservation import Reservation, expected_end, running_ends
 from broker.scheduling.steps import rows_by_id
 from broker.scheduling.sync import StatusChanges
 
@@ -160,3 +162,65 @@ def beyond_backlog(pending: list[Placement], clusters: dict[str, ClusterInfo]) -
             continue
         out.append(placement)
     return out
+
+
+def reservations(sessions) -> dict[int, Reservation]:
+    """The gang reservations kept from the last cycle, of the jobs that still wait."""
+    with sessions() as session:
+        return held_reservations(session)
+
+
+def held_reservations(session, cluster: str | None = None) -> dict[int, Reservation]:
+    """The stored gang reservations of jobs that still wait (on ``cluster``), by job id."""
+    query = select(GangReservation).join(Job, Job.id == GangReservation.job_id).where(Job.state == S.QUEUED.value)
+    if cluster is not None:
+        query = query.where(GangReservation.cluster == cluster)
+    return {
+        r.job_id: Reservation(r.job_id, r.cluster, tuple(r.nodes), r.start_by, r.made_at)
+        for r in session.execute(query).scalars()
+    }
+
+
+def keep_reservations(sessions, before: Mapping[int, Reservation], held: Mapping[int, Reservation]) -> None:
+    """Store the reservations a cycle leaves (``held``) in place of those it read
+    (``before``); nothing is written when they are the same (most cycles: none)."""
+    if dict(before) == dict(held):
+        return
+    with sessions() as session, session.begin():
+        session.execute(delete(GangReservation))
+        session.add_all(
+            GangReservation(
+                job_id=r.job_id, cluster=r.cluster, nodes=list(r.nodes), start_by=r.start_by, made_at=r.made_at
+            )
+            for r in held.values()
+        )
+
+
+def expected_ends(sessions, sync: StatusChanges, before: datetime) -> dict[tuple[str, str], list]:
+    """When what runs on each node is expected to end, for reservations
+    (broker.placement.reservation.Running): each active job's placement, ending its time
+    limit after it was placed (its last ``routed`` event), as a replay counts it. Left out:
+    the jobs the status changes end, and those placed from ``before`` on (this cycle's,
+    which the reservations count as they are placed, whether their write is in yet or not)."""
+    active = select(Job.id).where(Job.state.in_(ACTIVE), Job.placement.is_not(None))
+    placed_at = (
+        select(JobEvent.job_id, func.max(JobEvent.at).label("at"))
+        .where(JobEvent.to_state == S.ROUTED.value, JobEvent.job_id.in_(active))
+        .group_by(JobEvent.job_id)
+        .subquery()
+    )
+    with sessions() as session:
+        rows = session.execute(
+            select(Job.id, Job.placement, Job.spec["time_limit"].as_string(), placed_at.c.at)
+            .join(placed_at, placed_at.c.job_id == Job.id)
+            .where(placed_at.c.at < before)
+        ).all()
+    return running_ends(
+        (Placement.from_dict(placement), expected_end(_aware(at), limit))
+        for job_id, placement, limit, at in rows
+        if job_id not in sync.finishing and placement
+    )
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

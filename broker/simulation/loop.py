@@ -69,10 +69,16 @@ class ReplayJob:
     placement: Placement | None = None
     signature: tuple = ()
     quota_since: float | None = None  # waiting at its tenant's quota since then
+    waiting_since: datetime | None = None  # when it joined the queue (a fleet replay's gang reservations)
+    placed_at: datetime | None = None  # when the decision placed it (its expected end: this + time limit)
     tenant: str = field(init=False)  # as fair share counts it
 
     def __post_init__(self) -> None:
         self.tenant = tenant_of(self.arrival.tenant)
+
+    @property
+    def job_id(self) -> int:  # what a reservation is held for
+        return self.seq
 
     @property
     def order(self) -> tuple[int, int]:

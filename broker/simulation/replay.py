@@ -42,6 +42,7 @@ from broker.placement.capacity import CapacityView
 from broker.placement.decision import CycleDecisions, Placed
 from broker.placement.fairshare import FairShare
 from broker.placement.preemption import Blocked, Planner, Running, Terms, Waiting
+from broker.placement.reservation import Reservation, Reservations, expected_end, running_ends
 from broker.routing.policy import Policy
 from broker.simulation.cluster import SimulatedCluster
 from broker.simulation.fleet import Fleet
@@ -89,6 +90,7 @@ class _FleetReplay(ReplayLoop):
         observe: Callable[[float, list[JobRecord]], None] | None = None,
         progress: Callable[[int], None] | None = None,
         preemption: Terms | None = None,
+        reservations: bool = True,
     ):
         self.whole = whole
         self.preemption = preemption
@@ -103,6 +105,12 @@ class _FleetReplay(ReplayLoop):
         self._pinned_waiting: dict[tuple[str, str], int] = {}  # as Scheduler's: CapacityView.pinned
         self.fleet = whole_gpu_fleet(fleet) if whole else fleet
         self.policy = whole_gpu_policy(policy) if whole else policy
+        # Gang reservations as the scheduler keeps them (broker.placement.reservation): by
+        # job, from cycle to cycle, as the live scheduler's gang_reservations table.
+        after = self.policy.gang_reservation_after if reservations else None
+        self.reserve_after = None if after is None else timedelta(seconds=after)
+        self.reservations: dict[int, Reservation] = {}
+        self.reserved_jobs: set[int] = set()  # gangs that ever had a reservation
         self.clock = VirtualClock(start)
         self.sims = {
             name: SimulatedCluster.from_fleet(self.fleet, name, clock=self.clock) for name in self.fleet.clusters
@@ -117,7 +125,9 @@ class _FleetReplay(ReplayLoop):
         for seq, i in enumerate(order, 1):
             arrival = workload[i]
             spec = whole_gpu_spec(arrival.spec) if whole else arrival.spec
-            record = JobRecord(seq, spec.name, spec.kind.value, arrival.tenant, arrival.at, priority=spec.priority)
+            record = JobRecord(
+                seq, spec.name, spec.kind.value, arrival.tenant, arrival.at, priority=spec.priority, nodes=spec.nodes
+            )
             entries.append(ReplayJob(seq, arrival, spec, record))
         super().__init__(entries, tenants)
         self.by_id = {e.seq: e for e in self.entries}
@@ -162,6 +172,11 @@ class _FleetReplay(ReplayLoop):
                 self.observe(t, [e.record for e in self.entries])
         return self.timeline, self._finish(self.timeline.t[-1] if self.timeline.t else 0.0)
 
+    def _arrive(self, fresh: list[ReplayJob]) -> None:
+        for entry in fresh:  # as the scheduler reads a job's created_at
+            entry.waiting_since = self.clock.at(entry.arrival.at)
+        super()._arrive(fresh)
+
     def _next_timer(self, busy: bool) -> float | None:
         """When the replay next acts on its own, beside arrivals and job ends (None: never;
         ``busy``: other events are due). A replay that changes the fleet as it goes
@@ -179,12 +194,20 @@ class _FleetReplay(ReplayLoop):
         self.fair = FairShare(self.weights, self.quotas, self._usage(), waiting=self.queue.tenants)
         capacity = self._capacity()
         capacity.pinned = dict(self._pinned_waiting)  # as the live cycle: last cycle's waits
-        decisions = CycleDecisions(self.policy, capacity, self.fair)
+        book = None
+        if self.reserve_after is not None:
+            book = Reservations(self.reserve_after, self.clock(), self.reservations, self._expected_ends)
+        decisions = CycleDecisions(self.policy, capacity, self.fair, book)
         by_tenant = self._heads(self.queue, self.claim_limit)
         while by_tenant:
             entry = self._next(by_tenant)
             self._apply(t, entry, decisions.decide(entry))
         self._pinned_waiting = dict(decisions.pinned_waiting)
+        if book is not None:
+            self.reservations = book.held
+            self.reserved_jobs.update(book.held)
+            for seq in book.backfilled:
+                self.by_id[seq].record.backfilled = True
         if preempting and self.preemption is not None and self._preempt(t, decisions):
             # The victims' capacity is free once their clusters have ended them: the
             # waiting jobs are decided again in this same moment, as the scheduler's next
@@ -260,12 +283,22 @@ class _FleetReplay(ReplayLoop):
             seq,
             arrival,
             entry.spec,
-            JobRecord(seq, record.name, record.kind, arrival.tenant, t, priority=record.priority),
+            JobRecord(seq, record.name, record.kind, arrival.tenant, t, priority=record.priority, nodes=record.nodes),
         )
         again.record.requeue_of = record.job_id
         self.entries.append(again)
         self.by_id[seq] = again
         self._arrive([again])
+
+    def _expected_ends(self) -> dict:
+        """When what holds capacity is expected to end, as the scheduler reads it
+        (broker.scheduling.holdings.expected_ends): each placed job's time limit after
+        it was placed."""
+        return running_ends(
+            (e.placement, expected_end(e.placed_at, e.spec.time_limit))
+            for e in self.holding.values()
+            if e.placed_at is not None and e.placed_at < self.clock()
+        )
 
     def _capacity(self) -> CapacityView:
         """Step 4 of the cycle: each cluster's inventory, less the placements it has not
@@ -325,6 +358,7 @@ class _FleetReplay(ReplayLoop):
         placement = placed.placement
         record = entry.record
         entry.placement = placement
+        entry.placed_at = self.clock()
         record.placement = placement.to_dict()
         self.holding[entry.seq] = entry
         record.waited_for = record.reason
@@ -385,6 +419,7 @@ def replay(
     observe: Callable[[float, list[JobRecord]], None] | None = None,
     progress: Callable[[int], None] | None = None,
     preemption: Terms | None = None,
+    reservations: bool = True,
 ) -> ReplayResult:
     """Replay ``workload`` on simulated clusters of ``fleet`` under ``policy``
     (``whole_gpus``: the same on whole GPUs only; see the module docstring), with the
@@ -398,10 +433,23 @@ def replay(
     is called after each cycle with its virtual time and every job's record (the
     differential test compares them with the live scheduler's, step by step). ``progress``
     is called now and then with the number of jobs arrived so far. ``preemption``: the terms
-    under which waiting jobs preempt the workload's ``preemptible`` jobs (None: never)."""
+    under which waiting jobs preempt the workload's ``preemptible`` jobs (None: never).
+    ``reservations``: multi-node jobs get reservations as the policy says (its
+    ``scheduling`` section; False: never, to measure what they change)."""
     began = time.perf_counter()
     loop = _FleetReplay(
-        fleet, policy, workload, whole_gpus, start, demand_of, tenants, claim_limit, observe, progress, preemption
+        fleet,
+        policy,
+        workload,
+        whole_gpus,
+        start,
+        demand_of,
+        tenants,
+        claim_limit,
+        observe,
+        progress,
+        preemption,
+        reservations,
     )
     timeline, jobs = loop.run()
     notes = [
@@ -417,6 +465,11 @@ def replay(
         notes.append(
             f"preemption: {loop.requeues} preemption(s), {loop.gpu_seconds_lost / 3600:.2f} GPU-hours of work lost "
             "(since each victim's last checkpoint); a victim stops at once and runs the rest when placed again"
+        )
+    if loop.reserved_jobs:
+        notes.append(
+            f"gang reservations: {len(loop.reserved_jobs)} multi-node job(s) had nodes reserved after waiting "
+            f"{loop.reserve_after}; shorter jobs were backfilled onto reserved nodes when they ended in time"
         )
     oom = sum(1 for j in jobs if j.state == "failed" and (j.reason or "").startswith("OOMKilled"))
     if oom:
@@ -434,4 +487,7 @@ def replay(
         preemption=None
         if preemption is None
         else {"requeues": loop.requeues, "gpu_hours_lost": loop.gpu_seconds_lost / 3600},
+        reservations=None
+        if loop.reserve_after is None
+        else {"after_seconds": loop.reserve_after.total_seconds(), "gangs_reserved": len(loop.reserved_jobs)},
     )

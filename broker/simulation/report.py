@@ -78,6 +78,7 @@ def run_simulation(
     plots: bool = True,
     progress: Silent | None = None,
     preemption: bool = False,
+    reservations: bool = False,
 ) -> dict[str, Any]:
     """Replay a workload (``fleet_path`` + ``workload_path``) or the openb trace
     (``trace_dir``; its node list is the fleet) under ``policy_path``, beside
@@ -93,12 +94,20 @@ def run_simulation(
     ``preemptible`` ones (broker.placement.preemption), and the comparison is the same
     replay without preemption (unless ``compare_policy_path`` is given).
 
+    ``reservations`` (a workload on a fleet): the comparison is the same replay without
+    gang reservations (broker.placement.reservation), to show what they change.
+
     ``progress`` (:class:`broker.simulation.progress.Progress`) hears of each step: the
     replays, the inflation experiment, the plots, results.json.
     """
     progress = progress or Silent()
     if (workload_path is None) == (trace_dir is None):
         raise InvalidRequest("give a workload file or a trace directory (one of them)")
+    if reservations and (trace_dir is not None or preemption or compare_policy_path):
+        raise InvalidRequest(
+            "--reservations compares a --fleet workload with and without gang reservations: leave out --trace, "
+            "--compare and --preemption"
+        )
     if preemption and trace_dir is not None:
         raise InvalidRequest("--preemption replays a workload on a fleet; a trace's pods say nothing of preemption")
     out = Path(report_dir)
@@ -224,7 +233,18 @@ def run_simulation(
         primary = replay(
             fleet, policy, workload, label=label, tenants=tenants, progress=progress.update, preemption=terms
         )
-        if preemption and not compare_policy_path:
+        if reservations:
+            label = "without reservations"
+            progress.step(f"replaying {label}", len(workload), "jobs")
+            comparison = replay(
+                fleet, policy, workload, label=label, tenants=tenants, progress=progress.update, reservations=False
+            )
+            notes.append(
+                "reservations: a multi-node job that waited the policy's scheduling.gang_reservation_after gets the "
+                "nodes it will use reserved (those that free soonest); they take only work that ends before it can "
+                "start; the comparison is the same replay without reservations"
+            )
+        elif preemption and not compare_policy_path:
             label = "without preemption"
             progress.step(f"replaying {label}", len(workload), "jobs")
             comparison = replay(fleet, policy, workload, label=label, tenants=tenants, progress=progress.update)

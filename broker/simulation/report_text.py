@@ -101,6 +101,32 @@ def _preemption_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, st
     ]
 
 
+def _gang_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Multi-node jobs' waits per size class, and the small work backfilled onto the nodes
+    reserved for them, when the workload has any."""
+    classes = list(dict.fromkeys([*a.get("gang_waits", {}), *b.get("gang_waits", {})]))
+    if not classes:
+        return []
+
+    def waits(run: dict[str, Any], label: str) -> str:
+        w = run.get("gang_waits", {}).get(label)
+        if not w:
+            return "-"
+        text = f"{duration_text(w['p50'])} / {duration_text(w['p95'])}"
+        return text + (f" ({w['never_started']} never)" if w["never_started"] else "")
+
+    rows = [(f"gangs of {label}: wait p50/p95", waits(a, label), waits(b, label), "shorter") for label in classes]
+    rows.append(
+        (
+            "GPU-hours backfilled on reserved nodes",
+            f"{a.get('backfilled_gpu_hours', 0.0):.1f}",
+            f"{b.get('backfilled_gpu_hours', 0.0):.1f}",
+            "(small work run meanwhile)",
+        )
+    )
+    return rows
+
+
 def summary_lines(result: dict[str, Any], width: int = 100) -> list[str]:
     """What ``gpush simulate`` and ``make demo`` print: the two runs side by side, which
     way each measure is good, the held jobs of each run, the comparison in one sentence,
@@ -127,6 +153,7 @@ def summary_lines(result: dict[str, Any], width: int = 100) -> list[str]:
         ),
         ("queue wait p50/p95/p99", _waits_text(a), _waits_text(b), "shorter"),
         *_preemption_rows(a, b),
+        *_gang_rows(a, b),
         ("all jobs done after", duration_text(a["makespan"]), duration_text(b["makespan"]), "sooner"),
     ]
     if shows_tenants(a["tenants"]):
@@ -285,6 +312,20 @@ def report_markdown(results: dict[str, Any], primary: ReplayResult, comparison: 
         for kind, w in run["waits"].items():
             cells = " | ".join(duration_text(w[f"p{p}"]) for p in PERCENTILES)
             lines.append(f"| {kind} | {run['label']} | {w['jobs']} | {cells} |")
+
+    gangs = _gang_rows(a, b)
+    if gangs:
+        lines += [
+            "",
+            "## Multi-node jobs (arrival to start, per size class; shorter is better)",
+            "",
+            "A gang that waited the policy's `scheduling.gang_reservation_after` gets the nodes it will use "
+            "reserved; they take only work that ends before the gang can start (backfilled).",
+            "",
+            f"| | {a['label']} | {b['label']} |",
+            "| --- | --- | --- |",
+        ]
+        lines += [f"| {name} | {left} | {right} |" for name, left, right, _good in gangs]
 
     shown = [run for run in (a, b) if shows_tenants(run["tenants"])]
     if shown:

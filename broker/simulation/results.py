@@ -12,6 +12,14 @@ from typing import Any
 from broker.simulation.workload import TenantTerms, tenant_of
 
 KINDS = ("training", "inference", "batch")
+# Multi-node jobs' size classes for their waits: (label, fewest nodes, most nodes).
+GANG_CLASSES = (
+    ("2 nodes", 2, 2),
+    ("3-4 nodes", 3, 4),
+    ("5-8 nodes", 5, 8),
+    ("9-16 nodes", 9, 16),
+    ("17+ nodes", 17, 10**9),
+)
 PERCENTILES = (50, 95, 99)
 
 # What the measures a reader may not know mean, each in one line with its unit and which
@@ -65,6 +73,8 @@ class JobRecord:
     priority: int = 0
     preempted: bool = False  # stopped by a preemption (state requeued); requeue_of: the run it continues
     requeue_of: int | None = None
+    nodes: int = 1  # a multi-node job's nodes (its gang size)
+    backfilled: bool = False  # placed on nodes reserved for a gang, ending before the gang starts
 
     @property
     def wait(self) -> float | None:
@@ -174,6 +184,7 @@ class ReplayResult:
     measures_fragmentation: bool = False  # FGD's measure is kept on GPU-sharing nodes only
     tenant_terms: dict[str, TenantTerms] = field(default_factory=dict)  # as the workload gave them
     preemption: dict[str, Any] | None = None  # requeues, GPU-hours lost (a replay with preemption)
+    reservations: dict[str, Any] | None = None  # gang reservations made (a fleet replay that makes them)
 
     def held_reasons(self) -> Counter:
         return Counter(j.reason or "" for j in self.jobs if j.state == "held")
@@ -191,6 +202,31 @@ class ReplayResult:
             if values or kind == "all":
                 out[kind] = {"jobs": len(values), **{f"p{p}": _percentile(values, p) for p in PERCENTILES}}
         return out
+
+    def gang_waits(self) -> dict[str, dict[str, float | int | None]]:
+        """Queue wait of multi-node jobs per size class (2, 3-4, 5-8, 9-16, 17+ nodes;
+        first runs only): count, p50/p95, and how many never started."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        for label, low, high in GANG_CLASSES:
+            jobs = [j for j in self.jobs if low <= j.nodes <= high and j.requeue_of is None]
+            if not jobs:
+                continue
+            values = [j.wait for j in jobs if j.wait is not None]
+            out[label] = {
+                "jobs": len(jobs),
+                "never_started": len(jobs) - len(values),
+                "p50": _percentile(values, 50),
+                "p95": _percentile(values, 95),
+                "max": max(values, default=None),
+            }
+        return out
+
+    def backfilled_gpu_hours(self) -> float:
+        """GPU-hours of jobs that ran on nodes reserved for a gang, ending before it started."""
+        return (
+            sum(j.gpu_equivalents * ((j.end or j.start) - j.start) for j in self.jobs if j.backfilled and j.start)
+            / 3600
+        )
 
     def tenants(self) -> dict[str, dict[str, Any]]:
         """Per tenant with jobs: its weight and the weight's share of all the tenants'
@@ -263,6 +299,10 @@ class ReplayResult:
             "notes": self.notes,
             "protected_waits": self.protected_waits(),
             "preemption": self.preemption,
+            "gang_waits": self.gang_waits(),
+            "backfilled_gpu_hours": self.backfilled_gpu_hours(),
+            "backfilled_jobs": sum(1 for j in self.jobs if j.backfilled),
+            "reservations": self.reservations,
         }
 
     def protected_waits(self) -> dict[str, float | int | None]:

@@ -71,3 +71,25 @@ def test_the_trace_examples_of_help_and_readme_name_the_trace_in_the_repository(
         assert path.is_relative_to(ROOT), f"{directory} is outside the repository"
         assert (path / DEFAULT_NODES).is_file() and (path / DEFAULT_PODS).is_file(), directory
         assert (path / "README.md").is_file(), f"{directory} has no README saying where the trace comes from"
+
+
+def test_reservations_compare_a_fleet_replay_and_are_refused_beside_another_comparison(gpush, tmp_path) -> None:
+    result = gpush(
+        "simulate", "--fleet", FLEET, "--workload", WORKLOAD, "--reservations", "--report", str(tmp_path), "--json"
+    )
+    assert result.code == 0, result.err
+    body = json.loads(result.out)
+    assert body["comparison"]["label"] == "without reservations"
+    assert body["primary"]["reservations"]["after_seconds"] == 600
+    refused = gpush(
+        "simulate",
+        "--fleet",
+        FLEET,
+        "--workload",
+        WORKLOAD,
+        "--reservations",
+        "--preemption",
+        "--report",
+        str(tmp_path),
+    )
+    assert refused.code == 2 and "leave out --trace, --compare and --preemption" in refused.err

@@ -48,10 +48,11 @@ class SettableClock:
         return self.now
 
 
-def random_workload(seed: int, jobs: int = 70, *, with_gangs: bool = False) -> str:
+def random_workload(seed: int, jobs: int = 70, *, with_gangs: bool = False, time_limits: bool = False) -> str:
     """A mix over the demo fleet that keeps it contended: every sharing mode, elastic
     replicas, priorities, tenants with weights and a quota, jobs that never fit; with
-    ``with_gangs``, every fifth job a multi-node one."""
+    ``with_gangs``, every fifth job a multi-node one; with ``time_limits``, every job
+    a time limit half again its duration (what reservations count ends by)."""
     rng = random.Random(seed)
     shapes = [
         {"kind": "training", "isolation": "hardware", "gpu_memory_gb": 5},
@@ -88,6 +89,8 @@ def random_workload(seed: int, jobs: int = 70, *, with_gangs: bool = False) -> s
             tenant=rng.choice(["nlp", "vision", "search", "product"]),
             priority=rng.choice([0, 0, 0, 10, 50]),
         )
+        if time_limits:
+            job["time_limit"] = -(-job["duration"] * 3 // 120)  # minutes
         out.append(job)
     tenants = {"nlp": {"weight": 2}, "vision": {"weight": 1, "gpu_quota": 3}, "search": {"weight": 1}}
     return yaml.safe_dump({"tenants": tenants, "jobs": out}, sort_keys=False)
@@ -232,6 +235,16 @@ def test_workloads_with_multi_node_jobs_decide_alike_live_and_in_simulation(engi
     assert any(kind == "placed" and len(dict(where).get("nodes") or ()) == 2 for kind, where in seen)
     assert any(kind == "waiting" and "have them now" in (why or "") for kind, why in seen)
     assert any(kind == "held" and "needs 3 nodes with" in (why or "") for kind, why in seen)
+
+
+@pytest.mark.parametrize("seed", [4, 6])
+def test_workloads_with_gang_reservations_decide_alike_live_and_in_simulation(engine, sessions, seed) -> None:
+    workload = read_workload(random_workload(seed, 90, with_gangs=True, time_limits=True), f"reserve-{seed}.yaml")
+    live = run_live(engine, sessions, workload)
+    assert_same_steps(live, run_replay(workload))
+    # Gangs that waited past the policy's default (10 minutes) had nodes reserved, saying so.
+    seen = [view for _, jobs in live for view in jobs.values()]
+    assert any(kind == "waiting" and "; reserved " in (why or "") for kind, why in seen)
 
 
 def test_a_difference_is_caught() -> None:

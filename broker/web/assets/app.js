@@ -613,7 +613,8 @@ function nodeCard(node, holders, findings) {
   const keys = [...rows.keys()].sort((a, b) => (rows.get(a).gpu ?? 1e9) - (rows.get(b).gpu ?? 1e9));
   return h("article", { class: `node${critical ? " has-critical" : ""}`, "data-node": node.name },
     h("header", {}, h("b", { text: node.name }),
-      h("span", { class: "meta", text: `${gpus(node.free_gpu_equivalents)} of ${gpus(node.capacity_gpu_equivalents)} free · agent ${node.agent}` })),
+      h("span", { class: "meta", text: `${gpus(node.free_gpu_equivalents)} of ${gpus(node.capacity_gpu_equivalents)} free · agent ${node.agent}` }),
+      node.reserved_for ? h("span", { class: "meta reserved", text: ` · reserved for job ${node.reserved_for.job_id} until ~${node.reserved_for.start_by.slice(11, 16)}` }) : null),
     keys.map((key) => {
       const row = rows.get(key);
       const total = row.segments.reduce((s, x) => s + x.width, 0) || 1;

@@ -1,0 +1,204 @@
+"""Reservations for multi-node jobs: a gang that waited long gets the nodes it will use
+held for it, so a stream of small jobs cannot keep it waiting for ever.
+
+The rule, as Slurm's backfill keeps it:
+
+- A gang (``nodes`` > 1) that has waited for capacity at least the policy's
+  ``scheduling.gang_reservation_after`` (:attr:`broker.routing.rules.Policy.gang_reservation_after`)
+  gets a :class:`Reservation`: the ``nodes`` nodes of its route that can hold one of its
+  ranks soonest, by the expected ends of what runs there (when each job was placed plus its
+  time limit; a job without one never ends, so its node is chosen only when nothing else
+  is), and ``start_by``, when the last of them is expected to have room.
+- While it holds, a reserved node takes no other job that would end after ``start_by``
+  (a job without a time limit always would); a job that ends by then is **backfilled**
+  there. The gang itself, and nothing else, may use its nodes at any time.
+- A reservation keeps its nodes from cycle to cycle (the live scheduler stores them,
+  ``gang_reservations``; a replay keeps them in memory); ``start_by`` is computed again
+  each cycle from what runs on them. It ends when the gang is placed (anywhere), held or
+  leaves the queue.
+
+:class:`Reservations` is one cycle's book, handed to
+:class:`broker.placement.decision.CycleDecisions`, so the live cycle and ``gpush simulate``
+reserve and backfill alike.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from broker.core.adapter import Placement
+from broker.core.spec_values import parse_time_limit
+
+# Expected ends of what runs on each node: (cluster, node) -> [(units, end or None)].
+Running = Mapping[tuple[str, str], list[tuple[int, datetime | None]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Nodes held for a waiting gang (``job_id``) on ``cluster`` until it starts."""
+
+    job_id: int
+    cluster: str
+    nodes: tuple[str, ...]
+    start_by: datetime  # when the last of its nodes is expected to have room
+    made_at: datetime
+
+    def words(self) -> str:
+        """What ``gpush status`` says of it."""
+        return (
+            f"reserved {', '.join(self.nodes)} on {self.cluster}; starts by ~{self.start_by:%H:%M} when their jobs end"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "job_id": self.job_id,
+            "cluster": self.cluster,
+            "nodes": list(self.nodes),
+            "start_by": self.start_by.isoformat(),
+            "made_at": self.made_at.isoformat(),
+        }
+
+
+def expected_end(placed_at: datetime, time_limit: str | None) -> datetime | None:
+    """When a job placed at ``placed_at`` ends at the latest: its time limit later (None:
+    it has none, and may run for ever)."""
+    if not time_limit:
+        return None
+    return placed_at + timedelta(seconds=parse_time_limit(time_limit))
+
+
+def running_ends(placed: Iterable[tuple[Placement, datetime | None]]) -> dict[tuple[str, str], list]:
+    """:data:`Running` from the placements that hold capacity and their expected ends."""
+    out: dict[tuple[str, str], list] = defaultdict(list)
+    for placement, end in placed:
+        for node in placement.nodes or ((placement.node,) if placement.node else ()):
+            out[(placement.cluster, node)].append((placement.units * placement.replicas, end))
+    return out
+
+
+class Reservations:
+    """One cycle's reservations: those carried from the last cycle (``held``, by job id),
+    the expected ends of what runs (``running``), and the wait after which a gang gets
+    one (``after``; None: never). After the cycle, ``held`` is what to keep."""
+
+    def __init__(
+        self,
+        after: timedelta | None,
+        now: datetime,
+        held: Mapping[int, Reservation] = {},  # noqa: B006 - copied
+        running: Running | Callable[[], Running] = {},  # noqa: B006 - copied
+    ) -> None:
+        self.after = after
+        self.now = now
+        self.held: dict[int, Reservation] = dict(held)
+        # Read on first need (a reservation to make or renew): most cycles have none.
+        self._source = running
+        self._running: dict[tuple[str, str], list] | None = None
+        self._fresh: list[tuple[tuple[str, str], int, datetime | None]] = []  # placed this cycle
+        # Jobs placed this cycle on nodes reserved for a gang (ending before it starts), by
+        # job id, with the units they took there: what the simulation reports as backfilled.
+        self.backfilled: dict[int, int] = {}
+        self._by_node: dict[tuple[str, str], Reservation] = {}
+        self._index()
+
+    @property
+    def running(self) -> dict[tuple[str, str], list]:
+        if self._running is None:
+            source = self._source() if callable(self._source) else self._source
+            self._running = defaultdict(list)
+            for key, ends in source.items():
+                self._running[key].extend(ends)
+        for key, units, end in self._fresh:
+            self._running[key].append((units, end))
+        self._fresh.clear()
+        return self._running
+
+    def _index(self) -> None:
+        self._by_node = {(r.cluster, node): r for r in self.held.values() for node in r.nodes}
+
+    def blocked(self, job_id: int, cluster: str, end: datetime | None) -> list[str]:
+        """The nodes of ``cluster`` that job ``job_id``, ending at ``end``, may not use:
+        reserved for another gang that starts before the job would end."""
+        return [
+            node
+            for (c, node), r in self._by_node.items()
+            if c == cluster and r.job_id != job_id and (end is None or end > r.start_by)
+        ]
+
+    def placed(self, job_id: int, placement: Placement, end: datetime | None) -> None:
+        """Job ``job_id`` was placed: its own reservation ends; what it holds counts as
+        running (until ``end``) for the reservations made later this cycle."""
+        if self.held.pop(job_id, None) is not None:
+            self._index()
+        nodes = placement.nodes or ((placement.node,) if placement.node else ())
+        units = placement.units * placement.replicas
+        for node in nodes:
+            self._fresh.append(((placement.cluster, node), units, end))
+            if (placement.cluster, node) in self._by_node:
+                self.backfilled[job_id] = self.backfilled.get(job_id, 0) + units
+
+    def drop(self, job_id: int) -> None:
+        """Job ``job_id`` no longer waits (held, or gone): its reservation ends."""
+        if self.held.pop(job_id, None) is not None:
+            self._index()
+
+    def reserve(
+        self,
+        job_id: int,
+        waiting_since: datetime,
+        cluster: str,
+        need: int,
+        nodes: int,
+        candidates: Mapping[str, int],
+    ) -> Reservation | None:
+        """The reservation of gang ``job_id`` that waits for ``nodes`` nodes with ``need``
+        units each on ``cluster``: its nodes kept, with ``start_by`` computed again, or new
+        ones picked when it has waited ``after`` (None: it has none, and does not wait
+        long enough yet). ``candidates``: the nodes that could ever hold one of its ranks,
+        with their units free now."""
+        held = self.held.get(job_id)
+        if held is not None and held.cluster == cluster and all(n in candidates for n in held.nodes):
+            rooms = [self._room_at(cluster, node, need, candidates[node]) for node in held.nodes]
+            if all(at is not None for at in rooms):
+                start_by = max(rooms)
+                if start_by != held.start_by:
+                    held = self.held[job_id] = replace(held, start_by=start_by)
+                    self._index()
+                return held
+        # none yet, or its nodes cannot hold it any more (gone, or work without an end on
+        # them): picked afresh
+        if self.after is None or self.now - waiting_since < self.after:
+            return None
+        taken = {key for key, r in self._by_node.items() if r.job_id != job_id}
+        soonest = sorted(
+            (at, order, node)
+            for order, (node, free) in enumerate(candidates.items())
+            if (cluster, node) not in taken and (at := self._room_at(cluster, node, need, free)) is not None
+        )
+        if len(soonest) < nodes:
+            return None
+        picks = soonest[:nodes]
+        chosen = tuple(node for _, _, node in sorted(picks, key=lambda p: p[1]))
+        reservation = Reservation(job_id, cluster, chosen, max(at for at, _, _ in picks), self.now)
+        self.held[job_id] = reservation
+        self._index()
+        return reservation
+
+    def _room_at(self, cluster: str, node: str, need: int, free: int) -> datetime | None:
+        """When ``node`` is expected to have ``need`` units free, having ``free`` now: as
+        its jobs end, soonest first (None: not while a job without an end holds it)."""
+        if free >= need:
+            return self.now
+        for units, end in sorted(self.running.get((cluster, node), ()), key=lambda e: (e[1] is None, e[1] or self.now)):
+            if end is None:
+                return None
+            free += units
+            if free >= need:
+                return max(end, self.now)
+        return None
+
+    def on_node(self, cluster: str, node: str) -> Reservation | None:
+        return self._by_node.get((cluster, node))

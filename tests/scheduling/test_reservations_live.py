@@ -1,0 +1,64 @@
+"""Gang reservations in the live cycle: stored from cycle to cycle, said in the waiting
+job's reason (what ``gpush status`` shows), kept off by longer work, taken by shorter work,
+shown in the inventory (API field and the CLI's node table), and ended when the gang starts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from rich.console import Console
+from sqlalchemy import select
+
+from broker.cli.inventory_tables import inventory_nodes_table
+from broker.core.models import GangReservation
+from tests.scheduling.test_cycle import job, scheduler, submit
+
+
+def reservations(sessions) -> dict[int, tuple]:
+    with sessions() as session:
+        return {r.job_id: (tuple(r.nodes), r.start_by) for r in session.execute(select(GangReservation)).scalars()}
+
+
+def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(engine, sessions, clock, fleet, http):
+    start = clock()
+    # slurm-a's whole-GPU nodes gpu-01 and gpu-02 (4 A100s each) are both busy
+    full = submit(sessions, clock, kind="training", gpus=4, time_limit="1h", labels={"sim-duration": "3000"})
+    part = submit(sessions, clock, kind="training", gpus=1, time_limit="2h", labels={"sim-duration": "3000"})
+    cycle = scheduler(engine, fleet, clock)
+    cycle.run_cycle()
+    assert {job(sessions, full).placement["node"], job(sessions, part).placement["node"]} == {"gpu-01", "gpu-02"}
+    gang = submit(sessions, clock, kind="training", nodes=2, gpus=4, time_limit="1h", labels={"sim-duration": "600"})
+    cycle.run_cycle()
+    assert "reserved" not in job(sessions, gang).state_reason and reservations(sessions) == {}
+
+    clock.advance(11 * 60)  # past the default wait of 10 minutes
+    cycle.run_cycle()
+    waiting = job(sessions, gang)
+    assert waiting.state == "queued"
+    assert waiting.state_reason.endswith("; reserved gpu-01, gpu-02 on slurm-a; starts by ~11:00 when their jobs end")
+    assert reservations(sessions) == {gang: (("gpu-01", "gpu-02"), start + timedelta(hours=2))}
+
+    # the next cycle keeps them: a job that would end after 11:00 waits, a shorter one is backfilled
+    long_job = submit(sessions, clock, kind="training", gpus=1, time_limit="3h")
+    short_job = submit(sessions, clock, kind="training", gpus=1, time_limit="30m", labels={"sim-duration": "600"})
+    cycle.run_cycle()
+    assert job(sessions, long_job).state == "queued"
+    assert job(sessions, short_job).placement["node"] in ("gpu-01", "gpu-02")
+    assert list(reservations(sessions)) == [gang]
+
+    # the inventory shows the reserved nodes, in the API and in the CLI's node table
+    body = http(user="root", tenant="ops", role="admin").get("/v1/inventory").json()
+    nodes = {n["name"]: n for c in body["clusters"] for n in c["nodes"]}
+    assert nodes["gpu-01"]["reserved_for"] == {"job_id": gang, "start_by": (start + timedelta(hours=2)).isoformat()}
+    assert nodes["mig-01"]["reserved_for"] is None
+    console = Console(record=True, width=200)
+    console.print(inventory_nodes_table(body, width=200))
+    assert f"reserved for job {gang} until ~11:00" in console.export_text()
+
+    # once the jobs on its nodes have ended the gang starts there, and its reservation ends
+    clock.advance(2 * 3600)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    placed = job(sessions, gang)
+    assert placed.placement is not None and tuple(placed.placement["nodes"]) == ("gpu-01", "gpu-02")
+    assert reservations(sessions) == {}
