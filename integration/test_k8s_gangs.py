@@ -222,9 +222,9 @@ def broker(engine, sessions, tmp_path) -> Iterator[Broker]:
 
 def test_the_broker_places_a_gang_whole_and_queues_it_again_when_a_node_is_lost(broker: Broker):
     job_id = broker.submit(kind="training", nodes=2, gpus=2)
-    broker.cycle_until(lambda: len(broker.running_ranks(job_id)) == 2)
+    broker.cycle_until(lambda: len(broker.running_ranks(job_id)) == 2 and broker.job(job_id).state == "running")
     job = broker.job(job_id)
-    assert job.state == "running" and len(job.placement["nodes"]) == 2
+    assert len(job.placement["nodes"]) == 2
     assert broker.running_ranks(job_id) == sorted(job.placement["nodes"])  # where gpush placed it, one rank each
     lost_node = job.placement["nodes"][1]
     client.CoreV1Api(broker.api).delete_node(lost_node)

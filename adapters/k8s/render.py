@@ -535,6 +535,11 @@ def render(
     }
     if placement.gang:
         job_spec["completionMode"] = "Indexed"
+        # A rank disrupted (its node gone, an eviction) fails the Job saying so in its own
+        # condition, which the adapter reads as a loss to queue again, not the job's failure.
+        job_spec["podFailurePolicy"] = {
+            "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+        }
     if spec.time_limit:
         job_spec["activeDeadlineSeconds"] = parse_time_limit(spec.time_limit)
     body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}

@@ -34,7 +34,8 @@ A gang (a multi-node job: an Indexed Job of several completions) runs all of its
 none: a rank that exits non-zero fails the Job (``backoffLimit`` 0, reported FAILED as
 above) and the Job controller stops the others; a rank lost to its node (deleted with it,
 or failed with a ``DisruptionTarget`` condition, as the Pod garbage collector marks Pods of
-a node that went) is never replaced alone: the adapter stops the whole gang and reports
+a node that went, which the Job's Pod failure policy turns into a ``PodFailurePolicy``
+failure naming it) is never replaced alone: the adapter stops the whole gang and reports
 it LOST once its Job is gone, so the broker places it again.
 
 A Job's Pods fail the Job at once (``backoffLimit`` 0), so a failed Pod is reported
@@ -90,6 +91,24 @@ class Observed:
         spec = (self.job or {}).get("spec") or {}
         return spec.get("completionMode") == "Indexed" and int(spec.get("completions") or 1) > 1
 
+    def note_job(self, job: dict[str, Any]) -> None:
+        """Record the Job's new state, and whether its Pod failure policy says a rank was disrupted
+        (seen before, or without, that rank's Pod: the Pod may be gone already)."""
+        self.job = job
+        if self.lost_rank is not None or self.cancelled or not self.gang:
+            return
+        for kind in ("FailureTarget", "Failed"):
+            cond = condition(job, kind)
+            message = str((cond or {}).get("message") or "")
+            found = _DISRUPTED.match(message) if cond and cond.get("reason") == "PodFailurePolicy" else None
+            if found:
+                pod = self.pods.get(found.group(1))
+                name = (job.get("metadata") or {}).get("name", "")
+                rank = _index_in_name(found.group(1), name)
+                where = _rank_where(pod) if pod else f"rank {rank if rank is not None else '?'} lost"
+                self.lost_rank = f"{where} ({message})"
+                return
+
     def note_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
         """Record a Pod's new state (``deleted``: it is gone), and whether it cost a gang a rank."""
         name = (pod.get("metadata") or {}).get("name", "")
@@ -130,6 +149,16 @@ def condition(obj: Mapping[str, Any] | None, kind: str) -> dict[str, Any] | None
         if cond.get("type") == kind and str(cond.get("status")) == "True":
             return cond
     return None
+
+
+# The Job controller's message for a Pod failure policy rule on a Pod condition (pod_failure_policy.go).
+_DISRUPTED = re.compile(r"^Pod [^/\s]+/(\S+) has condition DisruptionTarget matching FailJob rule")
+
+
+def _index_in_name(pod_name: str, job_name: str) -> int | None:
+    """The completion index in an Indexed Job's Pod name, ``<job>-<index>-<suffix>``."""
+    middle = pod_name.removeprefix(f"{job_name}-").rsplit("-", 1)[0]
+    return int(middle) if middle.isdigit() else None
 
 
 def _finished(job: Mapping[str, Any] | None) -> bool:

@@ -109,6 +109,9 @@ class StatusTracker:
             job_id = job_id_of(pod, ctx.tag)
             if job_id in fresh:
                 fresh[job_id].note_pod(pod)
+        for seen in fresh.values():
+            if seen.job is not None:
+                seen.note_job(seen.job)
         listed_pods = {p["metadata"]["name"] for p in listed["pods"]}
         for seen in fresh.values():
             for name, pod in list(seen.pods.items()):
@@ -207,7 +210,11 @@ class StatusTracker:
                     else:
                         if seen.deleted:  # submitted again (a lost job back from the queue)
                             seen = self._seen[job_id] = Observed()
-                        setattr(seen, attribute, event.object)
+                        if kind == "jobs":
+                            seen.cancelled = seen.cancelled or job_id in cancelled
+                            seen.note_job(event.object)
+                        else:
+                            seen.deployment = event.object
                         self._gone.discard(job_id)
                 seen.note_started()
                 changed.add(job_id)
@@ -263,6 +270,8 @@ class StatusTracker:
             seen.job = fresh
             if seen.lost_by_deletion and any(condition(fresh, k) for k in ("Complete", "Failed", "FailureTarget")):
                 seen.lost_rank, seen.lost_by_deletion = None, False
-                return
+                seen.note_job(fresh)  # unless the Job says a rank was disrupted
+                if seen.lost_rank is None:
+                    return
         self._stopping.add(job_id)
         ctx.delete_objects(job_id, grace=None)

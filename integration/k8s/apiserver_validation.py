@@ -531,7 +531,8 @@ def _workload_errors(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] 
 
 def _completion_mode_errors(spec: dict[str, Any], old: dict[str, Any] | None) -> list[FieldError]:
     """batch/v1 validation of ``completionMode`` (apis/batch/validation): Indexed needs
-    ``completions``; the mode cannot change."""
+    ``completions``; the mode cannot change. A ``podFailurePolicy`` needs ``restartPolicy: Never``
+    and known actions."""
     mode = spec.get("completionMode") or "NonIndexed"
     if mode not in ("NonIndexed", "Indexed"):
         return [unsupported("spec.completionMode", mode, ["NonIndexed", "Indexed"])]
@@ -540,6 +541,17 @@ def _completion_mode_errors(spec: dict[str, Any], old: dict[str, Any] | None) ->
         errors.append(required("spec.completions", "when completion mode is Indexed"))
     if old is not None and mode != ((old.get("spec") or {}).get("completionMode") or "NonIndexed"):
         errors.append(immutable("spec.completionMode", mode))
+    policy = spec.get("podFailurePolicy")
+    if isinstance(policy, dict):
+        restart = ((spec.get("template") or {}).get("spec") or {}).get("restartPolicy")
+        if restart != "Never":
+            detail = 'only "Never" is supported when podFailurePolicy is specified'
+            errors.append(invalid_value("spec.template.spec.restartPolicy", restart, detail))
+        for i, rule in enumerate(policy.get("rules") or ()):
+            action = (rule or {}).get("action")
+            if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
+                actions = ["Count", "FailIndex", "FailJob", "Ignore"]
+                errors.append(unsupported(f"spec.podFailurePolicy.rules[{i}].action", action, actions))
     return errors
 
 

@@ -47,7 +47,9 @@ processed twice at once and every controller can be re-driven from its cache):
   labelled ``batch.kubernetes.io/controller-uid``/``job-name`` (and the legacy
   ``controller-uid``/``job-name``), owned by the Job; failed pods are replaced after a back-off
   until failures exceed ``backoffLimit`` (default 6; restarts count under ``OnFailure``); then
-  ``FailureTarget`` + ``Failed`` with reason ``BackoffLimitExceeded``; ``activeDeadlineSeconds``
+  ``FailureTarget`` + ``Failed`` with reason ``BackoffLimitExceeded`` (a ``podFailurePolicy``
+rule on a pod condition or exit code first: ``FailJob`` fails it with reason ``PodFailurePolicy``,
+``Ignore`` does not count the failure); ``activeDeadlineSeconds``
   gives ``DeadlineExceeded``; success gives ``SuccessCriteriaMet`` + ``Complete`` (v1.31+ shape)
   with ``completionTime``. Status goes through the status subresource, written before the pods of a
   Job that ended are deleted (the ``FailureTarget``/``SuccessCriteriaMet`` order of v1.31).
@@ -1736,7 +1738,10 @@ class JobController(_PodOwnerController):
         succeeded = max(sum(_phase(p) == "Succeeded" for p in pods), status.get("succeeded") or 0)
         if indexed:
             succeeded = len(completed)  # each index once, however many of its Pods succeeded
-        failed = max(sum(_phase(p) == "Failed" for p in pods), status.get("failed") or 0)
+        fail_job, ignored = _pod_failure_policy(spec, [p for p in pods if _phase(p) == "Failed"])
+        failed = max(
+            sum(_phase(p) == "Failed" and _meta(p).get("name") not in ignored for p in pods), status.get("failed") or 0
+        )
         finished = any(
             c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
             for c in status.get("conditions") or []
@@ -1773,7 +1778,9 @@ class JobController(_PodOwnerController):
 
         deadline = spec.get("activeDeadlineSeconds")
         started = _parse_time(start_time) or time.time()
-        if failed + restarts > backoff_limit:
+        if fail_job:
+            reason, message = "PodFailurePolicy", fail_job
+        elif failed + restarts > backoff_limit:
             reason, message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
         elif deadline is not None and time.time() - started >= deadline / self.c.speed:
             reason, message = "DeadlineExceeded", "Job was active longer than specified deadline"
@@ -1891,6 +1898,49 @@ class JobController(_PodOwnerController):
             raise
         self.c.count("job_pods_created")
         self.c.event("Job", "batch/v1", job, "SuccessfulCreate", f"Created pod: {pod_name}", component="job-controller")
+
+
+def _pod_failure_policy(spec: Mapping, failed_pods: Iterable[Mapping]) -> tuple[str | None, set[str]]:
+    """A Job's ``podFailurePolicy`` over its failed pods (pkg/controller/job/pod_failure_policy.go):
+    the message of the first ``FailJob`` rule a pod matches (None if none does), and the pods an
+    ``Ignore`` rule keeps from counting as failures. Rules are tried in order, the first match
+    decides; ``Count`` and ``FailIndex`` count the failure as usual."""
+    rules = (spec.get("podFailurePolicy") or {}).get("rules") or []
+    ignored: set[str] = set()
+    for pod in failed_pods:
+        for i, rule in enumerate(rules):
+            matched = _rule_match(rule, pod)
+            if matched is None:
+                continue
+            action = rule.get("action")
+            if action == "FailJob":
+                return f"{matched} matching FailJob rule at index {i}", ignored
+            if action == "Ignore":
+                ignored.add(_meta(pod).get("name", ""))
+            break
+    return None, ignored
+
+
+def _rule_match(rule: Mapping, pod: Mapping) -> str | None:
+    """How a failed pod matches a Pod failure policy rule, in the controller's words, or None."""
+    md = _meta(pod)
+    where = f"{md.get('namespace')}/{md.get('name')}"
+    for pattern in rule.get("onPodConditions") or ():
+        c = _condition(pod, pattern.get("type", ""))
+        if c is not None and c.get("status") == (pattern.get("status") or "True"):
+            return f"Pod {where} has condition {pattern.get('type')}"
+    codes = rule.get("onExitCodes")
+    if codes:
+        values = set(codes.get("values") or ())
+        for status in (pod.get("status") or {}).get("containerStatuses") or ():
+            if codes.get("containerName") and status.get("name") != codes["containerName"]:
+                continue
+            code = ((status.get("state") or {}).get("terminated") or {}).get("exitCode")
+            if code is None or code == 0:
+                continue
+            if (code in values) == (codes.get("operator") == "In"):
+                return f"Container {status.get('name')} for pod {where} failed with exit code {code}"
+    return None
 
 
 def _pod_index(pod: Mapping) -> int | None:

@@ -367,6 +367,47 @@ def test_an_indexed_job_names_each_pods_index_and_host_under_a_headless_service(
     )
 
 
+def test_a_pod_failure_policy_fails_the_job_naming_the_pod_and_rule(kube, job):
+    """What the adapter reads to tell a gang's disrupted rank from its failure: a FailJob rule fails
+    the Job at once (retries left or not) with reason PodFailurePolicy and a message naming the pod
+    and the rule. Forced here by an exit code; a gang's rule is on the DisruptionTarget condition."""
+    name = unique("pfp")
+    body = job_body(name, job.labels)
+    body["spec"]["backoffLimit"] = 6
+    body["spec"]["podFailurePolicy"] = {
+        "rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [3]}}]
+    }
+    template = body["spec"]["template"]
+    template["metadata"]["annotations"] = {SIM_DURATION: "0.2", "sim.gpush.io/exit-code": "3"}
+    template["spec"]["containers"][0].update(image=ECHO_IMAGE, command=["sh", "-c", "exit 3"])
+    kube.batch.create_namespaced_job(kube.namespace, body)
+
+    def failed() -> Any:
+        conditions = kube.batch.read_namespaced_job(name, kube.namespace).status.conditions or []
+        return next((c for c in conditions if c.type == "Failed" and c.status == "True"), None)
+
+    condition = eventually(kube, failed, "the Job failed by its Pod failure policy")
+    assert condition.reason == "PodFailurePolicy"
+    (pod,) = all_pods(kube, job.selector)
+    assert condition.message == (
+        f"Container main for pod {kube.namespace}/{pod.metadata.name} failed with exit code 3 "
+        "matching FailJob rule at index 0"
+    )
+    kube.batch.delete_namespaced_job(name, kube.namespace, propagation_policy="Background")
+
+
+def test_a_pod_failure_policy_needs_restart_policy_never(kube, job):
+    body = job_body(unique("pfp"), job.labels)
+    body["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    body["spec"]["podFailurePolicy"] = {
+        "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+    }
+    refused = api_error(lambda: kube.batch.create_namespaced_job(kube.namespace, body))
+    assert refused.status == 422
+    causes = status_body(refused)["details"]["causes"]
+    assert any(c["field"] == "spec.template.spec.restartPolicy" for c in causes), causes
+
+
 def test_an_indexed_job_without_completions_is_refused_naming_the_field(kube, job):
     body = job_body(unique("gang"), job.labels, pods=2)
     body["spec"]["completionMode"] = "Indexed"

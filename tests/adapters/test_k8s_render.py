@@ -108,6 +108,10 @@ def test_a_gang_becomes_an_indexed_job_whose_ranks_hold_the_chosen_nodes_one_eac
         2,
         0,
     )
+    # A rank disrupted (its node gone) fails the Job saying so, which the adapter reads as a loss.
+    assert body["podFailurePolicy"] == {
+        "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    }
     pod = pod_spec(manifest)
     assert pod["subdomain"] == "gpush-42" and "hostname" not in pod  # the Job controller names <job>-<index>
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}  # per node, not the gang's 16
@@ -749,6 +753,17 @@ def test_a_gang_that_loses_a_rank_is_stopped_whole_and_queued_again_but_one_that
     ]
     seen.note_pod(disrupted)
     assert seen.lost_rank == "rank 1 lost on node h2 (PodGC: node no longer exists)"
+
+    # The Job's Pod failure policy names the disrupted rank, seen before (or without) its Pod.
+    job, (rank0, rank1) = gang_job()
+    seen = Observed(pods={rank0["metadata"]["name"]: rank0})
+    message = "Pod gpush/gpush-21-1-x7k2p has condition DisruptionTarget matching FailJob rule at index 0"
+    job["status"]["conditions"] = [
+        {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": message}
+    ]
+    seen.note_job(job)
+    assert seen.lost_rank == f"rank 1 lost ({message})"
+    assert backend_job(21, "job/gpush-21", seen).state == BackendState.RUNNING  # being stopped, not failed
 
     # A rank that exits non-zero fails the gang; the Job controller deleting the other is no loss.
     job, (rank0, rank1) = gang_job()
