@@ -1,10 +1,10 @@
-"""The broker's RBAC as shipped (deploy/k8s/gpush-broker-rbac.yaml) is exactly what the
-Kubernetes adapter needs: the adapter runs everything it does (each kind of job in tenant
-namespaces it creates, statuses by watch, a restart, cancel, scale, logs, inventory,
-time-slicing, tenants' ResourceQuotas, fencing a node, a MIG layout) as the file's ServiceAccount against the API test
-server with the file's rules enforced (integration/k8s/apiserver_rbac.py plays the RBAC
-authorizer), and the server records every request as kube-apiserver authorizes it. Every
-request must be allowed, and every grant of the file must have been needed by one."""
+"""The broker's RBAC as shipped (deploy/k8s/gpush-broker-rbac.yaml) is exactly what the Kubernetes adapter needs:
+the adapter runs everything it does (each kind of job in tenant namespaces it creates, statuses by watch, a
+restart, cancel, scale, logs, inventory, a multi-node job's Indexed Job and Service, time-slicing, tenants'
+ResourceQuotas, fencing a node, a MIG layout) as the file's ServiceAccount against the API test server with
+the file's rules enforced (integration/k8s/apiserver_rbac.py plays the RBAC authorizer), and the server
+records every request as kube-apiserver authorizes it. Every request must be allowed, and every grant of the
+file must have been needed by one."""
 
 from __future__ import annotations
 
@@ -199,6 +199,10 @@ def test_every_request_of_the_adapter_is_allowed_and_every_grant_is_used(audited
             (3 + i, job_spec(labels={"sim-duration": "60"}), placed(Sharing.K8S_EXCLUSIVE), VISION) for i in (0, 1)
         ]
         assert adapter.submit_many(batch) == [f"cv-jobs/job/{TAG}-3", f"cv-jobs/job/{TAG}-4"]
+        # A multi-node job: an Indexed Job and its headless Service (on nodes not there: its ranks
+        # wait, taking no GPU from the jobs above).
+        two_nodes = placed(Sharing.K8S_EXCLUSIVE, units=2, node="h100-8", nodes=("h100-8", "h100-9"))
+        assert adapter.submit(5, job_spec(nodes=2, gpus=2), two_nodes, VISION) == f"cv-jobs/job/{TAG}-5"
         # Submitted again (a broker killed before its database write): found by name, not created twice.
         assert adapter.submit(*batch[0]) == f"cv-jobs/job/{TAG}-3"
         assert adapter.submit(2, elastic, placed(Sharing.K8S_TIMESLICE, gpu_model="T4"), NLP) == served
@@ -250,6 +254,8 @@ def test_every_request_of_the_adapter_is_allowed_and_every_grant_is_used(audited
         client.BatchV1Api(admin_api).delete_namespaced_job(f"{TAG}-4", "cv-jobs", propagation_policy="Orphan")
         adapter.cancel(4)
         wait_for(lambda: not core.list_namespaced_pod("cv-jobs", label_selector="gpush.io/job-id=4").items)
+        adapter.cancel(5)  # the gang's Job and Service, found by label
+        assert not core.list_namespaced_service("cv-jobs", label_selector="gpush.io/job-id=5").items
         # A restarted broker: everything listed again, and the old cursor's deletions watched for.
         restarted = broker_adapter(server, tmp_path)
         try:

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client, config
 
 from integration.k8s import apiserver
-from integration.k8s.container_output import STDERR, STDOUT, program_output
+from integration.k8s.container_output import STDERR, STDOUT, container_env, program_output
 from integration.k8s.gpu_nodes import CLUSTER_POLICY_CRD, GpuPool, SharingConfig, node_devices
 from integration.k8s.simulator import ANN_DURATION, ANN_EXIT_CODE, ANN_OOM, Simulator, Timings, pod_requests
 
@@ -246,6 +246,30 @@ def test_what_a_simulated_container_prints_follows_its_command():
     assert printed(["sh", "-c", "echo before; for i in 1 2; do echo $i; done"]) == [(0, STDOUT, "before\n")]
     assert printed(["sh", "-c", "echo $(date)"]) == []
     assert printed([]) == []  # the image's own entrypoint: unknown
+
+
+def test_a_containers_field_ref_variables_and_host_name_are_the_pods_own():
+    """The downward API as the kubelet resolves it: an Indexed Job's rank from its annotation."""
+    index = "batch.kubernetes.io/job-completion-index"
+    pod = {
+        "metadata": {"name": "gang-1-x7k2p", "namespace": "ns", "annotations": {index: "1"}, "labels": {"a": "b"}},
+        "spec": {"hostname": "gang-1", "subdomain": "gang", "nodeName": "n2"},
+    }
+    container = {
+        "name": "c",
+        "command": ["sh", "-c", "echo $RANK $LABEL $NODE $HOSTNAME $MISSING."],
+        "env": [
+            {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{index}']"}}},
+            {"name": "LABEL", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']"}}},
+            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "MISSING", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['none']"}}},
+        ],
+    }
+    assert [line.text for line in program_output(container, "gang-1-x7k2p", pod)] == ["1 b n2 gang-1 .\n"]
+    # Without the Pod, only literal values are known, and HOSTNAME is the Pod's name.
+    assert "RANK" not in container_env(container, "gang-1-x7k2p")
+    alone = {**container, "command": ["sh", "-c", "echo $HOSTNAME"]}
+    assert [line.text for line in program_output(alone, "gang-1-x7k2p")] == ["gang-1-x7k2p\n"]
 
 
 def test_a_pod_too_big_for_any_node_stays_pending_with_the_schedulers_message(core, namespace, simulate):

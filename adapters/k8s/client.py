@@ -53,6 +53,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "nodes": ("/api/v1", "nodes", False),
     "namespaces": ("/api/v1", "namespaces", False),
     "resourcequotas": ("/api/v1", "resourcequotas", True),
+    "services": ("/api/v1", "services", True),
     "jobs": ("/apis/batch/v1", "jobs", True),
     "deployments": ("/apis/apps/v1", "deployments", True),
 }

@@ -125,6 +125,16 @@ class KubeContext:
         items, _ = self.list_in(kind, where, selector(self.tag, job_id))
         return [obj for obj in items if job_id_of(obj, self.tag) == job_id]
 
+    def delete_objects(self, job_id: int, grace: int | None) -> None:
+        """Delete a job's Job or Deployment, its Pods and a gang's Service (found by label)."""
+        for kind in ("services", "jobs", "deployments", "pods"):
+            # The Service first: owned by its Job, it would go with it, but in the garbage
+            # collector's own time, or never when the Job was deleted orphaning it. Pods too:
+            # a Job's are removed by the garbage collector in its own time, and they hold their
+            # GPUs until then.
+            for obj in self.owned(kind, job_id):
+                self.client.delete(kind, self.namespace_of(obj), obj["metadata"]["name"], grace=grace)
+
     def node(self, node: str) -> dict[str, Any]:
         found = self.client.get("nodes", None, node)
         if found is None:

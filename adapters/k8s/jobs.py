@@ -3,7 +3,9 @@
 A job becomes a Job or Deployment (adapters.k8s.render) in its namespace (adapters.k8s.namespaces
 makes it ready), named ``<tag>-<id>`` and labelled with this broker's tag and the job's id, so
 that :meth:`Jobs.find`, cancel and scale find it by label after a crash. A create that meets an
-object of its name already counts as done when the labels prove it is this job's.
+object of its name already counts as done when the labels prove it is this job's. A multi-node
+job (a gang) is an Indexed Job with a headless Service of its name and labels, owned by the Job
+(Kubernetes deletes it with the Job); cancel deletes both.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from broker.core.adapter import (
     SubmitItem,
     submit_each,
 )
-from broker.core.gangs import refuse_multi_node
 from broker.core.gpus import gpu_model
 from broker.core.schemas import JobSpec
 
@@ -41,7 +42,6 @@ class Jobs:
         self.capacity = capacity
 
     def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
-        refuse_multi_node(placement)  # Slurm and Kubernetes gangs: issue 34, not built yet
         ctx = self.ctx
         namespace, tenant = ctx.tenancy.namespace_for(owner)
         if owner is not None:
@@ -78,19 +78,30 @@ class Jobs:
     def _create(self, job_id: int, manifest: Manifest, namespace: str) -> None:
         """Create the job's object; an object of its name that is this job's already (a broker
         killed between this create and its database write) counts as created."""
+        job = self._create_once(job_id, manifest.kind, manifest.body, namespace, manifest.backend_id)
+        if manifest.service is not None:
+            # Owned by the Job, so Kubernetes' garbage collector deletes it with the Job
+            # whoever deletes that; its ranks' names resolve once it is there.
+            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": manifest.name, "uid": job["metadata"]["uid"]}
+            service = {**manifest.service, "metadata": {**manifest.service["metadata"], "ownerReferences": [owner]}}
+            self._create_once(job_id, "services", service, namespace, f"service/{manifest.name}")
+
+    def _create_once(self, job_id: int, kind: str, body: dict, namespace: str, what: str) -> dict:
+        """The object created, or the one of its name that is this job's already."""
         client = self.ctx.client
         try:
-            client.create(manifest.kind, namespace, manifest.body)
+            return client.create(kind, namespace, body)
         except AlreadyExists:
-            existing = client.get(manifest.kind, namespace, manifest.name)
+            existing = client.get(kind, namespace, body["metadata"]["name"])
             if existing is None:  # deleted in between: this create is the one
-                client.create(manifest.kind, namespace, manifest.body)
-            elif job_id_of(existing, self.ctx.tag) != job_id:
+                return client.create(kind, namespace, body)
+            if job_id_of(existing, self.ctx.tag) != job_id:
                 raise Rejected(
-                    f"{manifest.backend_id} exists in namespace {namespace} of {self.ctx.name} but is not "
+                    f"{what} exists in namespace {namespace} of {self.ctx.name} but is not "
                     f"gpush job {job_id} of this broker (labels {(existing['metadata'].get('labels') or {})}): "
                     "delete it, or give this cluster another tag"
                 ) from None
+            return existing
 
     def submit_many(self, items: Sequence[SubmitItem]) -> list[str | AdapterError]:
         """Create a batch on several threads; per item the backend id or the AdapterError."""
@@ -133,11 +144,7 @@ class Jobs:
         ctx = self.ctx
         with ctx.lock:
             ctx.cancelled.add(job_id)
-        for kind in ("jobs", "deployments", "pods"):
-            # Pods too: a Job's are removed by the garbage collector in its own time, and
-            # they hold their GPUs until then.
-            for obj in ctx.owned(kind, job_id):
-                ctx.client.delete(kind, ctx.namespace_of(obj), obj["metadata"]["name"], grace=grace)
+        ctx.delete_objects(job_id, grace)
 
     def find(self, job_id: int) -> BackendJob | None:
         ctx = self.ctx

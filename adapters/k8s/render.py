@@ -29,6 +29,22 @@ What callers may assume:
   1 on a MIG slice or a whole GPU). Device ids are never set: the device plugin
   chooses them, and a job that sets ``CUDA_VISIBLE_DEVICES`` or
   ``NVIDIA_VISIBLE_DEVICES`` itself is refused.
+- **A multi-node job (a gang, ``placement.nodes``)** is an Indexed Job
+  (``completionMode: Indexed``, ``completions = parallelism`` = its nodes, ``backoffLimit``
+  0) beside a headless Service of the same name (:func:`headless_service`) that gives each
+  rank a stable host name, ``<name>-<rank>.<name>`` (the Job controller names each Pod's
+  host ``<name>-<index>``; the template's ``subdomain`` is the Service). Each Pod asks for
+  the per-node request (``units`` whole GPUs or MIG instances), may run only on the gang's
+  nodes (required node affinity on ``metadata.name``) and never beside another rank of it
+  (required Pod anti-affinity on the job's labels, per ``kubernetes.io/hostname``): so the
+  gang holds exactly the nodes gpush chose, one rank each. Which rank lands on which of
+  them is the scheduler's choice (an Indexed Job's Pods share one template, so a rank
+  cannot be pinned to a node by itself); ranks find each other by host name, not node.
+  Each container sees ``MASTER_ADDR`` (rank 0's host name), ``MASTER_PORT``
+  (:data:`MASTER_PORT`), ``NNODES``, ``NPROC_PER_NODE`` (the job's tasks per node),
+  ``WORLD_SIZE`` (nodes x tasks per node) and ``NODE_RANK``, which is
+  ``JOB_COMPLETION_INDEX``, the Pod's completion index (both read from its
+  ``batch.kubernetes.io/job-completion-index`` annotation), as torchrun reads them.
 - **No shell, no root.** ``command`` is the container's argv (a string command was
   already made ``/bin/sh -c ...`` by the job spec, visibly); Pods run as a non-root
   uid without privilege escalation, and mount no service account token unless the
@@ -71,6 +87,12 @@ DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"  # which key of the tim
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 SHARED_SUFFIX = "-SHARED"
+
+# The Job controller's completion index of an Indexed Job's Pod (annotation and label).
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+MASTER_PORT = 29500  # torch.distributed's default rendezvous port
+GANG_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NPROC_PER_NODE", "WORLD_SIZE", "NODE_RANK")
 
 CONTAINER = "job"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -225,6 +247,7 @@ class RenderOptions:
 class Manifest:
     kind: str  # the client's collection: "jobs" or "deployments"
     body: dict[str, Any]
+    service: dict[str, Any] | None = None  # a gang's headless Service, created before the Job
 
     @property
     def name(self) -> str:
@@ -276,6 +299,11 @@ def node_affinity(placement: Placement, products: Sequence[str]) -> dict[str, An
         terms = []
     if terms and products:
         terms = [[*term, _requirement(GFD_PRODUCT, "In", products)] for term in terms]
+    if placement.gang:
+        # Only the gang's nodes, by name (the broker's names are the Nodes' metadata.name).
+        nodes = {"matchFields": [_requirement("metadata.name", "In", placement.nodes)]}
+        selectors = [{"matchExpressions": term, **nodes} for term in terms] or [nodes]
+        return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": selectors}}}
     affinity: dict[str, Any] = {}
     if terms:
         affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
@@ -295,6 +323,55 @@ def environment(job_id: int, spec: JobSpec, placement: Placement, gpu_memory_gb:
     """The container's ``env``: broker.jobenv.environment's variables, sorted by name."""
     env = job_environment(job_id, spec, placement, device_memory_gb=gpu_memory_gb, path=DEFAULT_PATH)
     return [{"name": name, "value": value} for name, value in sorted(env.items())]
+
+
+def gang_environment(name: str, spec: JobSpec, placement: Placement) -> list[dict[str, Any]]:
+    """A gang's rendezvous variables (see the module docstring); the rank is each Pod's own
+    completion index, read from its annotation as the Job controller's JOB_COMPLETION_INDEX is."""
+    index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
+    nodes = len(placement.nodes)
+    return [
+        {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
+        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
+        {"name": "NNODES", "value": str(nodes)},
+        {"name": "NPROC_PER_NODE", "value": str(spec.tasks_per_node)},
+        {"name": "WORLD_SIZE", "value": str(nodes * spec.tasks_per_node)},
+        {"name": "NODE_RANK", "valueFrom": index},
+        {"name": "JOB_COMPLETION_INDEX", "valueFrom": index},
+    ]
+
+
+def gang_anti_affinity(job_id: int, tag: str) -> dict[str, Any]:
+    """No two ranks of a gang on one node."""
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {LABEL_BROKER: tag, LABEL_JOB_ID: str(job_id)}},
+                "topologyKey": HOSTNAME_LABEL,
+            }
+        ]
+    }
+
+
+def headless_service(name: str, job_id: int, metadata: Mapping[str, Any], options: RenderOptions) -> dict[str, Any]:
+    """A gang's headless Service: DNS names for its ranks' Pods, ready or not (a rank resolves
+    rank 0 before rank 0 is ready), no virtual IP, no load balancing."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": options.namespace,
+            "labels": dict(metadata["labels"]),
+            "annotations": dict(metadata["annotations"]),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {LABEL_BROKER: options.tag, LABEL_JOB_ID: str(job_id)},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"}],
+        },
+    }
 
 
 def labels_for(job_id: int, spec: JobSpec, placement: Placement, tag: str) -> dict[str, str]:
@@ -347,10 +424,15 @@ def pod_template(
     limits: dict[str, str] = dict(gpus)
     if spec.memory:
         requests["memory"] = limits["memory"] = quantity_mib(spec.memory)
+    env = environment(job_id, spec, placement, gpu_memory_gb)
+    if placement.gang:
+        name = object_name(options.tag, job_id)
+        env = [v for v in env if v["name"] not in (*GANG_VARIABLES, "JOB_COMPLETION_INDEX")]
+        env += gang_environment(name, spec, placement)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
-        "env": environment(job_id, spec, placement, gpu_memory_gb),
+        "env": env,
         "resources": {"requests": requests, "limits": limits},
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
@@ -377,6 +459,9 @@ def pod_template(
     if options.node_selector:
         pod["nodeSelector"] = dict(options.node_selector)
     affinity = node_affinity(placement, products)
+    if placement.gang:
+        affinity = {**(affinity or {}), "podAntiAffinity": gang_anti_affinity(job_id, options.tag)}
+        pod["subdomain"] = object_name(options.tag, job_id)  # the headless Service: <name>-<rank>.<name>
     if affinity:
         pod["affinity"] = affinity
     labels = {**_check_user_labels(spec.labels), **labels_for(job_id, spec, placement, options.tag)}
@@ -405,6 +490,11 @@ def render(
         raise Rejected(f"a placement of {placement.replicas} replicas: the broker must ask for at least one")
     name = object_name(options.tag, job_id)
     elastic = spec.elastic is not None
+    if placement.gang and (elastic or placement.sharing == Sharing.K8S_TIMESLICE):
+        raise Rejected(
+            f"a job on {len(placement.nodes)} nodes runs whole GPUs or MIG slices on each, as one Indexed Job: "
+            "not elastic replicas nor time-sliced GPUs; submit it with nodes 1"
+        )
     template = pod_template(
         job_id,
         spec,
@@ -434,13 +524,24 @@ def render(
             },
         }
         return Manifest("deployments", body)
+    pods = len(placement.nodes) if placement.gang else placement.replicas
     job_spec: dict[str, Any] = {
+        # 0 for a gang above all: one rank that fails or is lost fails the Job, whose
+        # controller then stops the other ranks; none is ever replaced on its own.
         "backoffLimit": 0,
-        "parallelism": placement.replicas,
-        "completions": placement.replicas,
+        "parallelism": pods,
+        "completions": pods,
         "template": template,
     }
+    if placement.gang:
+        job_spec["completionMode"] = "Indexed"
+        # A rank disrupted (its node gone, an eviction) fails the Job saying so in its own
+        # condition, which the adapter reads as a loss to queue again, not the job's failure.
+        job_spec["podFailurePolicy"] = {
+            "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+        }
     if spec.time_limit:
         job_spec["activeDeadlineSeconds"] = parse_time_limit(spec.time_limit)
     body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
-    return Manifest("jobs", body)
+    service = headless_service(name, job_id, metadata, options) if placement.gang else None
+    return Manifest("jobs", body, service)

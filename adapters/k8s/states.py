@@ -23,7 +23,20 @@ Deployment, no replica ready                  PENDING     the first Pod's reason
 object deleted by gpush (cancel)              CANCELLED   cancelled by gpush
 object deleted by someone else, had started   CANCELLED   deleted in Kubernetes, not by gpush
 object deleted by someone else, never started LOST        (the broker queues it again)
+a gang's started rank lost (Pod deleted, or   RUNNING     rank 1 lost …: stopping the whole gang
+failed with DisruptionTarget), Job not done               (the adapter deletes the Job, its Pods and
+                                                          Service: :attr:`Observed.lost_rank`)
+... then its Job deleted                      LOST        rank 1 lost …: the whole gang was stopped
+                                                          and queued again
 ============================================  ==========  ==========================================
+
+A gang (a multi-node job: an Indexed Job of several completions) runs all of its ranks or
+none: a rank that exits non-zero fails the Job (``backoffLimit`` 0, reported FAILED as
+above) and the Job controller stops the others; a rank lost to its node (deleted with it,
+or failed with a ``DisruptionTarget`` condition, as the Pod garbage collector marks Pods of
+a node that went, which the Job's Pod failure policy turns into a ``PodFailurePolicy``
+failure naming it) is never replaced alone: the adapter stops the whole gang and reports
+it LOST once its Job is gone, so the broker places it again.
 
 A Job's Pods fail the Job at once (``backoffLimit`` 0), so a failed Pod is reported
 failed before the Job controller writes its condition; a Job created by someone else
@@ -38,6 +51,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from adapters.k8s.render import COMPLETION_INDEX
 from broker.core.adapter import BackendJob, BackendState
 
 OOM_REASON = "OOMKilled: the job used more GPU or host memory than its limit"
@@ -63,10 +77,55 @@ class Observed:
     deleted: bool = False  # its Job or Deployment was deleted
     cancelled: bool = False  # ... by gpush
     started: bool = False  # a container of it ever ran
+    # A gang whose started rank was lost: why (the adapter stops the gang, then reports it LOST);
+    # and whether only by its Pod's deletion (which the Job controller also does to a gang that ended).
+    lost_rank: str | None = None
+    lost_by_deletion: bool = False
 
     @property
     def owner(self) -> dict[str, Any] | None:
         return self.job or self.deployment
+
+    @property
+    def gang(self) -> bool:
+        spec = (self.job or {}).get("spec") or {}
+        return spec.get("completionMode") == "Indexed" and int(spec.get("completions") or 1) > 1
+
+    def note_job(self, job: dict[str, Any]) -> None:
+        """Record the Job's new state, and whether its Pod failure policy says a rank was disrupted
+        (seen before, or without, that rank's Pod: the Pod may be gone already)."""
+        self.job = job
+        if self.lost_rank is not None or self.cancelled or not self.gang:
+            return
+        for kind in ("FailureTarget", "Failed"):
+            cond = condition(job, kind)
+            message = str((cond or {}).get("message") or "")
+            found = _DISRUPTED.match(message) if cond and cond.get("reason") == "PodFailurePolicy" else None
+            if found:
+                pod = self.pods.get(found.group(1))
+                name = (job.get("metadata") or {}).get("name", "")
+                rank = _index_in_name(found.group(1), name)
+                where = _rank_where(pod) if pod else f"rank {rank if rank is not None else '?'} lost"
+                self.lost_rank = f"{where} ({message})"
+                return
+
+    def note_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
+        """Record a Pod's new state (``deleted``: it is gone), and whether it cost a gang a rank."""
+        name = (pod.get("metadata") or {}).get("name", "")
+        if deleted:
+            self.pods.pop(name, None)
+        else:
+            self.pods[name] = pod
+        if self.lost_rank is not None or self.cancelled or not self.gang:
+            return
+        if disrupted := rank_disrupted(pod):
+            self.lost_rank = disrupted  # whatever the Job made of it (backoffLimit 0 fails it)
+        elif deleted and not _finished(self.job):
+            # A rank that failed on its own fails the gang, whose other ranks the Job
+            # controller then deletes: those deletions are not losses.
+            if not any(failure(p) is not None and not condition(p, "DisruptionTarget") for p in self.pods.values()):
+                self.lost_rank = rank_deleted(pod)
+                self.lost_by_deletion = self.lost_rank is not None
 
     def note_started(self) -> None:
         if any(pod_started(p) for p in self.pods.values()):
@@ -90,6 +149,43 @@ def condition(obj: Mapping[str, Any] | None, kind: str) -> dict[str, Any] | None
         if cond.get("type") == kind and str(cond.get("status")) == "True":
             return cond
     return None
+
+
+# The Job controller's message for a Pod failure policy rule on a Pod condition (pod_failure_policy.go).
+_DISRUPTED = re.compile(r"^Pod [^/\s]+/(\S+) has condition DisruptionTarget matching FailJob rule")
+
+
+def _index_in_name(pod_name: str, job_name: str) -> int | None:
+    """The completion index in an Indexed Job's Pod name, ``<job>-<index>-<suffix>``."""
+    middle = pod_name.removeprefix(f"{job_name}-").rsplit("-", 1)[0]
+    return int(middle) if middle.isdigit() else None
+
+
+def _finished(job: Mapping[str, Any] | None) -> bool:
+    return any(condition(job, kind) for kind in ("Complete", "Failed", "FailureTarget"))
+
+
+def _rank_where(pod: Mapping[str, Any]) -> str:
+    rank = ((pod.get("metadata") or {}).get("annotations") or {}).get(COMPLETION_INDEX, "?")
+    node = (pod.get("spec") or {}).get("nodeName")
+    return f"rank {rank} lost" + (f" on node {node}" if node else "")
+
+
+def rank_disrupted(pod: Mapping[str, Any]) -> str | None:
+    """Why a gang's rank is lost when its Pod failed by a disruption (its node went, an eviction
+    by the API), which Kubernetes marks with a ``DisruptionTarget`` condition; else None (a rank
+    that exits non-zero fails the Job: that is the job's failure, not a loss)."""
+    disrupted = condition(pod, "DisruptionTarget")
+    if disrupted is None or (pod.get("status") or {}).get("phase") != "Failed":
+        return None
+    return f"{_rank_where(pod)} ({disrupted.get('message') or disrupted.get('reason') or 'a disruption'})"
+
+
+def rank_deleted(pod: Mapping[str, Any]) -> str | None:
+    """Why a gang's rank is lost when its Pod was deleted: it had started and not succeeded."""
+    if not pod_started(pod) or (pod.get("status") or {}).get("phase") == "Succeeded":
+        return None
+    return f"{_rank_where(pod)} (its Pod {(pod.get('metadata') or {}).get('name')} was deleted)"
 
 
 def _containers(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -218,6 +314,9 @@ def backend_job(job_id: int, backend_id: str, seen: Observed, cluster: str = "Ku
     if seen.deleted:
         if seen.cancelled:
             return BackendJob(job_id, backend_id, BackendState.CANCELLED, reason="cancelled by gpush")
+        if seen.lost_rank:
+            why = f"{seen.lost_rank}: the whole gang was stopped and queued again"
+            return BackendJob(job_id, backend_id, BackendState.LOST, reason=why)
         if seen.started:
             return BackendJob(job_id, backend_id, BackendState.CANCELLED, reason=f"deleted in {cluster}, not by gpush")
         return BackendJob(
@@ -230,6 +329,10 @@ def backend_job(job_id: int, backend_id: str, seen: Observed, cluster: str = "Ku
         return _deployment_state(job_id, backend_id, seen.deployment, pods)
     job = seen.job or {}
     status = job.get("status") or {}
+    if seen.lost_rank:
+        # Whatever its Job says by now (a lost rank may fail it), the adapter is stopping it.
+        why = f"{seen.lost_rank}: stopping the whole gang to queue it again"
+        return BackendJob(job_id, backend_id, BackendState.RUNNING, reason=why)
     done = condition(job, "Complete")
     if done is not None:
         node = next(((p.get("spec") or {}).get("nodeName") for p in pods), None)

@@ -18,7 +18,7 @@ from typing import Any
 from adapters.k8s.client import Gone, WatchBatch
 from adapters.k8s.context import KubeContext
 from adapters.k8s.render import job_id_of, selector
-from adapters.k8s.states import Observed, backend_job
+from adapters.k8s.states import Observed, backend_job, condition
 from broker.core.adapter import BackendJob, BackendState, Rejected, StatusPage
 
 WATCHED = ("pods", "jobs", "deployments")
@@ -54,6 +54,7 @@ class StatusTracker:
         self._versions: dict[str, str] | None = None  # what the last status page's cursor said
         self._reported: dict[int, tuple[BackendState, str | None]] = {}
         self._gone: set[int] = set()  # jobs whose object was deleted: their Pods' events are late news
+        self._stopping: set[int] = set()  # gangs that lost a rank, whose objects this process deleted
 
     def statuses(self, cursor: str | None = None) -> StatusPage:
         with self._status_lock:
@@ -98,13 +99,25 @@ class StatusTracker:
                     continue
                 seen = fresh.setdefault(job_id, Observed())
                 setattr(seen, "job" if kind == "jobs" else "deployment", obj)
+        for job_id, seen in fresh.items():
+            seen.cancelled = job_id in cancelled
+            if job_id in old:
+                was = old[job_id]
+                seen.started, seen.lost_rank, seen.lost_by_deletion = was.started, was.lost_rank, was.lost_by_deletion
+                seen.pods = dict(old[job_id].pods)  # what changed since is told by note_pod
         for pod in listed["pods"]:
             job_id = job_id_of(pod, ctx.tag)
             if job_id in fresh:
-                fresh[job_id].pods[pod["metadata"]["name"]] = pod
-        for job_id, seen in fresh.items():
-            seen.started = old[job_id].started if job_id in old else False
-            seen.cancelled = job_id in cancelled
+                fresh[job_id].note_pod(pod)
+        for seen in fresh.values():
+            if seen.job is not None:
+                seen.note_job(seen.job)
+        listed_pods = {p["metadata"]["name"] for p in listed["pods"]}
+        for seen in fresh.values():
+            for name, pod in list(seen.pods.items()):
+                if name not in listed_pods:  # deleted while the watch was away
+                    seen.note_pod(pod, deleted=True)
+        for seen in fresh.values():
             seen.note_started()
         changed = set(fresh)
         # Known to this process but gone from the cluster: deleted while the watch was away.
@@ -181,15 +194,12 @@ class StatusTracker:
                 job_id = job_id_of(event.object, ctx.tag)
                 if job_id is None:
                     continue
-                name = (event.object.get("metadata") or {}).get("name", "")
                 if kind == "pods":
                     if job_id in self._gone or job_id not in self._seen:
                         continue
                     seen = self._seen[job_id]
-                    if event.type == "DELETED":
-                        seen.pods.pop(name, None)
-                    else:
-                        seen.pods[name] = event.object
+                    seen.cancelled = seen.cancelled or job_id in cancelled
+                    seen.note_pod(event.object, deleted=event.type == "DELETED")
                 else:
                     seen = self._observed(job_id)
                     attribute = "job" if kind == "jobs" else "deployment"
@@ -200,7 +210,11 @@ class StatusTracker:
                     else:
                         if seen.deleted:  # submitted again (a lost job back from the queue)
                             seen = self._seen[job_id] = Observed()
-                        setattr(seen, attribute, event.object)
+                        if kind == "jobs":
+                            seen.cancelled = seen.cancelled or job_id in cancelled
+                            seen.note_job(event.object)
+                        else:
+                            seen.deployment = event.object
                         self._gone.discard(job_id)
                 seen.note_started()
                 changed.add(job_id)
@@ -228,6 +242,8 @@ class StatusTracker:
             seen = self._seen.get(job_id)
             if seen is None or (seen.owner is None and not seen.deleted):
                 continue
+            if seen.lost_rank and not seen.deleted and job_id not in self._stopping:
+                self._stop_gang(job_id, seen)
             backend = backend_job(job_id, ctx.backend_id(job_id, seen), seen, ctx.name)
             key = (backend.state, backend.reason)
             if report_all or self._reported.get(job_id) != key:
@@ -237,6 +253,25 @@ class StatusTracker:
                 # Reported once; later Pod events of it are ignored (``_gone``).
                 self._seen.pop(job_id, None)
                 self._reported.pop(job_id, None)
+                self._stopping.discard(job_id)
                 with ctx.lock:
                     ctx.cancelled.discard(job_id)
         return out
+
+    def _stop_gang(self, job_id: int, seen: Observed) -> None:
+        """A gang lost a rank: delete its Job, Pods and Service, never leaving the other ranks
+        running without it; its Job's deletion is then reported LOST (adapters.k8s.states).
+        Its Job is read again first: one that finished meanwhile (the ranks deleted by the Job
+        controller once it failed or completed) lost nothing, unless a rank was disrupted."""
+        ctx = self.ctx
+        job = seen.job or {}
+        fresh = ctx.client.get("jobs", ctx.namespace_of(job), job["metadata"]["name"]) if job else None
+        if fresh is not None:
+            seen.job = fresh
+            if seen.lost_by_deletion and any(condition(fresh, k) for k in ("Complete", "Failed", "FailureTarget")):
+                seen.lost_rank, seen.lost_by_deletion = None, False
+                seen.note_job(fresh)  # unless the Job says a rank was disrupted
+                if seen.lost_rank is None:
+                    return
+        self._stopping.add(job_id)
+        ctx.delete_objects(job_id, grace=None)

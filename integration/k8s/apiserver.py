@@ -512,7 +512,7 @@ class ApiServerApp:
             entry = self.store.delete(
                 rt, ns, name, propagation=propagation, preconditions=preconditions, dry_run=self._dry_run(query)
             )
-            if rt.key == "pods":
+            if rt.key in ("pods", "services"):  # registries with ReturnDeletedObject: the object as deleted
                 return self._object(rt, version, entry)
             return _status_success(rt, entry)
         raise method_not_allowed()

@@ -304,6 +304,9 @@ def pod_spec_errors(rt: ResourceType, spec: Any, path: str) -> list[FieldError]:
     policy = spec.get("restartPolicy")
     if policy not in ("Always", "OnFailure", "Never"):
         errors.append(unsupported(f"{path}.restartPolicy", policy, ["Always", "OnFailure", "Never"]))
+    for field in ("hostname", "subdomain"):  # the Pod's DNS name <hostname>.<subdomain> (a headless Service)
+        if spec.get(field):
+            errors.extend(name_errors(str(spec[field]), "label", f"{path}.{field}"))
     return errors
 
 
@@ -512,6 +515,8 @@ def _workload_errors(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] 
         value = spec.get(field)
         if isinstance(value, int) and value < 0:
             errors.append(invalid_value(f"spec.{field}", value, "must be greater than or equal to 0"))
+    if rt.kind == "Job":
+        errors.extend(_completion_mode_errors(spec, old))
     if old is not None:
         old_spec = old.get("spec") or {}
         if spec.get("selector") != old_spec.get("selector"):
@@ -521,6 +526,32 @@ def _workload_errors(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] 
                 errors.append(FieldError("spec.template", "Invalid value", "field is immutable"))
             if spec.get("completions") != old_spec.get("completions"):
                 errors.append(immutable("spec.completions", spec.get("completions")))
+    return errors
+
+
+def _completion_mode_errors(spec: dict[str, Any], old: dict[str, Any] | None) -> list[FieldError]:
+    """batch/v1 validation of ``completionMode`` (apis/batch/validation): Indexed needs
+    ``completions``; the mode cannot change. A ``podFailurePolicy`` needs ``restartPolicy: Never``
+    and known actions."""
+    mode = spec.get("completionMode") or "NonIndexed"
+    if mode not in ("NonIndexed", "Indexed"):
+        return [unsupported("spec.completionMode", mode, ["NonIndexed", "Indexed"])]
+    errors = []
+    if mode == "Indexed" and spec.get("completions") is None:
+        errors.append(required("spec.completions", "when completion mode is Indexed"))
+    if old is not None and mode != ((old.get("spec") or {}).get("completionMode") or "NonIndexed"):
+        errors.append(immutable("spec.completionMode", mode))
+    policy = spec.get("podFailurePolicy")
+    if isinstance(policy, dict):
+        restart = ((spec.get("template") or {}).get("spec") or {}).get("restartPolicy")
+        if restart != "Never":
+            detail = 'only "Never" is supported when podFailurePolicy is specified'
+            errors.append(invalid_value("spec.template.spec.restartPolicy", restart, detail))
+        for i, rule in enumerate(policy.get("rules") or ()):
+            action = (rule or {}).get("action")
+            if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
+                actions = ["Count", "FailIndex", "FailJob", "Ignore"]
+                errors.append(unsupported(f"spec.podFailurePolicy.rules[{i}].action", action, actions))
     return errors
 
 

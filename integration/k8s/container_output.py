@@ -6,7 +6,10 @@ comes from the command, read the way the container would run it, as far as that 
 without running anything:
 
 - Kubernetes' own ``$(VAR)`` references in ``command`` and ``args`` are expanded from the
-  container's ``env`` (``$$`` escapes), as the kubelet does; ``HOSTNAME`` is the Pod's name.
+  container's ``env`` (``$$`` escapes), as the kubelet does; ``HOSTNAME`` is the Pod's host name
+  (``spec.hostname``, else its name). A variable ``valueFrom`` a ``fieldRef`` reads the Pod's
+  field as the kubelet's downward API does (``metadata.annotations['KEY']``, ``metadata.labels['KEY']``,
+  ``metadata.name``, ``metadata.namespace``, ``spec.nodeName``, ...); other sources are unknown.
 - ``echo ...`` prints its arguments (``-n``: no newline).
 - ``sh -c SCRIPT`` (bash, dash, ash; flags such as ``-ec``) runs a simple script: commands separated
   by ``;``, ``&&``, ``||``, ``&`` or newlines; ``echo`` prints, with ``$VAR``/``${VAR}`` expanded in
@@ -92,22 +95,48 @@ def expand_references(text: str, env: Mapping[str, str]) -> str:
     return _REFERENCE.sub(one, text)
 
 
-def container_env(container: Mapping, pod_name: str) -> dict[str, str]:
-    """The variables a container sees that the simulator can know: its literal ``env`` values
-    (``valueFrom`` cannot be resolved here) and ``HOSTNAME``, the Pod's name."""
-    env = {"HOSTNAME": pod_name, "HOME": "/root", "PATH": _PATH}
+_FIELD_MAP = re.compile(r"^metadata\.(annotations|labels)\['([^']+)'\]\Z")
+
+
+def pod_field(pod: Mapping, path: str) -> str | None:
+    """A downward API ``fieldRef``'s value in ``pod``, or None when the simulator cannot tell it."""
+    mapped = _FIELD_MAP.match(path)
+    metadata = pod.get("metadata") or {}
+    if mapped:
+        value = (metadata.get(mapped.group(1)) or {}).get(mapped.group(2))
+        return value if isinstance(value, str) else ""  # the kubelet gives "" for a missing key
+    parts = path.split(".")
+    if len(parts) != 2 or parts[0] not in ("metadata", "spec", "status"):
+        return None
+    value = (pod.get(parts[0]) or {}).get(parts[1])
+    return str(value) if isinstance(value, (str, int)) else None
+
+
+def container_env(container: Mapping, pod_name: str, pod: Mapping | None = None) -> dict[str, str]:
+    """The variables a container sees that the simulator can know: its literal ``env`` values,
+    those from a ``fieldRef`` of ``pod`` (others of ``valueFrom`` cannot be resolved here), and
+    ``HOSTNAME``, the Pod's host name."""
+    hostname = ((pod or {}).get("spec") or {}).get("hostname") or pod_name
+    env = {"HOSTNAME": hostname, "HOME": "/root", "PATH": _PATH}
     for var in container.get("env") or ():
-        if isinstance(var, Mapping) and isinstance(var.get("name"), str) and isinstance(var.get("value"), str):
+        if not isinstance(var, Mapping) or not isinstance(var.get("name"), str):
+            continue
+        if isinstance(var.get("value"), str):
             env[var["name"]] = expand_references(var["value"], env)
+        elif pod is not None and (path := ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")):
+            value = pod_field(pod, str(path))
+            if value is not None:
+                env[var["name"]] = value
     return env
 
 
-def program_output(container: Mapping, pod_name: str) -> list[Line]:
-    """What ``container`` prints when it runs in Pod ``pod_name`` (see the module docstring)."""
+def program_output(container: Mapping, pod_name: str, pod: Mapping | None = None) -> list[Line]:
+    """What ``container`` prints when it runs in Pod ``pod_name`` (``pod``: the Pod, whose fields
+    its ``fieldRef`` variables read; see the module docstring)."""
     command = [str(a) for a in container.get("command") or ()]
     if not command:
         return []  # the image's entrypoint runs: what it prints is unknown
-    env = container_env(container, pod_name)
+    env = container_env(container, pod_name, pod)
     argv = [expand_references(a, env) for a in [*command, *(str(a) for a in container.get("args") or ())]]
     out = _Output()
     try:

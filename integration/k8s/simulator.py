@@ -39,20 +39,28 @@ processed twice at once and every controller can be re-driven from its cache):
   at the end its annotations give it; the log of each run (and of the one before a restart) is
   served at ``/containerLogs`` by integration/k8s/kubelet_server.py, which the nodes' ``InternalIP``
   and kubelet port name, so an API server's ``pods/log`` (``kubectl logs``) reaches it.
-- ``JobController`` (batch/v1): ``min(parallelism, completions - succeeded)`` pods from the
-  template, labelled ``batch.kubernetes.io/controller-uid``/``job-name`` (and the legacy
-  ``controller-uid``/``job-name``), owned by the Job; failed pods are replaced after a back-off until
-  failures exceed ``backoffLimit`` (default 6; restarts count under ``OnFailure``); then
-  ``FailureTarget`` + ``Failed`` with reason ``BackoffLimitExceeded``; ``activeDeadlineSeconds``
+- ``JobController`` (batch/v1): ``min(parallelism, completions - succeeded)`` pods from the template
+  (``completionMode: Indexed``: one per index not yet succeeded, lowest first, named
+  ``<job>-<index>-<xxxxx>`` with the index in the ``batch.kubernetes.io/job-completion-index``
+  annotation and label, ``JOB_COMPLETION_INDEX`` from it in every container, host name
+  ``<job>-<index>``, and ``status.completedIndexes``; a Job completes once every index did),
+  labelled ``batch.kubernetes.io/controller-uid``/``job-name`` (and the legacy
+  ``controller-uid``/``job-name``), owned by the Job; failed pods are replaced after a back-off
+  until failures exceed ``backoffLimit`` (default 6; restarts count under ``OnFailure``); then
+  ``FailureTarget`` + ``Failed`` with reason ``BackoffLimitExceeded`` (a ``podFailurePolicy``
+rule on a pod condition or exit code first: ``FailJob`` fails it with reason ``PodFailurePolicy``,
+``Ignore`` does not count the failure); ``activeDeadlineSeconds``
   gives ``DeadlineExceeded``; success gives ``SuccessCriteriaMet`` + ``Complete`` (v1.31+ shape)
-  with ``completionTime``. Status goes through the status subresource.
+  with ``completionTime``. Status goes through the status subresource, written before the pods of a
+  Job that ended are deleted (the ``FailureTarget``/``SuccessCriteriaMet`` order of v1.31).
 - ``DeploymentController`` (apps/v1): keeps ``spec.replicas`` pods of the current template
   (``pod-template-hash`` label), scales up and down (the scale subresource only changes
   ``spec.replicas``), deletes pods of an older template at once (Recreate, not RollingUpdate),
   reports replicas/updated/ready/available and the Available/Progressing conditions.
 - ``GarbageCollector``: deletes pods whose Job or Deployment owners are all gone, honours the
   ``foregroundDeletion`` and ``orphan`` finalizers on those owners, and deletes pods bound to a
-  simulated node that was deleted.
+  simulated node that was deleted, first marking them Failed with a ``DisruptionTarget``
+  condition (``DeletionByPodGC``) as the Pod garbage collector does.
 - ``DevicePlugin``: watches the ClusterPolicy (``nvidia.com/v1 clusterpolicies``,
   ``spec.devicePlugin.config.{name,default}``) and the ConfigMaps of the operator namespace, picks
   a config per node (label ``nvidia.com/device-plugin.config``, else the default, else the pool's
@@ -63,15 +71,18 @@ processed twice at once and every controller can be re-driven from its cache):
   and reports ``pending``, ``success`` or ``failed`` in ``nvidia.com/mig.config.state``.
 
 Approximated, on purpose: no ReplicaSets (Deployment pods are owned by the Deployment; their names
-still look like ``<deploy>-<hash>-<xxxxx>``); no preemption, priorities, pod (anti-)affinity,
-topology spread, volumes or ports; scoring is LeastAllocated on cpu and memory over a small sample
-of feasible nodes from a rotating start; one exit code or OOM applies to every container of a pod;
-``OnFailure`` Job pods fail the Job through restarts like the real controller but never become
-Failed pods themselves; Job pod names are chosen client-side, not by ``generateName``; pods are not
-held by the ``batch.kubernetes.io/job-tracking`` finalizer, so counts are the larger of the status
-and the pods that still exist; node leases and heartbeats are not renewed; a ConfigMap edit takes
-effect at once (the real device plugin may need a restart for a content change, though it follows
-the node label); delays are short by default (``Timings``) and all divided by ``speed``.
+still look like ``<deploy>-<hash>-<xxxxx>``); no preemption, priorities, pod affinity, topology
+spread, volumes or ports; of pod anti-affinity only the incoming pod's required terms (a node in the
+``topologyKey`` domain of a pod they select is filtered out, ``node(s) didn't match pod
+anti-affinity rules``), not existing pods' terms against it; scoring is LeastAllocated on cpu and
+memory over a small sample of feasible nodes from a rotating start; one exit code or OOM applies to
+every container of a pod; ``OnFailure`` Job pods fail the Job through restarts like the real
+controller but never become Failed pods themselves; Job pod names are chosen client-side, not by
+``generateName``; pods are not held by the ``batch.kubernetes.io/job-tracking`` finalizer, so counts
+are the larger of the status and the pods that still exist; node leases and heartbeats are not
+renewed; a ConfigMap edit takes effect at once (the real device plugin may need a restart for a
+content change, though it follows the node label); delays are short by default (``Timings``) and all
+divided by ``speed``.
 """
 
 from __future__ import annotations
@@ -133,6 +144,7 @@ TERMINAL = ("Succeeded", "Failed")
 MERGE = "application/merge-patch+json"
 JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 JOB_NAME = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # annotation and label of an Indexed Job's Pod
 POD_TEMPLATE_HASH = "pod-template-hash"
 CLUSTER_POLICY = ("nvidia.com", "v1", "clusterpolicies")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery rand.String's alphabet
@@ -269,6 +281,13 @@ def _expression_matches(expr: Mapping, labels: Mapping[str, str]) -> bool:
             return False
         return have > want if op == "Gt" else have < want
     return False
+
+
+def _selects(selector: Mapping, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions) over ``labels``; an empty one selects all."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(_expression_matches(e, labels) for e in selector.get("matchExpressions") or ())
 
 
 def matches_node(spec: Mapping, node_name: str, labels: Mapping[str, str]) -> bool:
@@ -799,7 +818,8 @@ class Scheduler:
     2. compute its requests (``pod_requests``);
     3. filter nodes in the default plugins' order: NodeUnschedulable, TaintToleration, NodeAffinity,
        NodeResourcesFit (pods, then each requested resource) against the free resources kept in
-       memory, which count every bound non-terminal pod (terminating ones too) and every assumed pod;
+       memory, which count every bound non-terminal pod (terminating ones too) and every assumed pod,
+       then InterPodAffinity (the pod's required anti-affinity terms);
     4. take the least allocated (cpu, memory) of the first ``sample`` feasible nodes from a rotating
        start, over the nodes that offer the pod's scarcest extended resource;
     5. assume the pod there and bind it on the write pool; a failed binding forgets the assumption
@@ -823,6 +843,7 @@ class Scheduler:
         self._requested: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._bound: dict[str, tuple[str, dict[str, int]]] = {}
         self._assumed: dict[str, tuple[str, dict[str, int]]] = {}
+        self._labels: dict[str, tuple[str, dict[str, str]]] = {}  # uid -> (namespace, labels), bound or assumed
         self._active: deque[str] = deque()
         self._queued: set[str] = set()
         self._parked: dict[str, str] = {}  # pod key -> uid
@@ -874,6 +895,7 @@ class Scheduler:
                     self._charge(assumed[0], assumed[1], -1)
                 self._charge(node, req, +1)
                 self._bound[uid] = (node, req)
+                self._labels[uid] = (md.get("namespace", ""), dict(md.get("labels") or {}))
                 self._parked.pop(key, None)
                 self._reported.pop(uid, None)
                 return
@@ -884,6 +906,8 @@ class Scheduler:
                 if held:
                     self._charge(held[0], held[1], -1)
                     freed = True
+            if uid not in self._bound and uid not in self._assumed:
+                self._labels.pop(uid, None)
             if kind == "DELETED":
                 self._parked.pop(key, None)
                 self._reported.pop(uid, None)
@@ -963,6 +987,8 @@ class Scheduler:
                 spec.get("nodeSelector"),
                 (spec.get("affinity") or {}).get("nodeAffinity"),
                 spec.get("tolerations"),
+                (spec.get("affinity") or {}).get("podAntiAffinity"),
+                _meta(pod).get("namespace") if (spec.get("affinity") or {}).get("podAntiAffinity") else None,
             ],
             sort_keys=True,
         )
@@ -970,15 +996,17 @@ class Scheduler:
             if uid in self._assumed or uid in self._bound:
                 return
             cached = self._failures.get(signature)
-            node = None if cached and cached[0] == self._freed else self._select(spec, req)
+            blocked = self._anti_affinity_blocked(spec, _meta(pod).get("namespace", ""))
+            node = None if cached and cached[0] == self._freed else self._select(spec, req, blocked)
             if node is not None:
                 self._assumed[uid] = (node, req)
+                self._labels[uid] = (_meta(pod).get("namespace", ""), dict(_meta(pod).get("labels") or {}))
                 self._charge(node, req, +1)
             else:
                 if cached and cached[0] == self._freed:
                     message = cached[1]
                 else:
-                    message = self._fit_error(spec, req)
+                    message = self._fit_error(spec, req, blocked)
                     self._failures[signature] = (self._freed, message)
                     if len(self._failures) > 10_000:
                         self._failures.clear()
@@ -1005,7 +1033,33 @@ class Scheduler:
         self._by_resource = dict(by_resource)
         self._index_dirty = False
 
-    def _reasons(self, spec: Mapping, req: Mapping[str, int], info: _NodeInfo) -> tuple[list[str], bool]:
+    def _anti_affinity_blocked(self, spec: Mapping, namespace: str) -> frozenset[str]:
+        """Nodes the pod's required pod anti-affinity keeps it off: those in the topology domain
+        (the node label ``topologyKey``) of a bound or assumed pod its term selects (the term's
+        namespaces, else the pod's own). The other direction (an existing pod's anti-affinity
+        against this one) is not played."""
+        terms = ((spec.get("affinity") or {}).get("podAntiAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or []
+        blocked: set[str] = set()
+        for term in terms:
+            key = term.get("topologyKey") or ""
+            namespaces = set(term.get("namespaces") or ()) or {namespace}
+            selector = term.get("labelSelector") or {}
+            domains: set[str] = set()
+            for uid, (ns, labels) in self._labels.items():
+                held = self._bound.get(uid) or self._assumed.get(uid)
+                if held is None or ns not in namespaces or not _selects(selector, labels):
+                    continue
+                node = self._nodes.get(held[0])
+                if node is not None and key in node.labels:
+                    domains.add(node.labels[key])
+            blocked.update(name for name, info in self._nodes.items() if info.labels.get(key) in domains)
+        return frozenset(blocked)
+
+    def _reasons(
+        self, spec: Mapping, req: Mapping[str, int], info: _NodeInfo, blocked: frozenset[str] = frozenset()
+    ) -> tuple[list[str], bool]:
         """Why ``info`` cannot take the pod (empty if it can), and whether eviction could never help."""
         tolerations = spec.get("tolerations") or []
         if info.unschedulable and not _tolerates(
@@ -1027,9 +1081,11 @@ class Scheduler:
             if used.get(r, 0) + v > have:
                 reasons.append(f"Insufficient {r}")
                 unresolvable = unresolvable or v > have
+        if not reasons and info.name in blocked:  # InterPodAffinity filters after NodeResourcesFit
+            return ["node(s) didn't match pod anti-affinity rules"], False
         return reasons, unresolvable
 
-    def _select(self, spec: Mapping, req: Mapping[str, int]) -> str | None:
+    def _select(self, spec: Mapping, req: Mapping[str, int], blocked: frozenset[str] = frozenset()) -> str | None:
         self._refresh_index()
         extended = [r for r in req if "/" in r]
         if extended:
@@ -1046,7 +1102,7 @@ class Scheduler:
             info = self._nodes.get(candidates[(start + i) % n])
             if info is None:
                 continue
-            reasons, _ = self._reasons(spec, req, info)
+            reasons, _ = self._reasons(spec, req, info, blocked)
             if reasons:
                 continue
             used = self._requested.get(info.name, {})
@@ -1062,14 +1118,14 @@ class Scheduler:
                 break
         return best
 
-    def _fit_error(self, spec: Mapping, req: Mapping[str, int]) -> str:
+    def _fit_error(self, spec: Mapping, req: Mapping[str, int], blocked: frozenset[str] = frozenset()) -> str:
         n = len(self._nodes)
         if n == 0:
             return "no nodes available to schedule pods"
         reasons: dict[str, int] = defaultdict(int)
         verdicts: dict[str, int] = defaultdict(int)
         for info in self._nodes.values():
-            node_reasons, unresolvable = self._reasons(spec, req, info)
+            node_reasons, unresolvable = self._reasons(spec, req, info, blocked)
             for r in node_reasons:
                 reasons[r] += 1
             if unresolvable or not node_reasons:
@@ -1252,7 +1308,7 @@ class Kubelet:
         ]
 
     def _container_log(self, pod: Mapping, container: Mapping, started: float | None = None) -> ContainerLog:
-        lines = program_output(container, _meta(pod).get("name", ""))
+        lines = program_output(container, _meta(pod).get("name", ""), pod)
         return ContainerLog(lines, started=started, speed=self.c.speed)
 
     def container_log(self, namespace: str, name: str, container: str, previous: bool) -> ContainerLog:
@@ -1677,8 +1733,15 @@ class JobController(_PodOwnerController):
             if (p := self.c.pods.get(k)) and (_controller_ref(p) or {}).get("uid") == uid
         ]
         active = [p for p in pods if _phase(p) not in TERMINAL and not _meta(p).get("deletionTimestamp")]
+        indexed = spec.get("completionMode") == "Indexed"
+        completed = _completed_indexes(status, pods) if indexed else set()
         succeeded = max(sum(_phase(p) == "Succeeded" for p in pods), status.get("succeeded") or 0)
-        failed = max(sum(_phase(p) == "Failed" for p in pods), status.get("failed") or 0)
+        if indexed:
+            succeeded = len(completed)  # each index once, however many of its Pods succeeded
+        fail_job, ignored = _pod_failure_policy(spec, [p for p in pods if _phase(p) == "Failed"])
+        failed = max(
+            sum(_phase(p) == "Failed" and _meta(p).get("name") not in ignored for p in pods), status.get("failed") or 0
+        )
         finished = any(
             c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
             for c in status.get("conditions") or []
@@ -1715,17 +1778,18 @@ class JobController(_PodOwnerController):
 
         deadline = spec.get("activeDeadlineSeconds")
         started = _parse_time(start_time) or time.time()
-        if failed + restarts > backoff_limit:
+        if fail_job:
+            reason, message = "PodFailurePolicy", fail_job
+        elif failed + restarts > backoff_limit:
             reason, message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
         elif deadline is not None and time.time() - started >= deadline / self.c.speed:
             reason, message = "DeadlineExceeded", "Job was active longer than specified deadline"
         else:
             reason = message = None
+        stopping: list[dict] = []  # deleted once the status says why, as the controller does since v1.31
         if reason:
             new_conditions = [condition("FailureTarget", reason, message), condition("Failed", reason, message)]
-            for p in active:
-                self.c.submit(self.c.delete_pod, p)
-            active = []
+            stopping, active = active, []
             event = (reason, message, True)
         elif (completions is not None and succeeded >= completions) or (
             completions is None and succeeded > 0 and not active and not pending
@@ -1735,9 +1799,7 @@ class JobController(_PodOwnerController):
                 condition("SuccessCriteriaMet", "CompletionsReached", msg),
                 condition("Complete", "CompletionsReached", msg),
             ]
-            for p in active:
-                self.c.submit(self.c.delete_pod, p)
-            active = []
+            stopping, active = active, []
             event = ("Completed", "Job completed", False)
         elif spec.get("suspend"):
             for p in active:
@@ -1753,6 +1815,14 @@ class JobController(_PodOwnerController):
             wait = self._backoff_wait(uid, failed + restarts)
             if missing > 0 and wait > 0:
                 self.queue.add_after(key, wait)
+            elif missing > 0 and indexed:
+                # The lowest indexes that neither succeeded nor have a Pod (getPodsWithDelayedDeletionPerIndex).
+                taken = completed | {_pod_index(p) for p in active} | {_name_index(n, name) for n in pending}
+                free = [i for i in range(completions) if i not in taken][:missing]
+                names = [_child_name(f"{name}-{i}") for i in free]
+                self.expect.expect(key, adds=names)
+                for i, pod_name in zip(free, names):
+                    self.c.submit(self._create_pod, job, pod_name, key, i)
             elif missing > 0:
                 names = [_child_name(name) for _ in range(missing)]
                 self.expect.expect(key, adds=names)
@@ -1770,6 +1840,8 @@ class JobController(_PodOwnerController):
             "ready": sum(_is_ready(p) for p in active),
             "startTime": start_time,
         }
+        if indexed:
+            desired["completedIndexes"] = _index_ranges(completed) or None
         conditions = list(status.get("conditions") or [])
         if new_conditions:
             conditions += new_conditions
@@ -1778,6 +1850,8 @@ class JobController(_PodOwnerController):
                 desired["completionTime"] = now
         if _differs(status, desired):
             self.c.patch_status("Job", name, ns, {"status": desired})
+        for p in stopping:
+            self.c.submit(self.c.delete_pod, p)
         if new_conditions:
             self._finished.add(uid)
         if event:
@@ -1795,7 +1869,7 @@ class JobController(_PodOwnerController):
         delay = min(self.c.timings.job_backoff * 2 ** (failures - 1), 360.0 / self.c.speed)
         return since + delay - now
 
-    def _create_pod(self, job: Mapping, pod_name: str, owner_key: str) -> None:
+    def _create_pod(self, job: Mapping, pod_name: str, owner_key: str, index: int | None = None) -> None:
         md = _meta(job)
         labels = {
             JOB_CONTROLLER_UID: md["uid"],
@@ -1803,6 +1877,8 @@ class JobController(_PodOwnerController):
             "controller-uid": md["uid"],
             "job-name": md["name"],
         }
+        if index is not None:
+            labels[COMPLETION_INDEX] = str(index)
         ref = {
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -1812,6 +1888,8 @@ class JobController(_PodOwnerController):
             "blockOwnerDeletion": True,
         }
         body = _pod_from_template((job.get("spec") or {}).get("template") or {}, pod_name, md["namespace"], labels, ref)
+        if index is not None:
+            _index_pod(body, md["name"], index)
         try:
             self.c.core.create_namespaced_pod(md["namespace"], body)
         except Exception:
@@ -1820,6 +1898,98 @@ class JobController(_PodOwnerController):
             raise
         self.c.count("job_pods_created")
         self.c.event("Job", "batch/v1", job, "SuccessfulCreate", f"Created pod: {pod_name}", component="job-controller")
+
+
+def _pod_failure_policy(spec: Mapping, failed_pods: Iterable[Mapping]) -> tuple[str | None, set[str]]:
+    """A Job's ``podFailurePolicy`` over its failed pods (pkg/controller/job/pod_failure_policy.go):
+    the message of the first ``FailJob`` rule a pod matches (None if none does), and the pods an
+    ``Ignore`` rule keeps from counting as failures. Rules are tried in order, the first match
+    decides; ``Count`` and ``FailIndex`` count the failure as usual."""
+    rules = (spec.get("podFailurePolicy") or {}).get("rules") or []
+    ignored: set[str] = set()
+    for pod in failed_pods:
+        for i, rule in enumerate(rules):
+            matched = _rule_match(rule, pod)
+            if matched is None:
+                continue
+            action = rule.get("action")
+            if action == "FailJob":
+                return f"{matched} matching FailJob rule at index {i}", ignored
+            if action == "Ignore":
+                ignored.add(_meta(pod).get("name", ""))
+            break
+    return None, ignored
+
+
+def _rule_match(rule: Mapping, pod: Mapping) -> str | None:
+    """How a failed pod matches a Pod failure policy rule, in the controller's words, or None."""
+    md = _meta(pod)
+    where = f"{md.get('namespace')}/{md.get('name')}"
+    for pattern in rule.get("onPodConditions") or ():
+        c = _condition(pod, pattern.get("type", ""))
+        if c is not None and c.get("status") == (pattern.get("status") or "True"):
+            return f"Pod {where} has condition {pattern.get('type')}"
+    codes = rule.get("onExitCodes")
+    if codes:
+        values = set(codes.get("values") or ())
+        for status in (pod.get("status") or {}).get("containerStatuses") or ():
+            if codes.get("containerName") and status.get("name") != codes["containerName"]:
+                continue
+            code = ((status.get("state") or {}).get("terminated") or {}).get("exitCode")
+            if code is None or code == 0:
+                continue
+            if (code in values) == (codes.get("operator") == "In"):
+                return f"Container {status.get('name')} for pod {where} failed with exit code {code}"
+    return None
+
+
+def _pod_index(pod: Mapping) -> int | None:
+    value = (_meta(pod).get("annotations") or {}).get(COMPLETION_INDEX)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _name_index(pod_name: str, job_name: str) -> int | None:
+    """The index in a Pod name ``<job>-<index>-<suffix>`` this controller chose (a pending create)."""
+    middle = pod_name[len(job_name[:57]) + 1 :].rsplit("-", 1)[0]
+    return int(middle) if middle.isdigit() else None
+
+
+def _completed_indexes(status: Mapping, pods: Iterable[Mapping]) -> set[int]:
+    """Indexes recorded in ``status.completedIndexes`` (``1,3-5``) and those of Pods that succeeded."""
+    done: set[int] = set()
+    for part in str(status.get("completedIndexes") or "").split(","):
+        first, _, last = part.partition("-")
+        if first.strip().isdigit():
+            done.update(range(int(first), int(last or first) + 1))
+    done.update(i for p in pods if _phase(p) == "Succeeded" and (i := _pod_index(p)) is not None)
+    return done
+
+
+def _index_ranges(indexes: Iterable[int]) -> str:
+    """``{0, 1, 2, 5}`` as the Job status writes it: ``0-2,5``."""
+    out: list[str] = []
+    for i in sorted(indexes):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ",".join(out)
+
+
+def _index_pod(pod: dict, job_name: str, index: int) -> None:
+    """What the Job controller adds to an Indexed Job's Pod (pkg/controller/job/indexed_job_utils.go):
+    the completion index as an annotation (and label), ``JOB_COMPLETION_INDEX`` in every container
+    from that annotation, and the host name ``<job>-<index>`` unless the template named one."""
+    md = pod["metadata"]
+    md["annotations"] = {**(md.get("annotations") or {}), COMPLETION_INDEX: str(index)}
+    spec = pod["spec"]
+    if not spec.get("hostname"):
+        spec["hostname"] = f"{job_name}-{index}"
+    ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
+    for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        env = container.setdefault("env", [])
+        if not any(v.get("name") == "JOB_COMPLETION_INDEX" for v in env):
+            env.append({"name": "JOB_COMPLETION_INDEX", "valueFrom": ref})
 
 
 def _differs(current: Mapping, desired: Mapping) -> bool:
@@ -2064,6 +2234,7 @@ class GarbageCollector:
         md = _meta(pod)
         node = (pod.get("spec") or {}).get("nodeName")
         if node in self._deleted_nodes and self.c.nodes.get(node) is None:
+            self._mark_disrupted(pod)
             self.c.delete_pod(pod, grace=0)
             self.c.count("gc_deleted")
             return
@@ -2090,6 +2261,28 @@ class GarbageCollector:
                     {"metadata": {"ownerReferences": kept or None}},
                     _content_type=MERGE,
                 )
+
+    def _mark_disrupted(self, pod: Mapping) -> None:
+        """PodGC's markFailedAndDeletePodWithCondition: a Pod whose node is gone ends Failed with a
+        ``DisruptionTarget`` condition (reason ``DeletionByPodGC``) before it is deleted, so its Job
+        counts it failed, and a Pod failure policy or a reader can tell the node went."""
+        if _phase(pod) in TERMINAL:
+            return
+        md = _meta(pod)
+        disrupted = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "DeletionByPodGC",
+            "message": "PodGC: node no longer exists",
+            "lastTransitionTime": _now(),
+        }
+        kept = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") != "DisruptionTarget"]
+        body = {"status": {"phase": "Failed", "conditions": [*kept, disrupted]}}
+        try:
+            self.c.core.patch_namespaced_pod_status(md["name"], md["namespace"], body, _content_type=MERGE)
+        except ApiException as exc:
+            if not _gone(exc):
+                raise
 
     def _delete_orphan(self, namespace: str, name: str) -> None:
         """Deletes a pod whose owners the cache says are gone, deciding again on live reads.

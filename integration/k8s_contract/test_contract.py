@@ -2,20 +2,21 @@
 
 The same tests run against the project's Kubernetes API test server (with the node simulator; CI,
 ``make test``) and against a real cluster (``GPUSH_K8S_CONTRACT=1 KUBECONFIG=... make
-k8s-contract``), so a difference between the two shows up as a failure on one side: the proof
-that the test server does not teach the adapter habits a real API server would punish. What is
-covered is what adapters/k8s/client.py and adapter.py do: create, get, list, delete of Jobs,
-Deployments, Pods and ConfigMaps carrying gpush's labels; label- and field-selected lists in
-pages; watches resumed from a resourceVersion, and 410 when it is too old; the Status bodies of
-404, 409 and 422 answers; optimistic concurrency; the scale and status subresources; Node
-listings; deletion with propagation; label-selected lists and watches of every namespace at
-once and ResourceQuotas of GPU resources (a namespace per tenant); a Pod's log (``pods/log``: whole, tailed, limited,
-timestamped, followed; 404 for a missing Pod, 204 for one on no node); the manifests
-adapters/k8s/render.py produces; and what the server writes back other than what was sent:
-quantities in their canonical form (``0.01`` CPU comes back ``10m``), the defaults of Pods and Pod
-templates (``enableServiceLinks``, the Priority admission plugin's ``priority``), and custom
-resources without the fields their CRD's schema does not declare (a Warning, or a refusal under
-``fieldValidation=Strict``).
+k8s-contract``), so a difference between the two shows up as a failure on one side: the proof that
+the test server does not teach the adapter habits a real API server would punish. What is covered is
+what adapters/k8s/client.py and adapter.py do: create, get, list, delete of Jobs, Deployments, Pods,
+ConfigMaps and Services carrying gpush's labels; Indexed Jobs (each Pod's completion index,
+``JOB_COMPLETION_INDEX`` and host name under a headless Service, for gangs); label- and
+field-selected lists in pages; watches resumed from a resourceVersion, and 410 when it is too old;
+the Status bodies of 404, 409 and 422 answers; optimistic concurrency; the scale and status
+subresources; Node listings; deletion with propagation; label-selected lists and watches of every
+namespace at once and ResourceQuotas of GPU resources (a namespace per tenant); a Pod's log
+(``pods/log``: whole, tailed, limited, timestamped, followed; 404 for a missing Pod, 204 for one on
+no node); the manifests adapters/k8s/render.py produces; and what the server writes back other than
+what was sent: quantities in their canonical form (``0.01`` CPU comes back ``10m``), the defaults of
+Pods and Pod templates (``enableServiceLinks``, the Priority admission plugin's ``priority``), and
+custom resources without the fields their CRD's schema does not declare (a Warning, or a refusal
+under ``fieldValidation=Strict``).
 
 Rules every test keeps, so that it can pass on both: public API behaviour only (the test server's
 store is touched only to compact it, by the two tests that skip on a real cluster); objects in the
@@ -318,6 +319,103 @@ def test_job_is_created_read_and_listed_by_label_and_its_pods_carry_the_labels(k
         (owner,) = [r for r in pod.metadata.owner_references if r.controller]
         assert (owner.kind, owner.name, owner.uid) == ("Job", name, created.metadata.uid)
     kube.batch.delete_namespaced_job(name, kube.namespace, propagation_policy="Background")
+
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def test_an_indexed_job_names_each_pods_index_and_host_under_a_headless_service(kube, job):
+    """What a gang (a multi-node job) relies on: the Job controller gives each Pod of an Indexed
+    Job its completion index (annotation, label and ``JOB_COMPLETION_INDEX`` from the annotation)
+    and the host name ``<job>-<index>``; with the template's ``subdomain`` naming a headless
+    Service of the same labels, ``<job>-<index>.<service>`` is each rank's stable DNS name."""
+    name = unique("gang")
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": job.labels},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {LABEL_BROKER: TAG, LABEL_JOB_ID: str(job.job_id)},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": 29500}],
+        },
+    }
+    created = kube.core.create_namespaced_service(kube.namespace, service)
+    assert created.spec.cluster_ip == "None" and created.spec.type == "ClusterIP"
+    listed = kube.core.list_namespaced_service(kube.namespace, label_selector=job.selector).items
+    assert [s.metadata.name for s in listed] == [name]
+    body = job_body(name, job.labels, pods=2)
+    body["spec"]["completionMode"] = "Indexed"
+    body["spec"]["template"]["spec"]["subdomain"] = name
+    kube.batch.create_namespaced_job(kube.namespace, body)
+    pods = eventually(kube, lambda: len(all_pods(kube, job.selector)) == 2 and all_pods(kube, job.selector), "2 Pods")
+    by_index = {p.metadata.annotations[INDEX]: p for p in pods}
+    assert sorted(by_index) == ["0", "1"]
+    for index, pod in by_index.items():
+        assert pod.metadata.labels[INDEX] == index
+        assert pod.metadata.name.startswith(f"{name}-{index}-")
+        assert (pod.spec.hostname, pod.spec.subdomain) == (f"{name}-{index}", name)
+        (variable,) = [e for e in pod.spec.containers[0].env or () if e.name == "JOB_COMPLETION_INDEX"]
+        assert variable.value_from.field_ref.field_path == f"metadata.annotations['{INDEX}']"
+    kube.batch.delete_namespaced_job(name, kube.namespace, propagation_policy="Background")
+    kube.core.delete_namespaced_service(name, kube.namespace)
+    eventually(
+        kube,
+        lambda: kube.core.list_namespaced_service(kube.namespace, label_selector=job.selector).items == [],
+        "the Service to be gone",
+    )
+
+
+def test_a_pod_failure_policy_fails_the_job_naming_the_pod_and_rule(kube, job):
+    """What the adapter reads to tell a gang's disrupted rank from its failure: a FailJob rule fails
+    the Job at once (retries left or not) with reason PodFailurePolicy and a message naming the pod
+    and the rule. Forced here by an exit code; a gang's rule is on the DisruptionTarget condition."""
+    name = unique("pfp")
+    body = job_body(name, job.labels)
+    body["spec"]["backoffLimit"] = 6
+    body["spec"]["podFailurePolicy"] = {
+        "rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [3]}}]
+    }
+    template = body["spec"]["template"]
+    template["metadata"]["annotations"] = {SIM_DURATION: "0.2", "sim.gpush.io/exit-code": "3"}
+    template["spec"]["containers"][0].update(image=ECHO_IMAGE, command=["sh", "-c", "exit 3"])
+    kube.batch.create_namespaced_job(kube.namespace, body)
+
+    def failed() -> Any:
+        conditions = kube.batch.read_namespaced_job(name, kube.namespace).status.conditions or []
+        return next((c for c in conditions if c.type == "Failed" and c.status == "True"), None)
+
+    condition = eventually(kube, failed, "the Job failed by its Pod failure policy")
+    assert condition.reason == "PodFailurePolicy"
+    (pod,) = all_pods(kube, job.selector)
+    assert condition.message == (
+        f"Container main for pod {kube.namespace}/{pod.metadata.name} failed with exit code 3 "
+        "matching FailJob rule at index 0"
+    )
+    kube.batch.delete_namespaced_job(name, kube.namespace, propagation_policy="Background")
+
+
+def test_a_pod_failure_policy_needs_restart_policy_never(kube, job):
+    body = job_body(unique("pfp"), job.labels)
+    body["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    body["spec"]["podFailurePolicy"] = {
+        "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+    }
+    refused = api_error(lambda: kube.batch.create_namespaced_job(kube.namespace, body))
+    assert refused.status == 422
+    causes = status_body(refused)["details"]["causes"]
+    assert any(c["field"] == "spec.template.spec.restartPolicy" for c in causes), causes
+
+
+def test_an_indexed_job_without_completions_is_refused_naming_the_field(kube, job):
+    body = job_body(unique("gang"), job.labels, pods=2)
+    body["spec"]["completionMode"] = "Indexed"
+    del body["spec"]["completions"]
+    refused = api_error(lambda: kube.batch.create_namespaced_job(kube.namespace, body))
+    assert refused.status == 422
+    causes = status_body(refused)["details"]["causes"]
+    assert any(c["field"] == "spec.completions" and c["reason"] == "FieldValueRequired" for c in causes), causes
 
 
 def test_deleting_a_job_in_the_background_removes_its_pods(kube, job):
@@ -917,6 +1015,10 @@ RENDERED = {
         {"kind": "training", "isolation": "exclusive", "gpus": 2, "memory": "8GiB"},
         _placed(Sharing.K8S_EXCLUSIVE, units=2, gpu_model="H100-80GB-HBM3", replicas=2),
     ),
+    "exclusive-gang-indexed-job": (
+        {"kind": "training", "isolation": "exclusive", "gpus": 2, "nodes": 2, "tasks_per_node": 2},
+        _placed(Sharing.K8S_EXCLUSIVE, units=2, gpu_model="H100-80GB-HBM3", node="n1", nodes=("n1", "n2")),
+    ),
     "elastic-inference-deployment": (
         {
             "kind": "inference",
@@ -940,6 +1042,9 @@ def test_the_objects_gpush_renders_pass_the_servers_validation(kube, case):
         answer = kube.apps.create_namespaced_deployment(kube.namespace, manifest.body, dry_run="All")
     else:
         answer = kube.batch.create_namespaced_job(kube.namespace, manifest.body, dry_run="All")
+    if manifest.service is not None:  # a gang's headless Service
+        service = kube.core.create_namespaced_service(kube.namespace, manifest.service, dry_run="All")
+        assert service.spec.cluster_ip == "None" and service.metadata.name == manifest.name
     assert answer.metadata.name == manifest.name
     assert answer.metadata.labels == manifest.body["metadata"]["labels"]
     limits = answer.spec.template.spec.containers[0].resources.limits

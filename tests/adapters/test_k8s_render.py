@@ -20,6 +20,7 @@ from adapters.k8s import KubernetesAdapter
 from adapters.k8s.client import AlreadyExists, Gone, KubeClient, NotFound, WatchBatch, WatchEvent, _status_error
 from adapters.k8s.inventory import gpu_requests_by_node, node_units
 from adapters.k8s.render import (
+    COMPLETION_INDEX,
     LABEL_BROKER,
     LABEL_JOB_ID,
     LABEL_TENANT,
@@ -60,8 +61,9 @@ def pod_spec(manifest) -> dict[str, Any]:
     return manifest.body["spec"]["template"]["spec"]
 
 
-def env_of(manifest) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in pod_spec(manifest)["containers"][0]["env"]}
+def env_of(manifest) -> dict[str, Any]:
+    """Each variable's value, or its ``valueFrom`` source."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod_spec(manifest)["containers"][0]["env"]}
 
 
 # -- rendering ---------------------------------------------------------------------------
@@ -89,6 +91,81 @@ def test_training_becomes_a_job_that_runs_once_and_stays_for_find():
     for labels in (body["metadata"]["labels"], manifest.body["spec"]["template"]["metadata"]["labels"]):
         assert labels[LABEL_BROKER] == "gpush" and labels[LABEL_JOB_ID] == "42"
         assert labels[LABEL_TENANT] == "vision" and labels[LABEL_USER] == "alice"
+
+
+def gang(sharing: Sharing = Sharing.K8S_EXCLUSIVE, nodes: tuple[str, ...] = ("h1", "h2"), **fields: Any) -> Placement:
+    """A multi-node placement: ``units`` on each of ``nodes``, rank 0 first."""
+    return placement(sharing, **{"units": 8, "node": nodes[0], "nodes": nodes, "gpu_equivalents": 16.0, **fields})
+
+
+def test_a_gang_becomes_an_indexed_job_whose_ranks_hold_the_chosen_nodes_one_each():
+    job = spec(nodes=2, tasks_per_node=4, gpus=8, time_limit="1h")
+    manifest = render(42, job, gang(gpu_model="H100-SXM5-80GB"), OPTIONS)
+    body = manifest.body["spec"]
+    assert (body["completionMode"], body["completions"], body["parallelism"], body["backoffLimit"]) == (
+        "Indexed",
+        2,
+        2,
+        0,
+    )
+    # A rank disrupted (its node gone) fails the Job saying so, which the adapter reads as a loss.
+    assert body["podFailurePolicy"] == {
+        "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    }
+    pod = pod_spec(manifest)
+    assert pod["subdomain"] == "gpush-42" and "hostname" not in pod  # the Job controller names <job>-<index>
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}  # per node, not the gang's 16
+    # Only the chosen nodes (by name), each still one that does not share its GPUs, and no two ranks on one.
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms and all(
+        t["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["h1", "h2"]}] for t in terms
+    )
+    assert all(any(e["key"] == "nvidia.com/gpu.product" for e in t["matchExpressions"]) for t in terms)
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["nodeAffinity"]
+    (anti,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti == {
+        "labelSelector": {"matchLabels": {LABEL_BROKER: "gpush", LABEL_JOB_ID: "42"}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    rank = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    env = env_of(manifest)
+    assert {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NPROC_PER_NODE", "WORLD_SIZE")} == {
+        "MASTER_ADDR": "gpush-42-0.gpush-42",
+        "MASTER_PORT": "29500",
+        "NNODES": "2",
+        "NPROC_PER_NODE": "4",
+        "WORLD_SIZE": "8",
+    }
+    assert env["NODE_RANK"] == rank and env["JOB_COMPLETION_INDEX"] == rank
+    # The headless Service that makes <job>-<rank>.<job> resolve, with the job's labels.
+    service = manifest.service
+    assert service is not None and service["metadata"]["name"] == "gpush-42"
+    assert service["metadata"]["labels"][LABEL_JOB_ID] == "42"
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {LABEL_BROKER: "gpush", LABEL_JOB_ID: "42"}
+
+
+def test_a_gang_of_mig_slices_is_pinned_to_its_nodes_alone():
+    manifest = render(3, spec(nodes=2), gang(Sharing.K8S_MIG, units=2, mig_profile="3g.20gb"), OPTIONS)
+    pod = pod_spec(manifest)
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.20gb": "2"}
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["h1", "h2"]}]}]
+
+
+def test_a_one_node_job_has_no_service_and_no_rank_variables():
+    manifest = render(4, spec(), placement(Sharing.K8S_EXCLUSIVE, node="h1"), OPTIONS)
+    assert manifest.service is None and "completionMode" not in manifest.body["spec"]
+    assert "podAntiAffinity" not in pod_spec(manifest)["affinity"] and "subdomain" not in pod_spec(manifest)
+    assert not {"MASTER_ADDR", "NODE_RANK", "WORLD_SIZE"} & set(env_of(manifest))
+
+
+def test_a_gang_says_what_it_cannot_run_as():
+    with pytest.raises(Rejected, match="nodes 1"):
+        render(5, spec(), gang(Sharing.K8S_TIMESLICE, units=1), OPTIONS)
+    # The job's own rendezvous variables give way to the gang's.
+    env = env_of(render(6, spec(nodes=2, env={"MASTER_PORT": "1", "WORLD_SIZE": "99"}), gang(), OPTIONS))
+    assert (env["MASTER_PORT"], env["WORLD_SIZE"]) == ("29500", "2")
 
 
 def test_no_device_ids_anywhere():
@@ -523,9 +600,9 @@ class FakeKube:
     """Answers list and watch from a script: enough to follow the cursor logic."""
 
     def __init__(self):
-        self.objects: dict[str, dict[str, dict]] = {"pods": {}, "jobs": {}, "deployments": {}}
+        self.objects: dict[str, dict[str, dict]] = {"pods": {}, "jobs": {}, "deployments": {}, "services": {}}
         self.version = 100
-        self.pending: dict[str, list[WatchEvent]] = {"pods": [], "jobs": [], "deployments": []}
+        self.pending: dict[str, list[WatchEvent]] = {"pods": [], "jobs": [], "deployments": [], "services": []}
         self.gone = False
         self.lists = 0
         self.watched_from: list[tuple[str, str]] = []
@@ -544,6 +621,16 @@ class FakeKube:
     def list(self, kind, namespace=None, *, label_selector=None, field_selector=None, limit=500):
         self.lists += 1
         return [copy.deepcopy(o) for o in self.objects[kind].values()], str(self.version)
+
+    def get(self, kind, namespace, name):
+        found = self.objects[kind].get(name)
+        return copy.deepcopy(found) if found is not None else None
+
+    def delete(self, kind, namespace, name, *, propagation="Background", grace=None):
+        if name not in self.objects[kind]:
+            return False
+        self.put(kind, self.objects[kind][name], event="DELETED")
+        return True
 
     def watch(self, kind, namespace, *, resource_version, label_selector=None, seconds=1.0):
         self.watched_from.append((kind, resource_version))
@@ -607,6 +694,138 @@ def test_statuses_after_a_restart_report_all_and_find_deletions():
     page = restarted.statuses(cursor)
     states = {j.job_id: j.state for j in page.jobs}
     assert states == {11: BackendState.RUNNING, 18: BackendState.LOST}
+
+
+def gang_job(job_id: int = 21) -> tuple[dict, list[dict]]:
+    """A running two-node gang: its Indexed Job and a running Pod per rank (h1, h2)."""
+    labels = {LABEL_BROKER: "gpush", LABEL_JOB_ID: str(job_id)}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": f"gpush-{job_id}", "namespace": "gpush", "labels": labels},
+        "spec": {"backoffLimit": 0, "completions": 2, "parallelism": 2, "completionMode": "Indexed"},
+        "status": {"active": 2, "ready": 2, "startTime": "2026-12-03T10:00:00Z"},
+    }
+    pods = []
+    for rank, node in enumerate(("h1", "h2")):
+        pod = copy.deepcopy(PODS["running"])
+        pod["metadata"] = {
+            "name": f"gpush-{job_id}-{rank}-x7k2p",
+            "namespace": "gpush",
+            "creationTimestamp": "2026-12-03T10:00:00Z",
+            "labels": dict(labels),
+            "annotations": {COMPLETION_INDEX: str(rank)},
+        }
+        pod["spec"]["nodeName"] = node
+        pods.append(pod)
+    return job, pods
+
+
+def test_a_gang_that_loses_a_rank_is_stopped_whole_and_queued_again_but_one_that_fails_is_failed():
+    job, (rank0, rank1) = gang_job()
+    seen = Observed(job=job)
+    for pod in (rank0, rank1):
+        seen.note_pod(pod)
+    seen.note_started()
+    assert backend_job(21, "job/gpush-21", seen).state == BackendState.RUNNING and seen.lost_rank is None
+    seen.note_pod(rank1, deleted=True)  # its node went: the Pod with it
+    stopping = backend_job(21, "job/gpush-21", seen)
+    assert stopping.state == BackendState.RUNNING
+    assert stopping.reason == (
+        "rank 1 lost on node h2 (its Pod gpush-21-1-x7k2p was deleted): stopping the whole gang to queue it again"
+    )
+    seen.deleted = True  # the adapter deleted the Job
+    lost = backend_job(21, "job/gpush-21", seen)
+    assert lost.state == BackendState.LOST and lost.reason.endswith("the whole gang was stopped and queued again")
+
+    # Failed by a disruption (the Pod garbage collector's mark of a Pod whose node is gone): lost too.
+    job, (rank0, rank1) = gang_job()
+    seen = Observed(job=job, pods={p["metadata"]["name"]: p for p in (rank0, rank1)})
+    disrupted = copy.deepcopy(rank1)
+    disrupted["status"]["phase"] = "Failed"
+    disrupted["status"]["conditions"] = [
+        {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "DeletionByPodGC",
+            "message": "PodGC: node no longer exists",
+        }
+    ]
+    seen.note_pod(disrupted)
+    assert seen.lost_rank == "rank 1 lost on node h2 (PodGC: node no longer exists)"
+
+    # The Job's Pod failure policy names the disrupted rank, seen before (or without) its Pod.
+    job, (rank0, rank1) = gang_job()
+    seen = Observed(pods={rank0["metadata"]["name"]: rank0})
+    message = "Pod gpush/gpush-21-1-x7k2p has condition DisruptionTarget matching FailJob rule at index 0"
+    job["status"]["conditions"] = [
+        {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": message}
+    ]
+    seen.note_job(job)
+    assert seen.lost_rank == f"rank 1 lost ({message})"
+    assert backend_job(21, "job/gpush-21", seen).state == BackendState.RUNNING  # being stopped, not failed
+
+    # A rank that exits non-zero fails the gang; the Job controller deleting the other is no loss.
+    job, (rank0, rank1) = gang_job()
+    seen = Observed(job=job, pods={p["metadata"]["name"]: p for p in (rank0, rank1)})
+    failed = copy.deepcopy(rank1)
+    failed["status"] = copy.deepcopy(PODS["exit-3"]["status"])
+    seen.note_pod(failed)
+    seen.note_pod(rank0, deleted=True)
+    assert seen.lost_rank is None
+    result = backend_job(21, "job/gpush-21", seen)
+    assert (result.state, result.exit_code) == (BackendState.FAILED, 3)
+
+    # A one-node Job's Pod deleted is not a gang's loss.
+    seen = observed("active", ("running",))
+    seen.note_pod(PODS["running"], deleted=True)
+    assert seen.lost_rank is None
+
+
+def test_statuses_stop_a_gang_that_lost_a_rank_and_report_it_lost_once_gone():
+    fake = FakeKube()
+    adapter = KubernetesAdapter("k8s-a", {}, client=fake)  # type: ignore[arg-type]
+    job, pods = gang_job()
+    fake.put("jobs", job)
+    for pod in pods:
+        fake.put("pods", pod)
+    fake.put("services", {"metadata": {"name": "gpush-21", "labels": job["metadata"]["labels"]}})
+    page = adapter.statuses(None)
+    assert [(j.job_id, j.state) for j in page.jobs] == [(21, BackendState.RUNNING)]
+    fake.put("pods", pods[1], event="DELETED")
+    page = adapter.statuses(page.cursor)
+    assert [(j.job_id, j.state) for j in page.jobs] == [(21, BackendState.RUNNING)]
+    assert "stopping the whole gang" in page.jobs[0].reason
+    # The other rank does not run on alone: Job, Pods and Service deleted, not as a cancel.
+    assert fake.objects["jobs"] == {} and fake.objects["pods"] == {} and fake.objects["services"] == {}
+    page = adapter.statuses(page.cursor)
+    assert [(j.job_id, j.state) for j in page.jobs] == [(21, BackendState.LOST)]
+    assert page.jobs[0].reason.startswith("rank 1 lost on node h2")
+    assert adapter.statuses(page.cursor).jobs == []
+
+
+def test_a_gang_whose_job_ended_before_its_rank_was_deleted_lost_nothing():
+    """The Job controller deletes a gang's ranks once its Job failed (or completed): seen before
+    the Job's condition, that deletion is no loss, and the adapter reads the Job again to know."""
+    fake = FakeKube()
+    adapter = KubernetesAdapter("k8s-a", {}, client=fake)  # type: ignore[arg-type]
+    job, pods = gang_job()
+    fake.put("jobs", job)
+    for pod in pods:
+        fake.put("pods", pod)
+    cursor = adapter.statuses(None).cursor
+    failed = copy.deepcopy(job)
+    failed["status"]["conditions"] = [
+        {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer"}
+    ]
+    failed["spec"]["activeDeadlineSeconds"] = 60
+    fake.objects["jobs"]["gpush-21"] = failed  # written, not yet watched
+    fake.put("pods", pods[1], event="DELETED")
+    page = adapter.statuses(cursor)
+    assert [(j.job_id, j.state, j.reason) for j in page.jobs] == [
+        (21, BackendState.FAILED, "reached its time limit (60 s)")
+    ]
+    assert "gpush-21" in fake.objects["jobs"]  # not deleted: nothing to stop, nothing to queue again
 
 
 def test_cursor_round_trip_and_foreign_cursors():
