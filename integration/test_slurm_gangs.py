@@ -132,19 +132,25 @@ def test_a_two_node_job_runs_a_rank_on_each_node_and_they_meet(broker: Broker, s
 
 
 def _sacct_agrees(cluster: SlurmTestCluster, backend_id: str) -> None:
+    """sacct has the job as one allocation of two nodes and two GPUs, and its ranks' step
+    on both nodes. (22.05's slurmdbd records the allocation's NodeList as its first node
+    alone here, with NNodes 2; the step names both.)"""
     deadline = time.monotonic() + 20
-    while not (rows := _sacct(cluster, backend_id)) or rows[0][1] != "COMPLETED":
+    while "COMPLETED" not in (rows := _sacct(cluster, backend_id)).get(backend_id, ("",))[0]:
         assert time.monotonic() < deadline, f"sacct has no finished record of job {backend_id}: {rows}"
         time.sleep(0.3)
-    ((_job, _state, nodes, tres),) = rows
-    assert nodes == "gpu[01-02]" and {"node=2", "gres/gpu=2"} <= set(tres.split(",")), tres
+    _state, _nodes, count, tres = rows[backend_id]
+    assert count == "2" and {"node=2", "gres/gpu=2"} <= set(tres.split(",")), rows
+    _state, nodes, count, tres = rows[f"{backend_id}.0"]  # srun's step: every rank
+    assert (nodes, count) == ("gpu[01-02]", "2") and "gres/gpu=2" in tres.split(","), rows
 
 
-def _sacct(cluster: SlurmTestCluster, backend_id: str) -> list[list[str]]:
+def _sacct(cluster: SlurmTestCluster, backend_id: str) -> dict[str, list[str]]:
+    """Job or step id -> [State, NodeList, NNodes, AllocTRES], as sacct has them."""
     out = cluster.run(
-        "sacct", "-a", "-X", "-n", "-P", "--format=JobID,State,NodeList,AllocTRES", "-j", backend_id
+        "sacct", "-a", "-n", "-P", "--format=JobID,State,NodeList,NNodes,AllocTRES", "-j", backend_id
     ).stdout
-    return [line.split("|") for line in out.splitlines() if line]
+    return {line.split("|")[0]: line.split("|")[1:] for line in out.splitlines() if line}
 
 
 def test_a_gang_that_cannot_fit_yet_waits_in_gpush_and_never_half_starts_in_slurm(
