@@ -144,13 +144,16 @@ def slurm_chroots() -> Iterator[dict[str, Path]]:
 _MOUNTED_HERE: set[str] = set()  # suites whose chroot this session mounted
 
 
-def own_cluster(prefix: str, ports: dict[str, str], what: str) -> Iterator[SlurmTestCluster]:
+def own_cluster(
+    prefix: str, ports: dict[str, str], what: str, *, accounting: bool = False, whole_nodes: int = 1
+) -> Iterator[SlurmTestCluster]:
     """A host Slurm test cluster of a test module's own (a fixture's body): its own ``ports``
     and files, for tests that drain nodes or rewrite its config; started fresh, stopped and
-    deleted after (kept with GPUSH_KEEP_SLURM_STATE=1, to read its logs)."""
+    deleted after (kept with GPUSH_KEEP_SLURM_STATE=1, to read its logs). ``accounting``:
+    with slurmdbd; ``whole_nodes``: its nodes of two whole A100s (two for multi-node jobs)."""
     state = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        cluster = start(state, fresh=True, env=ports)
+        cluster = start(state, fresh=True, env=ports, accounting=accounting, whole_nodes=whole_nodes)
     except SlurmClusterError as exc:
         pytest.fail(f"the Slurm test cluster {what} did not start in {state}:\n{exc}", pytrace=False)
     try:
@@ -159,8 +162,15 @@ def own_cluster(prefix: str, ports: dict[str, str], what: str) -> Iterator[Slurm
         cluster.stop(purge=not os.environ.get("GPUSH_KEEP_SLURM_STATE"))
 
 
-def chroot_cluster(chroots: dict[str, Path], suite: str, *, accounting: bool) -> Iterator[SlurmTestCluster]:
-    """A test cluster on ``suite``'s Slurm (a fixture's body): started fresh, stopped after."""
+def chroot_cluster(
+    chroots: dict[str, Path],
+    suite: str,
+    *,
+    accounting: bool,
+    whole_nodes: int = 1,
+) -> Iterator[SlurmTestCluster]:
+    """A test cluster on ``suite``'s Slurm (a fixture's body): started fresh, stopped after.
+    ``whole_nodes``: its nodes of two whole A100s (two for multi-node jobs)."""
     if suite not in SUITE_PORTS:
         pytest.fail(f"no ports set for Debian suite {suite!r} (integration/slurm_fixtures.py SUITE_PORTS)")
     for user in SITE_USERS:
@@ -172,7 +182,14 @@ def chroot_cluster(chroots: dict[str, Path], suite: str, *, accounting: bool) ->
                 _MOUNTED_HERE.add(suite)
         state = Path(tempfile.mkdtemp(prefix=f"gpush-slurm-{suite}-", dir="/tmp"))
         state.chmod(0o755)
-        cluster = start(state, fresh=True, env=SUITE_PORTS[suite], accounting=accounting, chroot=chroots[suite])
+        cluster = start(
+            state,
+            fresh=True,
+            env=SUITE_PORTS[suite],
+            accounting=accounting,
+            chroot=chroots[suite],
+            whole_nodes=whole_nodes,
+        )
     except SlurmClusterError as exc:
         pytest.fail(f"the Slurm test cluster on Debian {suite}'s Slurm did not start:\n{exc}", pytrace=False)
     try:

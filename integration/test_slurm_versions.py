@@ -13,6 +13,10 @@ the host's clusters for them.
   broker killed between sbatch and its database write.
 - integration/test_slurm_identity.py: jobs as their owners under their accounts with
   slurmdbd, a token that cannot choose the user, account limits as waiting reasons.
+- integration/test_slurm_gangs.py: a two-node job whose ranks meet over TCP, a gang
+  that waits in gpush rather than half-starting in Slurm, cancelling a running gang.
+  The cluster has gpu02 beside gpu01 for them (two nodes of whole GPUs); the other
+  suites' tests here ask for nothing that gpu02 changes.
 """
 
 from __future__ import annotations
@@ -47,13 +51,18 @@ from integration.test_slurm_adapter import (  # noqa: F401  (fixtures the collec
     test_each_sharing_mode_runs_to_completion,
     test_slurm_says_why_an_eighth_slice_job_waits,
 )
+from integration.test_slurm_gangs import (  # noqa: F401  (collected again on this version)
+    test_a_gang_that_cannot_fit_yet_waits_in_gpush_and_never_half_starts_in_slurm,
+    test_a_two_node_job_runs_a_rank_on_each_node_and_they_meet,
+    test_cancelling_a_running_gang_cancels_its_one_slurm_job_on_every_node,
+)
 
 pytestmark = pytest.mark.skipif(not SLURM_SUITES, reason="GPUSH_SLURM_SUITES=none")
 
 
 @pytest.fixture(scope="module", params=SLURM_SUITES)
 def slurm_cluster(request, slurm_chroots: dict[str, Path]) -> Iterator[SlurmTestCluster]:
-    yield from chroot_cluster(slurm_chroots, request.param, accounting=False)
+    yield from chroot_cluster(slurm_chroots, request.param, accounting=False, whole_nodes=2)
 
 
 def test_the_cluster_runs_the_suites_slurm(slurm_cluster: SlurmTestCluster):

@@ -573,6 +573,18 @@ class RestBackend:
                 body["memory_per_node"] = {"set": True, "number": job.memory_mb}
             if job.time_limit_minutes:
                 body["time_limit"] = {"set": True, "number": job.time_limit_minutes}
+        if job.nodes > 1 or job.tasks_per_node > 1:
+            # sbatch's -N and --ntasks-per-node: v0.0.38 parses them as sbatch options ("2"
+            # or 2), v0.0.40 on takes "nodes" as a count range string.
+            body["nodes"] = str(job.nodes)
+            body["tasks_per_node"] = job.tasks_per_node
+        if job.nodelist:
+            # sbatch's -w: v0.0.38 refuses "required_nodes" ("Disabled key") and takes
+            # "nodelist"; v0.0.39 on take "required_nodes", a list of names.
+            if self.api_version() == "v0.0.38":
+                body["nodelist"] = ",".join(job.nodelist)
+            else:
+                body["required_nodes"] = list(job.nodelist)
         for key, value in (("partition", job.partition), ("account", job.account), ("qos", job.qos)):
             if value:
                 body[key] = value

@@ -26,7 +26,6 @@ from broker.core.adapter import (
     Sharing,
     submit_each,
 )
-from broker.core.gangs import refuse_multi_node
 from broker.core.schemas import JobSpec
 
 
@@ -41,7 +40,6 @@ class Submissions:
         self._primed = False
 
     def submit(self, job_id: int, spec: JobSpec, placement: Placement, owner: Owner | None = None) -> str:
-        refuse_multi_node(placement)  # Slurm and Kubernetes gangs: issue 34, not built yet
         self.restarts.skip_reused_ids()
         with self.ctx.lock:
             if not self._primed:
@@ -77,6 +75,9 @@ class Submissions:
             workdir=s.workdir,
             log_dir=s.log_dir,
             user=identity.user,
+            node_addresses={n.name: n.address for n in self.ctx.nodes()}
+            if placement.gang or spec.tasks_per_node > 1
+            else None,
         )
         self.logs.make_log_dir(identity.user)
         try:

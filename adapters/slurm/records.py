@@ -232,6 +232,8 @@ class SlurmNode:
     cpus: int
     memory_mb: int
     reason: str = ""
+    # NodeAddr: where Slurm reaches the node (a multi-node job's rank 0 is reached there too)
+    address: str = ""
 
     @property
     def unavailable(self) -> str | None:
@@ -254,6 +256,7 @@ class SlurmNode:
             cpus=number(raw.get("cpus")) or 0,
             memory_mb=number(raw.get("real_memory")) or 0,
             reason=str(raw.get("reason") or ""),
+            address=str(raw.get("address") or ""),
         )
 
 
@@ -282,6 +285,11 @@ class Submission:
     # The Unix user the job runs as (adapters.slurm.identity); None: the cluster's service
     # identity (the REST user, or the broker's own user for sbatch).
     user: str | None = None
+    # A multi-node job (gang): ``nodes`` nodes, ``tasks_per_node`` tasks on each, on exactly
+    # the nodes gpush chose (``nodelist``); ``gres``, ``memory_mb`` are per node.
+    nodes: int = 1
+    tasks_per_node: int = 1
+    nodelist: tuple[str, ...] = ()
 
     def sbatch_args(self) -> list[str]:
         """sbatch options as argv (no shell ever sees them); the script goes on stdin."""
@@ -303,6 +311,10 @@ class Submission:
         ]
         if self.hold:
             args.append("--hold")
+        if self.nodes > 1 or self.tasks_per_node > 1:
+            args += [f"--nodes={self.nodes}", f"--ntasks-per-node={self.tasks_per_node}"]
+        if self.nodelist:
+            args.append(f"--nodelist={','.join(self.nodelist)}")
         if self.memory_mb:
             args.append(f"--mem={self.memory_mb}M")
         if self.time_limit_minutes:

@@ -25,6 +25,15 @@ What callers may assume:
   once Slurm has forgotten the job); a run Slurm starts again begins them afresh.
   Slurm creates no directory for them: a job whose directory is missing on its node
   fails at launch (``JobLaunchFailure``; the adapter creates it first where it can).
+- **Multi-node jobs** (:func:`launch_environment`): a gang is one batch job with
+  ``--nodes=N --ntasks-per-node=T --nodelist=<gpush's nodes>``, the GRES, ``--mem`` and
+  CPUs per node (``cpus`` split over the node's tasks), and its command run through
+  ``srun`` as N x T tasks (one per node with ``tasks_per_node`` 1, as torchrun wants).
+  Each task sees ``MASTER_ADDR`` (the address of Slurm's first node of the job, which
+  runs the batch script: ``SLURM_NODEID`` 0), ``MASTER_PORT``, ``WORLD_SIZE`` (N x T),
+  ``NNODES``, ``LOCAL_WORLD_SIZE`` (T), and its own ``NODE_RANK``, ``RANK`` and
+  ``LOCAL_RANK`` (Slurm's ``SLURM_NODEID``, ``SLURM_PROCID``, ``SLURM_LOCALID``). A job
+  that sets one of these itself keeps its value.
 - **The job never sees the broker's environment**: only what the script exports, with
   a plain ``PATH`` unless the job sets its own (the REST backend sends exactly that
   environment; the command-line backend runs sbatch with only ``PATH`` and
@@ -38,6 +47,7 @@ import posixpath
 import re
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from adapters.slurm.records import Submission
 from broker.core.adapter import Placement, Rejected, Sharing
@@ -160,11 +170,71 @@ def gres_for(placement: Placement, *, gres_type: str | None, mps_per_gpu: int) -
     raise Rejected(f"{sharing.value} is not a Slurm sharing mode")
 
 
-def script(job_id: int, argv: list[str], env: Mapping[str, str]) -> str:
+def script(job_id: int, argv: list[str], env: Mapping[str, str], launch: Launch | None = None) -> str:
     lines = ["#!/bin/sh", f"# gpush job {job_id}, rendered by the gpush Slurm adapter: every value is quoted."]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
-    lines.append("exec " + " ".join(shlex.quote(arg) for arg in argv))
+    if launch is None:
+        lines.append("exec " + " ".join(shlex.quote(arg) for arg in argv))
+    else:
+        lines += launch.lines(argv)
     return "\n".join(lines) + "\n"
+
+
+# The rendezvous port of a multi-node job: one per gpush job, so that two gangs whose
+# first node is the same do not meet on one port; under Linux's ephemeral ports (32768 on).
+RENDEZVOUS_PORTS = (20000, 10000)
+# What each task of a multi-node job is told, from Slurm's variables of that task.
+TASK_VARIABLES = {"NODE_RANK": "SLURM_NODEID", "RANK": "SLURM_PROCID", "LOCAL_RANK": "SLURM_LOCALID"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a multi-node job's batch script starts its tasks: ``srun`` over every node.
+
+    ``addresses``: where Slurm reaches each node gpush chose (NodeAddr); the first node
+    of the job, which runs the batch script, is the rendezvous (``MASTER_ADDR``), by its
+    address where known, else by its name. ``own``: variables the job set itself (kept)."""
+
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    addresses: Mapping[str, str]
+    own: frozenset[str] = frozenset()
+
+    def lines(self, argv: list[str]) -> list[str]:
+        out: list[str] = []
+        if "MASTER_ADDR" not in self.own:
+            out.append('case "$SLURMD_NODENAME" in')
+            out += [f"{shlex.quote(node)}) MASTER_ADDR={shlex.quote(addr)} ;;" for node, addr in self.addresses.items()]
+            out += ['*) MASTER_ADDR="$SLURMD_NODENAME" ;;', "esac", "export MASTER_ADDR"]
+        per_task = [f'{name}="${slurm}"' for name, slurm in TASK_VARIABLES.items() if name not in self.own]
+        program = (f"export {' '.join(per_task)}; " if per_task else "") + 'exec "$@"'
+        srun = [
+            "srun",
+            "--kill-on-bad-exit=1",
+            f"--nodes={self.nodes}",
+            f"--ntasks={self.nodes * self.tasks_per_node}",
+            f"--ntasks-per-node={self.tasks_per_node}",
+            f"--cpus-per-task={self.cpus_per_task}",
+            "/bin/sh",
+            "-c",
+            program,
+            "gpush-task",
+            *argv,
+        ]
+        out.append("exec " + " ".join(shlex.quote(arg) for arg in srun))
+        return out
+
+
+def launch_environment(job_id: int, nodes: int, tasks_per_node: int) -> dict[str, str]:
+    """What every task of a multi-node job shares (the per-task ranks come from srun)."""
+    first, span = RENDEZVOUS_PORTS
+    return {
+        "MASTER_PORT": str(first + job_id % span),
+        "WORLD_SIZE": str(nodes * tasks_per_node),
+        "NNODES": str(nodes),
+        "LOCAL_WORLD_SIZE": str(tasks_per_node),
+    }
 
 
 def render(
@@ -182,7 +252,9 @@ def render(
     workdir: str = "/tmp",
     log_dir: str = "gpush-logs",
     user: str | None = None,
+    node_addresses: Mapping[str, str] | None = None,
 ) -> Submission:
+    """``node_addresses``: NodeAddr of the placement's nodes, for a multi-node job's rendezvous."""
     if not spec.command:
         raise Rejected("Slurm runs a command: the job has none (give `command`, or `--` and the command)")
     if placement.replicas > 1:
@@ -197,6 +269,20 @@ def render(
             "job's value; use another name"
         )
     env = job_environment(job_id, spec, placement, device_memory_gb=gpu_memory_gb, path=DEFAULT_PATH)
+    nodes, tasks = max(spec.nodes, len(placement.nodes), 1), spec.tasks_per_node
+    launch = None
+    if nodes > 1 or tasks > 1:
+        env = {**launch_environment(job_id, nodes, tasks), **env}  # the job's own values win
+        # cpus is per node: split over its tasks (each task has one CPU at least).
+        launch = Launch(
+            nodes=nodes,
+            tasks_per_node=tasks,
+            cpus_per_task=max(1, spec.cpus // tasks),
+            addresses={
+                n: a for n, a in (node_addresses or {}).items() if n in (placement.nodes or (placement.node,)) and a
+            },
+            own=frozenset(spec.env),
+        )
     output, error = log_paths(workdir, log_dir, tag, job_id)
     comment = f"{tag}:job-{job_id} tenant={spec.tenant or '-'} user={spec.user or '-'}"
     if spec.name:
@@ -204,9 +290,9 @@ def render(
     return Submission(
         name=tag_name(tag, job_id),
         comment=comment,
-        script=script(job_id, spec.command, env),
+        script=script(job_id, spec.command, env, launch),
         gres=gres_for(placement, gres_type=gres_type, mps_per_gpu=mps_per_gpu),
-        cpus_per_task=spec.cpus,
+        cpus_per_task=launch.cpus_per_task if launch else spec.cpus,
         memory_mb=parse_memory_mib(spec.memory) if spec.memory else None,
         time_limit_minutes=math.ceil(parse_time_limit(spec.time_limit) / 60) if spec.time_limit else None,
         partition=placement.partition or partition,
@@ -217,4 +303,7 @@ def render(
         error=error,
         environment=env,
         user=user,
+        nodes=nodes,
+        tasks_per_node=tasks,
+        nodelist=placement.nodes if placement.gang else (),
     )

@@ -349,6 +349,7 @@ def start(
     env: Mapping[str, str] | None = None,
     accounting: bool = False,
     chroot: Path | None = None,
+    whole_nodes: int = 1,
 ) -> SlurmTestCluster:
     """Start (or restart) the cluster in ``state`` and return it once it is usable.
 
@@ -361,6 +362,8 @@ def start(
     ``GPUSH_SLURM_START_TIMEOUT`` (and ``GPUSH_SLURMDBD_PORT`` with ``accounting``: slurmdbd
     on the machine's MariaDB, associations enforced). Raises :class:`SlurmClusterError` with the daemons'
     log tails when the cluster does not come up; start.sh then leaves nothing running.
+    ``whole_nodes``: how many nodes of two whole A100s (gpu01, gpu02, ...): two for
+    multi-node jobs.
     """
     if chroot is not None:
         if not str(Path(state).resolve()).startswith("/tmp/"):
@@ -377,6 +380,7 @@ def start(
         str(state),
         *(["--fresh"] if fresh else []),
         *(["--accounting"] if accounting else []),
+        *([f"--whole-nodes={whole_nodes}"] if whole_nodes != 1 else []),
         env=env,
         chroot=chroot,
     )

@@ -5,13 +5,14 @@
 #   mig01  two A100-40GB in MIG mode: gpu:1g.5gb:7 (GPU 0) + gpu:3g.20gb:2 (GPU 1)
 #   mps01  one A100 shared through MPS: gpu:a100:1 + mps:100
 #   gpu01  two whole A100s: gpu:a100:2
+#   gpu02  (with --whole-nodes=2) two more whole A100s, for multi-node jobs
 #
 # Partitions: gpu (default, every node), mig, mps, exclusive (gpu01).
 # Daemons: munged (own key and socket), slurmctld, three slurmd, slurmrestd (JWT)
 # on 127.0.0.1 and a unix socket; with --accounting also slurmdbd on MariaDB. No
 # systemd, no cgroups.
 #
-# Usage: start.sh STATE [--fresh] [--accounting]
+# Usage: start.sh STATE [--fresh] [--accounting] [--whole-nodes=N]
 #   --fresh       forget the jobs and node state of an earlier run in STATE (job ids
 #                 restart at 1; with --accounting the accounting database too);
 #                 without it a restart keeps them, as a real cluster does.
@@ -23,8 +24,12 @@
 #                 caller's to add (sacctmgr). MariaDB must answer at GPUSH_MARIADB_HOST
 #                 (127.0.0.1):GPUSH_MARIADB_PORT (3306) to GPUSH_MARIADB_ADMIN (root,
 #                 no password), which may create databases and users.
+#   --whole-nodes=N  N nodes of two whole A100s (gpu01 .. gpuNN; default 1), in the
+#                 gpu partition: a multi-node job of whole GPUs needs two. One by
+#                 default, so that the suites' jobs that wait for, or preempt, the
+#                 whole GPUs find them on gpu01 alone.
 # Ports (TCP, 127.0.0.1): GPUSH_SLURMCTLD_PORT (6817), GPUSH_SLURMD_PORT (6821; the
-# nodes take it, +1 and +2), GPUSH_SLURMRESTD_PORT (6820). A second cluster on the
+# nodes take it, +1, +2, and one more per extra whole-GPU node), GPUSH_SLURMRESTD_PORT (6820). A second cluster on the
 # same machine needs another STATE and other ports.
 # GPUSH_SLURM_START_TIMEOUT (30): seconds to wait for the nodes and slurmrestd.
 # GPUSH_SLURMDBD_PORT (6819): slurmdbd's port with --accounting.
@@ -36,12 +41,13 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 started=$(date +%s%N)
 
-usage() { echo "usage: $0 STATE [--fresh] [--accounting]" >&2; exit 2; }
-STATE="" FRESH=0 ACCOUNTING=0
+usage() { echo "usage: $0 STATE [--fresh] [--accounting] [--whole-nodes=N]" >&2; exit 2; }
+STATE="" FRESH=0 ACCOUNTING=0 WHOLE_NODES=1
 for arg in "$@"; do
     case $arg in
         --fresh) FRESH=1 ;;
         --accounting) ACCOUNTING=1 ;;
+        --whole-nodes=[1-9]) WHOLE_NODES=${arg#--whole-nodes=} ;;
         -*) usage ;;
         *) [ -z "$STATE" ] || usage; STATE=$arg ;;
     esac
@@ -56,7 +62,9 @@ CTLD_PORT=${GPUSH_SLURMCTLD_PORT:-6817}
 NODE_PORT=${GPUSH_SLURMD_PORT:-6821}
 REST_PORT=${GPUSH_SLURMRESTD_PORT:-6820}
 DBD_PORT=${GPUSH_SLURMDBD_PORT:-6819}
-NODES=(mig01 mps01 gpu01)
+WHOLE=()
+for ((i = 1; i <= WHOLE_NODES; i++)); do WHOLE+=("gpu$(printf %02d "$i")"); done
+NODES=(mig01 mps01 "${WHOLE[@]}")
 ETC=$STATE/etc RUN=$STATE/run LOG=$STATE/log DEV=$STATE/dev
 CONF=$ETC/slurm.conf
 MUNGE_SOCKET=$STATE/munge/munge.socket.2
@@ -121,7 +129,8 @@ rm -f "$STATE/env.sh"
 # Another process on one of our ports would make a daemon exit after a while with a
 # less obvious message; say it up front.
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-PORTS=("$CTLD_PORT" "$REST_PORT" $((NODE_PORT)) $((NODE_PORT + 1)) $((NODE_PORT + 2)))
+PORTS=("$CTLD_PORT" "$REST_PORT")
+for ((i = 0; i < ${#NODES[@]}; i++)); do PORTS+=($((NODE_PORT + i))); done
 ((ACCOUNTING)) && PORTS+=("$DBD_PORT")
 for port in "${PORTS[@]}"; do
     ! port_taken "$port" ||
@@ -144,8 +153,7 @@ for n in "${NODES[@]}"; do mkdir -p "$DEV/$n"; devfile "$DEV/$n/nvidiactl" 195 2
 devfile "$DEV/mig01/nvidia0" 195 0
 devfile "$DEV/mig01/nvidia1" 195 1
 devfile "$DEV/mps01/nvidia0" 195 0
-devfile "$DEV/gpu01/nvidia0" 195 0
-devfile "$DEV/gpu01/nvidia1" 195 1
+for n in "${WHOLE[@]}"; do devfile "$DEV/$n/nvidia0" 195 0; devfile "$DEV/$n/nvidia1" 195 1; done
 # A MIG instance is reached through its access capability file, one File= per
 # instance. The driver numbers them (mig-minors) as 3 + 135 * gpu + 9 * instance.
 # A layout an A100-40GB really accepts: GPU 0 as seven 1g.5gb (GPU instances 7..13),
@@ -291,8 +299,8 @@ GresTypes=gpu,mps
 $ACCOUNTING_CONF
 $(node_line mig01 0 gpu:1g.5gb:7,gpu:3g.20gb:2)
 $(node_line mps01 1 gpu:a100:1,mps:100)
-$(node_line gpu01 2 gpu:a100:2)
-PartitionName=gpu Nodes=mig01,mps01,gpu01 Default=YES MaxTime=INFINITE State=UP
+$(for ((i = 0; i < WHOLE_NODES; i++)); do node_line "${WHOLE[i]}" $((2 + i)) gpu:a100:2; done)
+PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
 PartitionName=mig Nodes=mig01 MaxTime=INFINITE State=UP
 PartitionName=mps Nodes=mps01 MaxTime=INFINITE State=UP
 PartitionName=exclusive Nodes=gpu01 MaxTime=INFINITE State=UP
@@ -305,7 +313,7 @@ NodeName=mig01 Name=gpu Type=1g.5gb File=$MIG_1G_5GB
 NodeName=mig01 Name=gpu Type=3g.20gb File=$MIG_3G_20GB
 NodeName=mps01 Name=gpu Type=a100 File=$DEV/mps01/nvidia0
 NodeName=mps01 Name=mps Count=100 File=$DEV/mps01/nvidia0
-NodeName=gpu01 Name=gpu Type=a100 File=$DEV/gpu01/nvidia0,$DEV/gpu01/nvidia1
+$(for n in "${WHOLE[@]}"; do echo "NodeName=$n Name=gpu Type=a100 File=$DEV/$n/nvidia0,$DEV/$n/nvidia1"; done)
 EOF
 
 # No cgroup-based plugin is configured, but slurmd of 24.x initialises the cgroup
