@@ -133,7 +133,7 @@ class Placement:
 
     ``nodes``: a multi-node job's (a gang's) nodes, rank 0 first (``node``), ``units`` on
     each (``gpu_equivalents`` is the gang's); empty for one node. A cluster starts a gang
-    on all of them at once or not at all (:mod:`broker.core.gangs`).
+    on all of them at once or not at all.
     """
 
     cluster: str

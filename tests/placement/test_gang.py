@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core.adapter import CapacityUnit, Placement, Rejected, Sharing
-from broker.core.gangs import refuse_multi_node
+from broker.core.adapter import CapacityUnit, Placement, Sharing
 from broker.core.schemas import JobSpec
 from broker.placement.capacity import CapacityView, Fit, NoFit
 from broker.placement.decision import CycleDecisions, Held, Placed, WaitCause, Waiting
@@ -136,9 +135,3 @@ def test_a_gang_on_a_sharing_mode_within_one_node_is_never_fitted():
     fit = view.fit(Job(nodes=2, gpus=1).spec, "slurm-a", Sharing.SLURM_MPS)
     assert isinstance(fit, NoFit) and fit.never
     assert isinstance(view.fit(Job(gpus=1).spec, "slurm-a", Sharing.SLURM_EXCLUSIVE), Fit)
-
-
-def test_the_slurm_and_kubernetes_adapters_refuse_a_gang_before_their_cluster_sees_it():
-    refuse_multi_node(Placement("slurm-a", Sharing.SLURM_EXCLUSIVE, 8, 8.0, node="a1"))  # one node: fine
-    with pytest.raises(Rejected, match="multi-node jobs are not supported on this adapter yet"):
-        refuse_multi_node(Placement("slurm-a", Sharing.SLURM_EXCLUSIVE, 8, 16.0, node="a1", nodes=("a1", "a2")))

@@ -68,4 +68,3 @@ def test_a_scheduler_killed_after_the_clusters_answer_finds_the_job_there_and_ru
     found = [e for e in events if e["to_state"] == "submitted"]
     assert len(found) == 1 and found[0]["reason"] == f"found on slurm-a as sim-slurm-a-{job} after a broker restart"
     assert [j["job_id"] for j in json.loads(state_file.read_text())["jobs"]] == [int(job)]  # not submitted twice
-
