@@ -46,10 +46,10 @@ test-fast: venv
 browser:
 	integration/scripts/ensure-chromium.sh
 
-# Two workers: the Slurm test clusters' tests (and Ray's) as one group on one of them, the
-# rest beside (integration/conftest.py); then the tests that change the machine, alone.
+# One process (the tests share the Slurm test clusters, whose ports are fixed); the tests
+# that change the machine (integration/conftest.py: `alone`) in a pass of their own, last.
 test-integration: venv postgres slurm browser
-	$(PYTEST) integration -q -n 2 --dist loadgroup -m "not alone" --durations=15
+	$(PYTEST) integration -q -m "not alone" --durations=15
 	$(PYTEST) integration -q -m alone
 
 test: test-fast test-integration

@@ -23,26 +23,12 @@ from integration.slurm_fixtures import (  # noqa: F401  (Slurm test clusters, on
 
 ADMIN_DSN = os.environ.get("GPUSH_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
-# `make test-integration` runs the suite on two pytest-xdist workers (--dist loadgroup):
-# every test of the Slurm test clusters (and Ray's workers, which run on them) on one, as
-# one group, since a session's clusters are one per worker; the rest on whichever is free.
 # A test marked `alone` changes the machine under every other test (restarts PostgreSQL,
-# fills a disk): it runs in a second, serial pass.
-SLURM_FIXTURES = {"slurm_cluster", "slurm_site", "slurm_chroots"}
-# Modules that start a Slurm test cluster of their own (the Slurm and Ray benches' smoke
-# runs), or may: a cluster takes fixed ports, so two at once on one machine cannot start.
-SLURM_MODULES = ("test_slurm", "test_ray", "test_lending", "test_inventory_drift", "test_bench_smoke")
+# fills a disk): `make test-integration` runs it in a pass of its own, after the rest.
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "alone: runs in make test-integration's serial pass, with no other test")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        if SLURM_FIXTURES & set(item.fixturenames) or module.startswith(SLURM_MODULES):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    config.addinivalue_line("markers", "alone: runs in a pass of its own in make test-integration, after the rest")
 
 
 def _sqlalchemy_url(dsn: str, dbname: str) -> str:
