@@ -721,6 +721,17 @@ def gang_job(job_id: int = 21) -> tuple[dict, list[dict]]:
     return job, pods
 
 
+def adapter_with_a_running_gang() -> tuple[FakeKube, KubernetesAdapter, dict, list[dict]]:
+    """A Kubernetes adapter over a fake cluster that holds :func:`gang_job`'s Job and Pods."""
+    fake = FakeKube()
+    adapter = KubernetesAdapter("k8s-a", {}, client=fake)  # type: ignore[arg-type]
+    job, pods = gang_job()
+    fake.put("jobs", job)
+    for pod in pods:
+        fake.put("pods", pod)
+    return fake, adapter, job, pods
+
+
 def test_a_gang_that_loses_a_rank_is_stopped_whole_and_queued_again_but_one_that_fails_is_failed():
     job, (rank0, rank1) = gang_job()
     seen = Observed(job=job)
@@ -783,12 +794,7 @@ def test_a_gang_that_loses_a_rank_is_stopped_whole_and_queued_again_but_one_that
 
 
 def test_statuses_stop_a_gang_that_lost_a_rank_and_report_it_lost_once_gone():
-    fake = FakeKube()
-    adapter = KubernetesAdapter("k8s-a", {}, client=fake)  # type: ignore[arg-type]
-    job, pods = gang_job()
-    fake.put("jobs", job)
-    for pod in pods:
-        fake.put("pods", pod)
+    fake, adapter, job, pods = adapter_with_a_running_gang()
     fake.put("services", {"metadata": {"name": "gpush-21", "labels": job["metadata"]["labels"]}})
     page = adapter.statuses(None)
     assert [(j.job_id, j.state) for j in page.jobs] == [(21, BackendState.RUNNING)]
@@ -807,12 +813,7 @@ def test_statuses_stop_a_gang_that_lost_a_rank_and_report_it_lost_once_gone():
 def test_a_gang_whose_job_ended_before_its_rank_was_deleted_lost_nothing():
     """The Job controller deletes a gang's ranks once its Job failed (or completed): seen before
     the Job's condition, that deletion is no loss, and the adapter reads the Job again to know."""
-    fake = FakeKube()
-    adapter = KubernetesAdapter("k8s-a", {}, client=fake)  # type: ignore[arg-type]
-    job, pods = gang_job()
-    fake.put("jobs", job)
-    for pod in pods:
-        fake.put("pods", pod)
+    fake, adapter, job, pods = adapter_with_a_running_gang()
     cursor = adapter.statuses(None).cursor
     failed = copy.deepcopy(job)
     failed["status"]["conditions"] = [
