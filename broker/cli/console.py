@@ -333,7 +333,12 @@ def _nodes_rows(spec: dict[str, Any], placement: dict[str, Any] | None) -> list[
         return []
     tasks = spec.get("tasks_per_node") or 1
     placed = (placement or {}).get("nodes") or []
-    rows = [("Nodes", f"{nodes}, {tasks} task{'s' * (tasks != 1)} (ranks) per node, {nodes * tasks} ranks in all")]
+    rows = [
+        (
+            "Nodes",
+            f"{nodes}, {tasks} task{'s' * (tasks != 1)} (rank{'s' * (tasks != 1)}) per node, {nodes * tasks} ranks in all",
+        )
+    ]
     for index in range(nodes):
         name = placed[index] if index < len(placed) else "(not placed yet)"
         ranks = f"rank {index * tasks}" if tasks == 1 else f"ranks {index * tasks}-{index * tasks + tasks - 1}"

@@ -211,7 +211,8 @@ class Answers:
 
 
 def describe(placement: Placement) -> str:
-    """A placement in a user's words: "slurm/mig: 1× MIG 1g.5gb on mig-01"."""
+    """A placement in a user's words: "slurm/mig: 1× MIG 1g.5gb on mig-01";
+    a multi-node job names every node: "slurm/exclusive: 8 whole GPUs on each of gpu-01, gpu-02"."""
     sharing = placement.sharing
     if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG):
         what = f"{placement.units}× MIG {placement.mig_profile}"
@@ -221,7 +222,10 @@ def describe(placement: Placement) -> str:
         limit = f", {placement.gpu_memory_gb:g} GB limit" if placement.gpu_memory_gb else ""
         what = f"{placement.units} time-slice replica(s){limit}"
     else:
-        what = f"{placement.units} whole GPU(s)"
-    where = f" on {placement.node}" if placement.node else ""
+        what = f"{placement.units} whole GPU{'s' * (placement.units != 1)}"
+    if len(placement.nodes) > 1:
+        where = f" on each of {', '.join(placement.nodes)}"
+    else:
+        where = f" on {placement.node}" if placement.node else ""
     reps = f", {placement.replicas} replicas" if placement.replicas > 1 else ""
     return f"{sharing.value}: {what}{where}{reps}"

@@ -106,3 +106,23 @@ def test_list_shows_the_shape_and_status_every_node_with_its_ranks(gpush):
     shown = gpush("status", job_id).out
     assert "2, 4 tasks (ranks) per node, 8 ranks in all" in shown
     assert "node 1 (not placed yet): ranks 4-7" in " ".join(shown.split())
+
+
+def test_one_task_per_node_reads_as_one_rank_and_the_placement_event_names_every_node():
+    from broker.cli.console import _nodes_rows
+    from broker.core.adapter import Placement, Sharing
+    from broker.scheduling.submission import describe
+
+    rows = dict(_nodes_rows({"nodes": 2, "tasks_per_node": 1}, {"nodes": ["gpu-01", "gpu-02"]}))
+    assert rows["Nodes"] == "2, 1 task (rank) per node, 2 ranks in all"
+    gang = Placement(
+        cluster="slurm-a",
+        sharing=Sharing.SLURM_EXCLUSIVE,
+        node="gpu-01",
+        units=8,
+        gpu_equivalents=16,
+        nodes=("gpu-01", "gpu-02"),
+    )
+    assert describe(gang) == "slurm/exclusive: 8 whole GPUs on each of gpu-01, gpu-02"
+    one = Placement(cluster="slurm-a", sharing=Sharing.SLURM_EXCLUSIVE, node="gpu-01", units=1, gpu_equivalents=1)
+    assert describe(one) == "slurm/exclusive: 1 whole GPU on gpu-01"
