@@ -74,7 +74,7 @@ def running_ends(placed: Iterable[tuple[Placement, datetime | None]]) -> dict[tu
     """:data:`Running` from the placements that hold capacity and their expected ends."""
     out: dict[tuple[str, str], list] = defaultdict(list)
     for placement, end in placed:
-        for node in placement.nodes or ((placement.node,) if placement.node else ()):
+        for node in placement.held_on:
             out[(placement.cluster, node)].append((placement.units * placement.replicas, end))
     return out
 
@@ -133,9 +133,8 @@ class Reservations:
         running (until ``end``) for the reservations made later this cycle."""
         if self.held.pop(job_id, None) is not None:
             self._index()
-        nodes = placement.nodes or ((placement.node,) if placement.node else ())
         units = placement.units * placement.replicas
-        for node in nodes:
+        for node in placement.held_on:
             self._fresh.append(((placement.cluster, node), units, end))
             if (placement.cluster, node) in self._by_node:
                 self.backfilled[job_id] = self.backfilled.get(job_id, 0) + units
