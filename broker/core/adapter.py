@@ -154,12 +154,6 @@ class Placement:
         """Whether this places a job on several nodes at once."""
         return len(self.nodes) > 1
 
-    @property
-    def held_on(self) -> tuple[str, ...]:
-        """The nodes it holds units on: a gang's every node, else its one node (none when
-        it names none: replicas spread over several nodes, or the cluster chooses)."""
-        return self.nodes or ((self.node,) if self.node else ())
-
     def to_dict(self) -> dict[str, Any]:
         out = {k: (v.value if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
         out["gpus"] = list(self.gpus)  # JSON has no tuples; from_dict turns it back

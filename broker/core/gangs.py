@@ -1,4 +1,5 @@
-"""The nodes multi-node jobs (gangs) keep from fleet changes: a node lent to the other
+"""The nodes of a placement (:func:`held_on`: a gang's every node), and the nodes
+multi-node jobs (gangs) keep from fleet changes: a node lent to the other
 cluster of a lending pool (broker.placement.lending) or re-cut for a MIG layout
 (broker.mig.plan) is never one that
 
@@ -15,7 +16,8 @@ view's (broker.placement.capacity: such a node offers nothing, and is no candida
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -28,20 +30,29 @@ from broker.core.states import JobState
 _PLACED = (JobState.ROUTED.value, JobState.SUBMITTING.value, JobState.SUBMITTED.value, JobState.RUNNING.value)
 
 
+def held_on(placement: Placement | Mapping[str, Any]) -> tuple[str, ...]:
+    """The nodes ``placement`` (or a stored one, :meth:`Placement.to_dict`'s) holds units
+    on: a gang's every node, else its one node (none when it names none: replicas spread
+    over several nodes, or the cluster chooses)."""
+    if isinstance(placement, Placement):
+        return placement.nodes or ((placement.node,) if placement.node else ())
+    return tuple(placement.get("nodes") or ()) or ((placement["node"],) if placement.get("node") else ())
+
+
 def gang_nodes(
-    reserved: Iterable[tuple[int, str, Sequence[str]]], placed: Iterable[tuple[int, Placement]]
+    reserved: Iterable[tuple[int, str, Sequence[str]]], placed: Iterable[tuple[int, str, Sequence[str]]]
 ) -> dict[tuple[str, str], str]:
     """(cluster, node) -> why no fleet change may take it: ``reserved``, (job id, cluster,
-    nodes) of each gang reservation; ``placed``, (job id, placement) of the jobs that hold
-    capacity (only gangs' count)."""
+    nodes) of each gang reservation; ``placed``, (job id, cluster, nodes it holds) of the
+    jobs that hold capacity (only those on several nodes count)."""
     out: dict[tuple[str, str], str] = {}
-    for job_id, placement in placed:
-        if placement.gang:
-            for node in placement.nodes:
-                out[(placement.cluster, node)] = f"runs a rank of multi-node job {job_id}"
+    for job_id, cluster, nodes in placed:
+        if len(nodes) > 1:
+            for node in nodes:
+                out[(cluster, node)] = f"runs a rank of multi-node job {job_id}"
     for job_id, cluster, nodes in reserved:
         for node in nodes:
-            out.setdefault((cluster, node), f"reserved for multi-node job {job_id}")
+            out.setdefault((cluster, node), f"is reserved for multi-node job {job_id}")
     return out
 
 
@@ -58,6 +69,6 @@ def waiting_reservations(session: Session, cluster: str | None = None) -> list[G
 def kept_for_gangs(session: Session) -> dict[tuple[str, str], str]:
     """:func:`gang_nodes` of the stored reservations and the placed jobs' placements."""
     rows = session.execute(select(Job.id, Job.placement).where(Job.state.in_(_PLACED), Job.placement.is_not(None)))
-    placed = ((job_id, Placement.from_dict(doc)) for job_id, doc in rows if doc and len(doc.get("nodes") or ()) > 1)
+    placed = ((job_id, doc.get("cluster"), held_on(doc)) for job_id, doc in rows if doc)
     reserved = ((r.job_id, r.cluster, tuple(r.nodes)) for r in waiting_reservations(session))
     return gang_nodes(reserved, placed)

@@ -49,12 +49,11 @@ from broker.core.adapter import (
     ClusterAdapter,
     NodeConfigurer,
     NodeFencer,
-    Placement,
     Sharing,
     capability,
 )
 from broker.core.clock import Clock
-from broker.core.gangs import kept_for_gangs
+from broker.core.gangs import held_on, kept_for_gangs
 from broker.core.gpus import gpu_model
 from broker.core.models import Job, NodeMove, NodeMoveEvent
 from broker.core.states import JobState
@@ -251,7 +250,7 @@ class NodeLending:
         jobs = [
             job
             for job in session.scalars(select(Job).where(Job.cluster == move.source, Job.state.in_(_HOLDING)))
-            if job.placement and move.node in Placement.from_dict(job.placement).held_on
+            if job.placement and move.node in held_on(job.placement)
         ]
         why = f"preempted: {move.node} is lent from {move.source} to {move.target}"
         said = []
@@ -272,7 +271,7 @@ class NodeLending:
             )
         )
         for cluster, placement, held in rows:
-            nodes = Placement.from_dict(placement).held_on
+            nodes = held_on(placement)
             for node in nodes:
                 out[(cluster, node)] += (held or 0.0) / len(nodes)
         return out

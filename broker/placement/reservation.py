@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from broker.core.adapter import Placement
+from broker.core.gangs import held_on
 from broker.core.spec_values import parse_time_limit
 
 # Expected ends of what runs on each node: (cluster, node) -> [(units, end or None)].
@@ -74,7 +75,7 @@ def running_ends(placed: Iterable[tuple[Placement, datetime | None]]) -> dict[tu
     """:data:`Running` from the placements that hold capacity and their expected ends."""
     out: dict[tuple[str, str], list] = defaultdict(list)
     for placement, end in placed:
-        for node in placement.held_on:
+        for node in held_on(placement):
             out[(placement.cluster, node)].append((placement.units * placement.replicas, end))
     return out
 
@@ -134,7 +135,7 @@ class Reservations:
         if self.held.pop(job_id, None) is not None:
             self._index()
         units = placement.units * placement.replicas
-        for node in placement.held_on:
+        for node in held_on(placement):
             self._fresh.append(((placement.cluster, node), units, end))
             if (placement.cluster, node) in self._by_node:
                 self.backfilled[job_id] = self.backfilled.get(job_id, 0) + units

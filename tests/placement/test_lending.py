@@ -61,7 +61,7 @@ def test_terms_join_two_clusters():
 
 def test_a_node_a_gang_keeps_never_moves_however_idle():
     pool = [
-        LendableNode("reserved", "slurm-a", 4, kept="reserved for multi-node job 7"),
+        LendableNode("reserved", "slurm-a", 4, kept="is reserved for multi-node job 7"),
         LendableNode("rank", "slurm-a", 4, busy=4.0, kept="runs a rank of multi-node job 8"),
         LendableNode("light", "slurm-a", 4, busy=0.5),
         LendableNode("other", "slurm-a", 4, busy=3.0),
