@@ -8,7 +8,11 @@ The rule, as Slurm's backfill keeps it:
   gets a :class:`Reservation`: the ``nodes`` nodes of its route that can hold one of its
   ranks soonest, by the expected ends of what runs there (when each job was placed plus its
   time limit; a job without one never ends, so its node is chosen only when nothing else
-  is), and ``start_by``, when the last of them is expected to have room.
+  is), and ``start_by``, when the last of them is expected to have room. A node its
+  cluster offers nothing of now (drained or cordoned: being lent, or fenced for a MIG
+  change; :meth:`broker.placement.capacity.CapacityView.gang_candidates`) is never one;
+  a reservation that held it picks others. The other way round, lending and the MIG
+  planner leave a reserved node alone (broker.core.gangs).
 - While it holds, a reserved node takes no other job that would end after ``start_by``
   (a job without a time limit always would); a job that ends by then is **backfilled**
   there. The gang itself, and nothing else, may use its nodes at any time.

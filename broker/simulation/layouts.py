@@ -12,11 +12,8 @@ The same workload on the same fleet, three ways:
   named in both: slurmd and a kubelet on one machine) move between them by
   :func:`broker.placement.lending.plan_moves`: fenced where they are, drained, then
   offered by the other side. A node starts with the first cluster of the fleet file
-  that lists it; the other keeps it fenced, so no GPU is ever offered by both.
-
-As in the live broker, a node a multi-node job keeps (reserved for a waiting gang, or
-running a rank of one: broker.core.gangs) is neither re-cut nor lent, and a gang is
-neither placed on nor reserves a node fenced for either (the capacity view's rule).
+  that lists it; the other keeps it fenced, so no GPU is ever offered by both. As live, a
+  node a gang keeps (broker.core.gangs) is neither re-cut nor lent.
 
 What it measures beside a replay's usual figures (:class:`LayoutRun`): GPU-equivalents
 held over the physical GPUs (a lent node counts once), the share of the fleet idle at
@@ -210,9 +207,8 @@ class _LayoutReplay(_FleetReplay):
                 self.acted = True
 
     def _mig_gpus(self, cluster: str) -> list[MigGpu]:
-        """The cluster's MIG GPUs it offers now (not fenced), the instances its jobs hold
-        marked busy (the simulator counts them per node and profile, as the broker does),
-        and those of a node a multi-node job keeps kept as they are (as broker.mig.queue)."""
+        """The cluster's MIG GPUs it offers now (not fenced), the instances its jobs hold marked busy
+        (counted per node and profile, as the broker does), those of a node a gang keeps kept."""
         sim = self.sims[cluster]
         kept = {node: why for (on, node), why in self._kept_for_gangs().items() if on == cluster}
         gpus, held = [], {}
@@ -294,24 +290,21 @@ class _LayoutReplay(_FleetReplay):
         ]
 
     def _kept_for_gangs(self) -> dict[tuple[str, str], str]:
-        """The nodes multi-node jobs keep from a move or a re-cut, as the live broker reads
-        them (broker.core.gangs): reserved for a waiting gang, or running a rank of one."""
+        """The nodes multi-node jobs keep from a move or a re-cut (broker.core.gangs)."""
         return gang_nodes(
             ((r.job_id, r.cluster, r.nodes) for r in self.reservations.values()),
             ((e.seq, e.placement.cluster, held_on(e.placement)) for e in self.holding.values()),
         )
 
     def _held_on(self, cluster: str, node: str) -> float:
-        """GPU-equivalents the jobs placed on ``node`` of ``cluster`` hold (started or not):
-        a multi-node job's share on each of its nodes."""
-        held = 0.0
-        for e in self.holding.values():
-            if e.placement.cluster != cluster:
-                continue
-            nodes = e.placement.nodes if e.placement.gang else (e.record.node or e.placement.node,)
-            if node in nodes:
-                held += e.placement.gpu_equivalents / len(nodes)
-        return held
+        """GPU-equivalents jobs placed on ``node`` of ``cluster`` hold (started or not; a gang's share per node)."""
+        ranks = (
+            (e, e.placement.nodes if e.placement.gang else (e.record.node or e.placement.node,))
+            for e in self.holding.values()
+        )
+        return sum(
+            e.placement.gpu_equivalents / len(on) for e, on in ranks if e.placement.cluster == cluster and node in on
+        )
 
     def _waiting_for_lent(self) -> dict[str, float]:
         """Per side of the pool, the GPU-equivalents of waiting work a lent node would
