@@ -17,7 +17,9 @@ inventory deals the node's GPUs to the offering side only. Once a cycle,
    on the target, until the target offers the node's GPUs and the source does not: ``done``;
 3. plans new moves from the jobs this cycle left waiting for capacity
    (:func:`broker.placement.lending.plan_moves`: the replay's rule, with the pool's
-   hysteresis, minimums and maximums).
+   hysteresis, minimums and maximums). A node a multi-node job keeps is not moved: one
+   a gang reservation holds, or one a placed gang runs a rank on
+   (:func:`broker.core.gangs.kept_for_gangs`); draining it would stop the whole gang.
 
 A draining node's preemptible jobs (the policy's ``preemption`` section) are preempted for
 the move, as for a waiting job; the others run to their end.
@@ -32,6 +34,7 @@ the node again. A Slurm target takes the node as its own configuration has it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,6 +53,7 @@ from broker.core.adapter import (
     capability,
 )
 from broker.core.clock import Clock
+from broker.core.gangs import held_on, kept_for_gangs
 from broker.core.gpus import gpu_model
 from broker.core.models import Job, NodeMove, NodeMoveEvent
 from broker.core.states import JobState
@@ -106,6 +110,7 @@ class NodeLending:
         with self.sessions() as session, session.begin():
             moves = {m.node: m for m in session.scalars(select(NodeMove).where(NodeMove.ended_at.is_(None)))}
             held = self._held(session, pool.clusters)
+            kept = kept_for_gangs(session)  # nodes multi-node jobs keep: none moves
             owner: dict[str, str] = {}
             for node in nodes:
                 if node in moves:
@@ -132,6 +137,7 @@ class NodeLending:
                     busy=held.get((owner[node], node), 0.0),
                     since=(now - since[node]).total_seconds() if node in since else float("inf"),
                     moving_to=moves[node].target if node in moves else None,
+                    kept=kept.get((owner[node], node)),
                 )
                 for node in nodes
             ]
@@ -244,7 +250,7 @@ class NodeLending:
         jobs = [
             job
             for job in session.scalars(select(Job).where(Job.cluster == move.source, Job.state.in_(_HOLDING)))
-            if (job.placement or {}).get("node") == move.node
+            if job.placement and move.node in held_on(job.placement)
         ]
         why = f"preempted: {move.node} is lent from {move.source} to {move.target}"
         said = []
@@ -256,17 +262,18 @@ class NodeLending:
 
     @staticmethod
     def _held(session: Session, clusters: Iterable[str]) -> dict[tuple[str, str], float]:
-        """GPU-equivalents gpush's placed jobs hold, per (cluster, node)."""
+        """GPU-equivalents gpush's placed jobs hold, per (cluster, node): a multi-node
+        job's share on each of its nodes."""
         out: dict[tuple[str, str], float] = defaultdict(float)
         rows = session.execute(
             select(Job.cluster, Job.placement, Job.gpu_equivalents).where(
-                Job.cluster.in_(list(clusters)), Job.state.in_(_HOLDING)
+                Job.cluster.in_(list(clusters)), Job.state.in_(_HOLDING), Job.placement.is_not(None)
             )
         )
         for cluster, placement, held in rows:
-            node = (placement or {}).get("node")
-            if node:
-                out[(cluster, node)] += held or 0.0
+            nodes = held_on(placement)
+            for node in nodes:
+                out[(cluster, node)] += (held or 0.0) / len(nodes)
         return out
 
     @staticmethod
@@ -315,7 +322,7 @@ class NodeLending:
 def _as_age(node: LendableNode) -> LendableNode:
     """``node`` with ``since`` holding its age (seconds since it last moved; never moved:
     infinite), as ``plan_moves`` reads it against a ``now`` of 0."""
-    return LendableNode(node.name, node.owner, node.gpus, node.busy, -node.since, node.moving_to)
+    return dataclasses.replace(node, since=-node.since)
 
 
 def _gpus(units: Iterable[CapacityUnit], node: str) -> int:

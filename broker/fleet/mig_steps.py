@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from broker.core.adapter import AdapterError, ClusterAdapter, MigPublisher, NodeFencer, capability
 from broker.core.clock import Clock
 from broker.core.clusters import AdapterPool, ClusterInfo
+from broker.core.gangs import held_on
 from broker.core.models import Job, MigChange
 from broker.core.models import NodeReport as NodeReportRow
 from broker.fleet.eviction import preempt_for_fleet
@@ -209,7 +210,7 @@ class Reconfigurations:
                 select(Job).where(Job.cluster == change.cluster, Job.state.in_(HOLDING))
             ).scalars()
             if job.placement
-            and job.placement.get("node") == change.node
+            and change.node in held_on(job.placement)  # a gang's rank there too
             and (whole or job.placement.get("mig_profile") in profiles)
         ]
         holders = [job.id for job in holding]

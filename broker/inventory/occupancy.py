@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.core.auth import Principal
+from broker.core.gangs import held_on
 from broker.core.models import Job
 from broker.core.states import CANCEL_NEEDS_CLUSTER
 
@@ -37,7 +38,7 @@ def occupancy(session: Session, principal: Principal, cluster: str | None = None
     out = []
     for job_id, name, tenant, user, job_cluster, placement in session.execute(query.order_by(Job.id)):
         mine = principal.is_admin or tenant == principal.tenant
-        nodes = placement.get("nodes") or [placement.get("node")]
+        nodes = held_on(placement) or (None,)
         held = placement.get("gpu_equivalents")
         if len(nodes) > 1 and held is not None:  # the gang's figure, the same on each node
             held = float(held) / len(nodes)

@@ -13,10 +13,11 @@ order given, ties broken by a fixed candidate order):
    overlap, starts among the profile's placements, compute within the GPU's) is
    enumerated once and cached; the maximal ones (nothing more fits) are the candidates.
    An A100 has a few dozen distinct maximal profile multisets. (broker.mig.layouts)
-2. GPUs that may not change keep today's layout: not MIG-capable, MIG mode off (unless
-   ``enable_mig``), work running outside a MIG instance, or work running on an instance
-   (unless ``repartition_busy``; then busy instances stay where they are and only the
-   rest of the GPU is re-cut).
+2. GPUs that may not change keep today's layout: on a node a multi-node job keeps
+   (``MigGpu.kept``: reserved for a waiting gang, or running a rank of one), not
+   MIG-capable, MIG mode off (unless ``enable_mig``), work running outside a MIG
+   instance, or work running on an instance (unless ``repartition_busy``; then busy
+   instances stay where they are and only the rest of the GPU is re-cut).
 3. A start is built greedily: the GPU whose current layout serves the most remaining
    demand goes first and keeps its layout when no candidate serves more; otherwise it
    takes the candidate that serves the most. Then single-GPU changes are tried from
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from broker.core.gpus import GpuModel, model_of_nvml_product
 from broker.inventory.agent_report import GpuReport, NodeReport
@@ -54,7 +55,9 @@ class MigGpu:
 
     ``mig_enabled``: MIG mode is on (else the GPU is used whole and ``instances`` is
     empty). ``busy``: work runs on the GPU that is not tied to one of ``instances``
-    (whole-GPU use, or processes NVML did not place on an instance).
+    (whole-GPU use, or processes NVML did not place on an instance). ``kept``: why its
+    node may not be re-cut now, whatever the queue wants (a multi-node job keeps the
+    node: broker.core.gangs), or None.
     """
 
     node: str
@@ -63,6 +66,7 @@ class MigGpu:
     mig_enabled: bool = True
     instances: tuple[MigSlot, ...] = ()
     busy: bool = False
+    kept: str | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -71,6 +75,11 @@ class MigGpu:
     @property
     def name(self) -> str:
         return f"{self.node} GPU {self.index}"
+
+
+def keep_nodes(gpus: Iterable[MigGpu], kept: Mapping[str, str]) -> list[MigGpu]:
+    """``gpus`` with those of the nodes in ``kept`` (node -> why) kept as they are."""
+    return [replace(g, kept=kept[g.node]) if g.node in kept else g for g in gpus]
 
 
 # --- outputs ----------------------------------------------------------------------------
@@ -214,7 +223,7 @@ def mark_held(gpus: Iterable[MigGpu], held: Mapping[tuple[str, str], int]) -> li
                 left[key] -= 1
                 slot = MigSlot(slot.profile, slot.start, busy=True)
             slots.append(slot)
-        out.append(MigGpu(gpu.node, gpu.index, gpu.model, gpu.mig_enabled, tuple(slots), gpu.busy))
+        out.append(replace(gpu, instances=tuple(slots)))
     return out
 
 
@@ -246,6 +255,7 @@ def _normalize(gpu: MigGpu, enable_mig: bool, repartition_busy: bool) -> _Gpu:
         tuple((s.profile, s.start, s.busy) for s in gpu.instances),
         gpu.mig_enabled,
         gpu.busy,
+        gpu.kept,
         enable_mig,
         repartition_busy,
     )
@@ -254,7 +264,7 @@ def _normalize(gpu: MigGpu, enable_mig: bool, repartition_busy: bool) -> _Gpu:
         if len(_SHAPES) > 10_000:  # a long-lived broker: keep the cache bounded
             _SHAPES.clear()
         shape = _SHAPES[key] = _shape(
-            gpu.model, gpu.instances, gpu.mig_enabled, gpu.busy, enable_mig, repartition_busy, gpu.name
+            gpu.model, gpu.instances, gpu.mig_enabled, gpu.busy, enable_mig, repartition_busy, gpu.name, gpu.kept
         )
     today, busy, frozen, candidates = shape
     return _Gpu(gpu, today, busy, frozen, list(candidates))
@@ -271,6 +281,7 @@ def _shape(
     enable_mig: bool,
     repartition_busy: bool,
     name: str,
+    kept: str | None = None,
 ) -> tuple[Layout, Layout, str | None, tuple[Layout, ...]]:
     """Today's placed layout, its busy instances, why the GPU may not change (or None),
     and the candidate layouts, for one GPU shape (``name`` only names it in errors)."""
@@ -282,7 +293,9 @@ def _shape(
             raise ValueError(f"{name}: today's MIG layout is not valid: {exc}") from None
     busy = tuple(s for s in today if s.busy)
     frozen = None
-    if not model.mig_capable:
+    if kept is not None:
+        frozen = f"its node {kept}"
+    elif not model.mig_capable:
         frozen = f"{model.name} is not MIG-capable"
     elif gpu_busy:
         frozen = "work runs on it outside a MIG instance"

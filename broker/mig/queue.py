@@ -11,8 +11,10 @@ Waiting work is of two sorts:
   submitting, submitted): their profile is known.
 
 The GPUs come from the node agents' reports (broker.inventory.report_store) of the cluster's
-nodes, or of every reported node without ``cluster``. Planning itself is
-broker.mig.plan; rendering broker.mig.config.
+nodes, or of every reported node without ``cluster``; the instances placed jobs hold are
+busy (a multi-node job's on each of its nodes), and the GPUs of a node a multi-node job
+keeps (reserved for a waiting gang, or running a rank of one: broker.core.gangs) keep
+their layout. Planning itself is broker.mig.plan; rendering broker.mig.config.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from broker.core.adapter import Placement, Sharing
 from broker.core.clusters import ClusterInfo
+from broker.core.gangs import held_on, kept_for_gangs
 from broker.core.models import Job
 from broker.core.schemas import JobSpec
 from broker.core.states import JobState as S
@@ -33,7 +36,7 @@ from broker.inventory.agent_report import NodeReport
 from broker.inventory.view import Inventory
 from broker.mig.config import render_mig_parted, render_planned_gres, render_summary
 from broker.mig.matching import SliceDemand
-from broker.mig.plan import MigPlan, gpus_from_reports, mark_held, plan_mig
+from broker.mig.plan import MigPlan, gpus_from_reports, keep_nodes, mark_held, plan_mig
 from broker.routing import versions as policystore
 from broker.routing.policy import evaluate
 
@@ -99,10 +102,11 @@ def held_instances(session: Session, nodes: list[str]) -> dict[tuple[str, str], 
     # Running jobs only: those placed and not started yet count as waiting demand (mig_demand).
     rows = session.execute(select(Job.placement).where(Job.state == S.RUNNING.value))
     for (placement,) in rows:
-        if not placement or placement.get("node") not in wanted or not placement.get("mig_profile"):
+        if not placement or not placement.get("mig_profile"):
             continue
-        key = (placement["node"], placement["mig_profile"])
-        held[key] = held.get(key, 0) + int(placement.get("units") or 1) * int(placement.get("replicas") or 1)
+        for node in wanted.intersection(held_on(placement)):  # a multi-node job's on each node
+            key = (node, placement["mig_profile"])
+            held[key] = held.get(key, 0) + int(placement.get("units") or 1) * int(placement.get("replicas") or 1)
     return held
 
 
@@ -164,6 +168,9 @@ def plan_for(
         listed = sorted(reports)
     nodes = [n for n in listed if n in reports]
     gpus = mark_held(gpus_from_reports(reports[n] for n in nodes), held_instances(session, nodes))
+    # Nodes a multi-node job keeps (reserved for a waiting gang, or running a rank of one) keep their layout.
+    kept = {node: why for (on, node), why in kept_for_gangs(session).items() if cluster is None or on == cluster.name}
+    gpus = keep_nodes(gpus, kept)
     demand = mig_demand(session, cluster.name if cluster is not None else None)
     plan = plan_mig(gpus, demand, repartition_busy=repartition_busy, enable_mig=enable_mig)
     return PlanResult(plan, nodes, [n for n in listed if n not in reports])

@@ -401,7 +401,11 @@ class CapacityView:
     def gang_candidates(self, spec: JobSpec, route) -> dict[str, int]:
         """The nodes of ``route`` that could ever hold one rank of the multi-node ``spec``
         (whole GPUs of the route's model with the memory it asks), with their units free
-        now, in inventory order: where a reservation may hold nodes for it."""
+        now, in inventory order: where a reservation may hold nodes for it. A node whose
+        cluster offers none of its units now (``labels["unavailable"]``: drained or
+        cordoned, as a node being lent to another cluster is, or fenced for a MIG change)
+        is none: it is not the gang's to wait for, and a reservation that held it picks
+        another."""
         sharing = Sharing(route.sharing)
         if sharing not in (Sharing.SLURM_EXCLUSIVE, Sharing.K8S_EXCLUSIVE):
             return {}
@@ -417,6 +421,8 @@ class CapacityView:
             for entry in shape.order:
                 position = entry[-1]
                 slot = group.slots[position]
+                if slot.unit.labels.get("unavailable"):
+                    continue
                 first, free = found.get(slot.unit.node, (position, 0))
                 found[slot.unit.node] = (min(first, position), max(free, slot.free))
         return {node: free for node, (_, free) in sorted(found.items(), key=lambda item: item[1][0])}

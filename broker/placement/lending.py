@@ -14,6 +14,8 @@ The rule, for each direction from cluster A to cluster B, every time it is asked
 - the nodes that move are A's that have stayed at least ``hold`` seconds since their
   last move (hysteresis in time), idle ones first, then the least busy (their work ends
   before they move: draining), at most ``max_moving`` in flight at once;
+- a node a multi-node job keeps (``LendableNode.kept``: reserved for a waiting gang, or
+  running a rank of a placed one; broker.core.gangs) does not move, however idle;
 - A keeps at least ``minimum[A]`` lendable nodes and B gets at most ``maximum[B]``;
 - as many move as B's waiting work needs (whole nodes, by their GPUs), no more.
 
@@ -42,6 +44,7 @@ class LendableNode:
     busy: float = 0.0
     since: float = 0.0
     moving_to: str | None = None  # a move under way: fenced on its owner, draining
+    kept: str | None = None  # why it may not move now (a gang keeps it: broker.core.gangs)
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ def plan_moves(
         cap = terms.maximum.get(target, len(nodes))
         need = waiting.get(target, 0.0) - going
         moves: list[Move] = []
-        for node in sorted((n for n in owned if now - n.since >= terms.hold), key=lambda n: (n.busy, n.name)):
+        movable = (n for n in owned if now - n.since >= terms.hold and n.kept is None)
+        for node in sorted(movable, key=lambda n: (n.busy, n.name)):
             if need <= 0 or len(moves) >= room:
                 break
             if len(owned) - len(moves) <= keep or at_target + len(moves) >= cap:
@@ -120,9 +124,9 @@ def called_off(terms: LendingTerms, node: LendableNode, waiting: Mapping[str, fl
 
 def need(spec: JobSpec, sharing: Sharing, model: GpuModel, replicas_per_gpu: int = 1) -> float:
     """GPU-equivalents a waiting job would hold in ``sharing`` on ``model``: the smallest
-    MIG slice that holds its memory, a time-slice replica, or whole GPUs (what
-    :func:`plan_moves`'s ``waiting`` adds up)."""
-    copies = spec.gpus * max(spec.elastic.min_replicas if spec.elastic is not None else 1, 1)
+    MIG slice that holds its memory, a time-slice replica, or whole GPUs, on each of its
+    nodes (what :func:`plan_moves`'s ``waiting`` adds up)."""
+    copies = spec.gpus * max(spec.elastic.min_replicas if spec.elastic is not None else 1, 1) * spec.nodes
     if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG) and spec.gpu_memory_gb is not None:
         fits = [p for p in model.mig_profiles.values() if p.memory_gb >= spec.gpu_memory_gb]
         if fits:

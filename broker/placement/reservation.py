@@ -8,7 +8,11 @@ The rule, as Slurm's backfill keeps it:
   gets a :class:`Reservation`: the ``nodes`` nodes of its route that can hold one of its
   ranks soonest, by the expected ends of what runs there (when each job was placed plus its
   time limit; a job without one never ends, so its node is chosen only when nothing else
-  is), and ``start_by``, when the last of them is expected to have room.
+  is), and ``start_by``, when the last of them is expected to have room. A node its
+  cluster offers nothing of now (drained or cordoned: being lent, or fenced for a MIG
+  change; :meth:`broker.placement.capacity.CapacityView.gang_candidates`) is never one;
+  a reservation that held it picks others. The other way round, lending and the MIG
+  planner leave a reserved node alone (broker.core.gangs).
 - While it holds, a reserved node takes no other job that would end after ``start_by``
   (a job without a time limit always would); a job that ends by then is **backfilled**
   there. The gang itself, and nothing else, may use its nodes at any time.
@@ -30,6 +34,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from broker.core.adapter import Placement
+from broker.core.gangs import held_on
 from broker.core.spec_values import parse_time_limit
 
 # Expected ends of what runs on each node: (cluster, node) -> [(units, end or None)].
@@ -74,7 +79,7 @@ def running_ends(placed: Iterable[tuple[Placement, datetime | None]]) -> dict[tu
     """:data:`Running` from the placements that hold capacity and their expected ends."""
     out: dict[tuple[str, str], list] = defaultdict(list)
     for placement, end in placed:
-        for node in placement.nodes or ((placement.node,) if placement.node else ()):
+        for node in held_on(placement):
             out[(placement.cluster, node)].append((placement.units * placement.replicas, end))
     return out
 
@@ -133,9 +138,8 @@ class Reservations:
         running (until ``end``) for the reservations made later this cycle."""
         if self.held.pop(job_id, None) is not None:
             self._index()
-        nodes = placement.nodes or ((placement.node,) if placement.node else ())
         units = placement.units * placement.replicas
-        for node in nodes:
+        for node in held_on(placement):
             self._fresh.append(((placement.cluster, node), units, end))
             if (placement.cluster, node) in self._by_node:
                 self.backfilled[job_id] = self.backfilled.get(job_id, 0) + units

@@ -17,6 +17,7 @@ from sqlalchemy import delete, func, select
 
 from broker.core.adapter import CapacityUnit, Placement, Sharing
 from broker.core.clusters import ClusterInfo
+from broker.core.gangs import waiting_reservations
 from broker.core.models import GangReservation, Job, JobEvent, Tenant
 from broker.core.states import JobState
 from broker.placement.reservation import Reservation, expected_end, running_ends
@@ -172,12 +173,9 @@ def reservations(sessions) -> dict[int, Reservation]:
 
 def held_reservations(session, cluster: str | None = None) -> dict[int, Reservation]:
     """The stored gang reservations of jobs that still wait (on ``cluster``), by job id."""
-    query = select(GangReservation).join(Job, Job.id == GangReservation.job_id).where(Job.state == S.QUEUED.value)
-    if cluster is not None:
-        query = query.where(GangReservation.cluster == cluster)
     return {
         r.job_id: Reservation(r.job_id, r.cluster, tuple(r.nodes), r.start_by, r.made_at)
-        for r in session.execute(query).scalars()
+        for r in waiting_reservations(session, cluster)
     }
 
 

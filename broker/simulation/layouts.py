@@ -12,7 +12,8 @@ The same workload on the same fleet, three ways:
   named in both: slurmd and a kubelet on one machine) move between them by
   :func:`broker.placement.lending.plan_moves`: fenced where they are, drained, then
   offered by the other side. A node starts with the first cluster of the fleet file
-  that lists it; the other keeps it fenced, so no GPU is ever offered by both.
+  that lists it; the other keeps it fenced, so no GPU is ever offered by both. As live, a
+  node a gang keeps (broker.core.gangs) is neither re-cut nor lent.
 
 What it measures beside a replay's usual figures (:class:`LayoutRun`): GPU-equivalents
 held over the physical GPUs (a lent node counts once), the share of the fleet idle at
@@ -32,10 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.core.adapter import Rejected, Sharing
+from broker.core.gangs import gang_nodes, held_on
 from broker.core.gpus import GpuModel
 from broker.mig.layouts import MigSlot
 from broker.mig.matching import SliceDemand
-from broker.mig.plan import MigGpu, mark_held, plan_mig
+from broker.mig.plan import MigGpu, keep_nodes, mark_held, plan_mig
 from broker.placement.lending import LendableNode, LendingTerms, called_off, need, plan_moves
 from broker.routing.policy import Policy
 from broker.simulation.fleet import Fleet
@@ -205,9 +207,10 @@ class _LayoutReplay(_FleetReplay):
                 self.acted = True
 
     def _mig_gpus(self, cluster: str) -> list[MigGpu]:
-        """The cluster's MIG GPUs it offers now (not fenced), the instances its jobs hold
-        marked busy (the simulator counts them per node and profile, as the broker does)."""
+        """The cluster's MIG GPUs it offers now (not fenced), the instances its jobs hold marked busy
+        (counted per node and profile, as the broker does), those of a node a gang keeps kept."""
         sim = self.sims[cluster]
+        kept = {node: why for (on, node), why in self._kept_for_gangs().items() if on == cluster}
         gpus, held = [], {}
         for node in sim.layout.nodes:
             if self.fences.get((cluster, node.name)):
@@ -224,7 +227,7 @@ class _LayoutReplay(_FleetReplay):
                 for gpu in node.gpus
                 if gpu.mode == "mig"
             ]
-        return mark_held(gpus, held)
+        return keep_nodes(mark_held(gpus, held), kept)
 
     def _slice_demand(self, cluster: str) -> list[SliceDemand]:
         """One demand per slice the waiting jobs routed to MIG on ``cluster`` want (as
@@ -272,6 +275,7 @@ class _LayoutReplay(_FleetReplay):
             self.acted = True
 
     def _lendable_nodes(self) -> list[LendableNode]:
+        kept = self._kept_for_gangs()
         return [
             LendableNode(
                 node,
@@ -280,16 +284,26 @@ class _LayoutReplay(_FleetReplay):
                 busy=self._held_on(self.owner[node], node),
                 since=self.since[node],
                 moving_to=self.moving[node][0] if node in self.moving else None,
+                kept=kept.get((self.owner[node], node)),
             )
             for node in sorted(self.lendable)
         ]
 
+    def _kept_for_gangs(self) -> dict[tuple[str, str], str]:
+        """The nodes multi-node jobs keep from a move or a re-cut (broker.core.gangs)."""
+        return gang_nodes(
+            ((r.job_id, r.cluster, r.nodes) for r in self.reservations.values()),
+            ((e.seq, e.placement.cluster, held_on(e.placement)) for e in self.holding.values()),
+        )
+
     def _held_on(self, cluster: str, node: str) -> float:
-        """GPU-equivalents the jobs placed on ``node`` of ``cluster`` hold (started or not)."""
-        return sum(
-            e.placement.gpu_equivalents
+        """GPU-equivalents jobs placed on ``node`` of ``cluster`` hold (started or not; a gang's share per node)."""
+        ranks = (
+            (e, e.placement.nodes if e.placement.gang else (e.record.node or e.placement.node,))
             for e in self.holding.values()
-            if e.placement.cluster == cluster and (e.record.node or e.placement.node) == node
+        )
+        return sum(
+            e.placement.gpu_equivalents / len(on) for e, on in ranks if e.placement.cluster == cluster and node in on
         )
 
     def _waiting_for_lent(self) -> dict[str, float]:

@@ -270,3 +270,91 @@ def test_a_broker_that_restarts_mid_move_carries_the_move_on_from_its_row(engine
     assert [job(sessions, j).state for j in waiting] == ["running"] * 12
     # As without the restart: mig-01 and k8s-a's MIG node run 6 of them again; 2 wait for a slice.
     assert sorted(job(sessions, j).state for j in held) == ["queued"] * 2 + ["running"] * 6
+
+
+# -- nodes multi-node jobs keep (issue 34 item 6) -----------------------------------------
+
+# slurm-a's whole-GPU nodes gpu-01 and lend take a two-node gang; lend is also k8s-a's,
+# time-sliced, when it is lent.
+GANG_FLEET = """
+clusters:
+  slurm-a:
+    flavor: slurm
+    nodes:
+      - name: mig-01
+        gpus: [{model: A100-SXM4-40GB, count: 1, mig: [3g.20gb, 3g.20gb]}]
+      - name: mps-01
+        gpus: [{model: A100-SXM4-40GB, mps: true}]
+      - name: gpu-01
+        gpus: [{model: A100-SXM4-80GB, count: 2}]
+      - name: lend
+        gpus: [{model: A100-SXM4-80GB, count: 2}]
+  k8s-a:
+    flavor: k8s
+    pools:
+      - {name: infer, nodes: 1, gpus_per_node: 2, model: A100-SXM4-80GB, timeslice_replicas: 4}
+      - {name: kmig, nodes: 1, gpus_per_node: 1, model: A100-SXM4-40GB, mig: [3g.20gb, 3g.20gb]}
+      - {name: lend, nodes: 1, gpus_per_node: 2, model: A100-SXM4-80GB, timeslice_replicas: 4}
+"""
+SERVE = {"kind": "inference", "isolation": "none", "gpu_memory_gb": 4, "labels": {"sim-duration": "36000"}}
+
+
+@pytest.fixture
+def gang_pool(sessions, clock):
+    made = AdapterPool(clock)
+    with sessions() as session, session.begin():
+        for name in ("slurm-a", "k8s-a"):
+            add_cluster(session, name=name, kind="sim", config={"fleet_yaml": GANG_FLEET}, actor="root", now=clock())
+    apply_policy(sessions, made, clock, LENDING)
+    return made
+
+
+def test_a_node_a_running_gang_has_a_rank_on_is_not_lent(engine, sessions, clock, gang_pool):
+    cycle = scheduler(engine, gang_pool, clock)
+    cycle.run_cycle()  # settles: slurm-a keeps lend
+    gang = submit(sessions, clock, kind="training", nodes=2, gpus=2, labels={"sim-duration": "600"})
+    cycle.run_cycle()
+    cycle.run_cycle()
+    placed = job(sessions, gang)
+    assert (placed.state, placed.placement["nodes"]) == ("running", ["gpu-01", "lend"])  # rank 1 on lend
+    waiting = [submit(sessions, clock, **SERVE) for _ in range(12)]  # 8 fit on infer-01: 4 wait for k8s-a
+    for _ in range(3):
+        clock.advance(5)
+        cycle.run_cycle()
+    with sessions() as session:
+        assert session.scalars(select(NodeMove)).all() == []
+    assert adapter(gang_pool, sessions, "slurm-a").fenced() == {}
+    assert job(sessions, gang).state == "running"
+    assert sorted(job(sessions, j).state for j in waiting) == ["queued"] * 4 + ["running"] * 8
+    # once the gang has ended, lend is lent as before
+    clock.advance(600)
+    for _ in range(4):
+        clock.advance(5)
+        cycle.run_cycle()
+    with sessions() as session:
+        (move,) = session.scalars(select(NodeMove)).all()
+    assert (move.node, move.target, move.step) == ("lend", "k8s-a", "done")
+
+
+def test_a_node_a_gang_reservation_holds_is_not_lent(engine, sessions, clock, gang_pool):
+    cycle = scheduler(engine, gang_pool, clock)
+    cycle.run_cycle()
+    busy = {"kind": "training", "gpus": 2, "time_limit": "2h", "labels": {"sim-duration": "7000"}}
+    ones = [submit(sessions, clock, **busy) for _ in range(2)]
+    cycle.run_cycle()
+    assert {job(sessions, j).placement["node"] for j in ones} == {"gpu-01", "lend"}
+    gang = submit(sessions, clock, kind="training", nodes=2, gpus=2, time_limit="1h")
+    clock.advance(11 * 60)  # past the default wait before a reservation
+    cycle.run_cycle()
+    assert "reserved gpu-01, lend on slurm-a" in job(sessions, gang).state_reason
+    # k8s-a waits for more than slurm-a (the gang's 4 GPUs): 3 of 4 services of 8 replicas (6 GPU-eq)
+    wide = {**SERVE, "elastic": {"min_replicas": 8, "max_replicas": 8}}
+    served = [submit(sessions, clock, **wide) for _ in range(4)]
+    for _ in range(3):
+        clock.advance(5)
+        cycle.run_cycle()
+    assert sorted(job(sessions, j).state for j in served) == ["queued"] * 3 + ["running"]
+    with sessions() as session:
+        assert session.scalars(select(NodeMove)).all() == []
+    assert adapter(gang_pool, sessions, "slurm-a").fenced() == {}
+    assert "reserved gpu-01, lend on slurm-a" in job(sessions, gang).state_reason

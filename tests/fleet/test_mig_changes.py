@@ -488,3 +488,86 @@ def test_a_change_that_ends_leaves_the_node_fenced_while_a_failed_one_holds_it(s
     assert change(sessions, 2).step == "done"
     assert "mig-01" in tier.fences  # still fenced: the failed change 1 holds it
     assert machine.fenced() == {("slurm-a", "mig-01"): "MIG change 1 of GPU 0 (failed)"}
+
+
+# -- multi-node jobs (issue 34 item 6) ------------------------------------------------------
+
+
+def _gang_rank(clock, profile="3g.20gb", state="running"):
+    """A two-node job on slurm-a whose rank 1 holds a ``profile`` slice of mig-01."""
+    job = _running_job(clock, profile)
+    job.state = state
+    job.spec = {"command": ["train"], "kind": "training", "gpus": 1, "nodes": 2}
+    job.placement = {**job.placement, "node": "mig-02", "nodes": ["mig-02", "mig-01"]}
+    job.gpu_equivalents = 0.86
+    return job
+
+
+def test_a_gangs_rank_on_the_node_holds_the_change_up(sessions, clock, tier, gpus):
+    machine = Reconfigurations(sessions, clock, lambda name: tier, limits=StepLimits(emptying=_minutes(30)))
+    ask(sessions, clock, tier, gpus)
+    with sessions() as session, session.begin():
+        session.add(_gang_rank(clock))
+    machine.advance()
+    assert change(sessions).step == "emptying"
+    clock.advance(31 * 60)
+    machine.advance()
+    assert change(sessions).step == "cancelled" and "job 1" in _last_note(sessions)
+    assert tier.layouts[("mig-01", 0)] == tuple(TODAY)
+
+
+def _waiting_for_ones(clock, n=7):
+    """Jobs placed on 1g.5gb slices that the cluster has not started: what a MIG plan re-cuts for."""
+    out = []
+    for _ in range(n):
+        job = _running_job(clock, "1g.5gb")
+        job.state = "routed"
+        job.placement = {**job.placement, "node": "mig-09", "gpu_equivalents": 1 / 7}
+        out.append(job)
+    return out
+
+
+def _plan(sessions):
+    from broker.inventory.report_store import load_reports
+    from broker.mig.queue import plan_for
+
+    with sessions() as session:
+        return plan_for(session, load_reports(session), None).plan
+
+
+@pytest.mark.parametrize("holder", ["rank", "reservation"])
+def test_the_mig_plan_keeps_the_layout_of_a_node_a_gang_keeps(sessions, clock, gpus, holder):
+    from broker.core.models import GangReservation
+
+    report(sessions, clock, gpus)
+    with sessions() as session, session.begin():
+        session.add_all(_waiting_for_ones(clock))
+    assert [g.node for g in _plan(sessions).changed]  # mig-01 is re-cut for them, by itself
+    with sessions() as session, session.begin():
+        if holder == "rank":
+            gang = _gang_rank(clock, profile="7g.40gb")
+            session.add(gang)
+            why = "its node runs a rank of multi-node job 8"
+        else:
+            gang = _gang_rank(clock, state="queued")
+            gang.placement = None
+            session.add(gang)
+            session.flush()
+            session.add(
+                GangReservation(
+                    job_id=gang.id, cluster="slurm-a", nodes=["mig-01", "mig-02"], start_by=clock(), made_at=clock()
+                )
+            )
+            why = "its node is reserved for multi-node job 8"
+    planned = _plan(sessions)
+    assert planned.changed == ()
+    assert {(g.node, g.action, g.reason) for g in planned.gpus} == {("mig-01", "keep", why)}
+
+
+def test_a_gangs_rank_holds_its_instances_on_every_node_of_the_gang(sessions, clock):
+    from broker.mig.queue import held_instances
+
+    with sessions() as session, session.begin():
+        session.add(_gang_rank(clock))
+    with sessions() as session:
+        assert held_instances(session, ["mig-01", "mig-02"]) == {("mig-01", "3g.20gb"): 1, ("mig-02", "3g.20gb"): 1}

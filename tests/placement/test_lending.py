@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker.placement.lending import LendableNode, LendingTerms, called_off, plan_moves
+from broker.core.adapter import Sharing
+from broker.core.gpus import gpu_model
+from broker.core.schemas import JobSpec
+from broker.placement.lending import LendableNode, LendingTerms, called_off, need, plan_moves
 
 TERMS = LendingTerms(("slurm-a", "k8s-a"), minimum={"slurm-a": 1}, hold=600, threshold=2, max_moving=2)
 
@@ -54,3 +57,22 @@ def test_demand_back_home_moves_nodes_back_and_calls_off_a_drain():
 def test_terms_join_two_clusters():
     with pytest.raises(ValueError, match="joins two clusters"):
         LendingTerms(("a", "a"))
+
+
+def test_a_node_a_gang_keeps_never_moves_however_idle():
+    pool = [
+        LendableNode("reserved", "slurm-a", 4, kept="is reserved for multi-node job 7"),
+        LendableNode("rank", "slurm-a", 4, busy=4.0, kept="runs a rank of multi-node job 8"),
+        LendableNode("light", "slurm-a", 4, busy=0.5),
+        LendableNode("other", "slurm-a", 4, busy=3.0),
+    ]
+    assert [m.node for m in plan_moves(TERMS, pool, {"k8s-a": 20.0}, now=1000)] == ["light", "other"]
+    assert [m.node for m in plan_moves(TERMS, pool[:2] + pool[3:], {"k8s-a": 20.0}, now=1000)] == ["other"]
+
+
+def test_a_waiting_gang_weighs_every_node_it_needs():
+    model = gpu_model("A100-SXM4-80GB")
+    spec = JobSpec.model_validate({"kind": "training", "command": ["run"], "gpus": 4, "nodes": 3})
+    assert need(spec, Sharing.SLURM_EXCLUSIVE, model) == 12.0
+    one = JobSpec.model_validate({"kind": "training", "command": ["run"], "gpus": 4})
+    assert need(one, Sharing.SLURM_EXCLUSIVE, model) == 4.0

@@ -4,6 +4,7 @@ that ends in time is backfilled; a reservation keeps its nodes from cycle to cyc
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from datetime import UTC, datetime, timedelta
 
@@ -17,6 +18,7 @@ from broker.placement.decision import CycleDecisions, Placed, Waiting
 from broker.placement.fairshare import FairShare
 from broker.placement.reservation import Reservations
 from broker.routing.policy import load_policy
+from broker.scheduling import holdings
 
 POLICY = load_policy(
     """
@@ -195,3 +197,57 @@ def test_a_wait_before_a_reservation_that_is_not_a_duration_is_refused_saying_wh
             "rules:\n  - {name: r, match: {}, route: {cluster: slurm-a, sharing: slurm/exclusive}}\n"
             "scheduling: {gang_reservation_after: soon}\n"
         )
+
+
+# -- nodes a fleet change holds (issue 34 item 6) ------------------------------------------
+
+
+def closed(unit: CapacityUnit, why: str) -> CapacityUnit:
+    """``unit`` as its cluster reports it while its node is drained or cordoned: all taken, with why."""
+    return dataclasses.replace(unit, allocated=unit.capacity, labels={**unit.labels, "unavailable": why})
+
+
+LENT = "drain: lent to k8s-a (gpush lending pool)"  # a node being lent, as Slurm's adapter says
+
+
+@pytest.mark.parametrize("fenced_by", ["lending", "mig change"])
+def test_a_node_being_lent_or_re_cut_is_never_reserved_for_a_gang(fenced_by):
+    inventory = {"slurm-a": [whole("a1", 4), whole("a2", 8), whole("a3", 8), whole("a4", 8)]}
+    if fenced_by == "lending":
+        inventory["slurm-a"][0] = closed(inventory["slurm-a"][0], LENT)
+    else:  # the scheduler's own fence for a MIG change under way
+        inventory = holdings.fence(inventory, {("slurm-a", "a1"): "MIG change 3 of GPU 0 (emptying)"})
+    view = CapacityView.build(inventory)
+    gang = Job(waited=timedelta(minutes=20), nodes=2, gpus=8)
+    # a1 would have room first (its job ends at 13:00), but it is on its way out
+    assert "a1" not in view.gang_candidates(gang.spec, POLICY.rules[0].route)
+    book = Reservations(AFTER, NOW, {}, RUNNING)
+    outcome = CycleDecisions(POLICY, view, FairShare({}, {}), book).decide(gang)
+    assert isinstance(outcome, Waiting)
+    assert outcome.reason.endswith("reserved a2, a4 on slurm-a; starts by ~15:00 when their jobs end")
+    assert book.held[gang.job_id].nodes == ("a2", "a4")
+
+
+def test_a_reservation_whose_node_starts_being_lent_picks_another():
+    gang = Job(waited=timedelta(minutes=20), nodes=2, gpus=8)
+    _, book, decisions = cycle()
+    decisions.decide(gang)
+    assert book.held[gang.job_id].nodes == ("a1", "a2")
+    units = [whole("a1", 4), closed(whole("a2", 8), LENT), whole("a3", 8), whole("a4", 8)]
+    view = CapacityView.build({"slurm-a": units})
+    later = Reservations(AFTER, NOW, book.held, RUNNING)
+    CycleDecisions(POLICY, view, FairShare({}, {}), later).decide(gang)
+    assert later.held[gang.job_id].nodes == ("a1", "a4")
+
+
+def test_a_gang_is_never_placed_on_a_node_being_lent_or_re_cut():
+    units = [whole("a1", 0), whole("a2", 0), whole("a3", 0), whole("a4", 0)]
+    inventory = holdings.fence({"slurm-a": units}, {("slurm-a", "a1"): "MIG change 3 of GPU 0 (draining)"})
+    inventory["slurm-a"][3] = closed(inventory["slurm-a"][3], LENT)
+    view = CapacityView.build(inventory)
+    decisions = CycleDecisions(POLICY, view, FairShare({}, {}))
+    three = decisions.decide(Job(nodes=3, gpus=8))
+    assert isinstance(three, Waiting)
+    assert three.reason.startswith("waiting for 3 nodes with 8 free A100-SXM4-80GBs on slurm-a: 2 have them now")
+    two = decisions.decide(Job(nodes=2, gpus=8))
+    assert isinstance(two, Placed) and two.placement.nodes == ("a2", "a3")

@@ -102,3 +102,43 @@ def test_the_report_compares_the_runs_within_80_columns(runs, tmp_path: Path):
 def test_an_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="unknown layout mode"):
         layouts.replay_layouts(load_fleet(FLEET, "f"), load_policy(DEFAULT_POLICY, "p"), [], modes=["magic"])
+
+
+# -- multi-node jobs keep their nodes (issue 34 item 6) --------------------------------------
+
+GANG_FLEET = """
+clusters:
+  slurm-a:
+    flavor: slurm
+    nodes:
+      - name: mig-01
+        gpus: [{model: A100-SXM4-80GB, count: 1, mig: [3g.40gb, 3g.40gb]}]
+      - name: gpu-01
+        gpus: [{model: A100-SXM4-80GB, count: 2}]
+      - name: lend
+        gpus: [{model: A100-SXM4-80GB, count: 2}]
+  k8s-a:
+    flavor: k8s
+    pools:
+      - {name: infer, nodes: 1, gpus_per_node: 2, model: A100-SXM4-80GB, timeslice_replicas: 4}
+      - {name: lend, nodes: 1, gpus_per_node: 2, model: A100-SXM4-80GB, timeslice_replicas: 4}
+"""
+# A two-node gang on gpu-01 and lend for 3 hours, then more inference than k8s-a's own node holds.
+GANG_WORKLOAD = """
+jobs:
+  - {name: gang, at: 0, duration: 3h, kind: training, gpus: 2, nodes: 2}
+  - {name: serve, at: 10m, duration: 4h, count: 16, every: 10, kind: inference, isolation: none, gpu_memory_gb: 4}
+"""
+
+
+def test_a_node_a_running_gang_has_a_rank_on_is_not_lent_in_a_replay():
+    fleet = load_fleet(GANG_FLEET, "test fleet")
+    loaded = read_workload(GANG_WORKLOAD, "test workload")
+    policy = load_policy(DEFAULT_POLICY, "default.yaml")
+    (run,) = layouts.replay_layouts(
+        fleet, policy, loaded.arrivals, modes=("lending",), terms=layouts.LayoutTerms(every=60, hold=600)
+    )
+    gang = next(r for r in run.result.jobs if r.name == "gang")
+    assert (gang.start, gang.end) == (0.0, 3 * 3600.0)
+    moved = [(t, node, source, target) for t, node, source, target in run.moved]
+    assert moved and all(t >= gang.end for t, *_ in moved), moved  # lend goes once the gang has ended
