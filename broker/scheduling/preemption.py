@@ -189,13 +189,15 @@ class Preemptions:
         self,
         clusters: dict[str, ClusterInfo],
         policy,
-        view,
+        decisions,
         blocked: Sequence[tuple[object, Sequence]],
         gaps: dict[str, float],
         report: CycleReport,
     ) -> dict[int, str]:
         """Victims for the jobs in ``blocked`` (each ``(candidate, routes)``: waiting for
-        capacity, in the cycle's order); returns the waiting reason of each job that now
+        capacity, in the cycle's order), fitted by the cycle's ``decisions``
+        (:class:`broker.placement.decision.CycleDecisions`: its capacity, and the nodes its
+        gang reservations keep); returns the waiting reason of each job that now
         waits for victims to stop. Writes the choices, then tells the victims."""
         terms = terms_of(policy)
         if terms is None or not blocked:
@@ -219,7 +221,7 @@ class Preemptions:
             )
         planner = Planner(running, terms=terms, share_gap=gaps, now=now, recent_reclaims=recent)
         chosen = planner.plan(
-            [Blocked(Waiting(job.job_id, job.tenant, job.priority), job, routes) for job, routes in asking], view
+            [Blocked(Waiting(job.job_id, job.tenant, job.priority), job, routes) for job, routes in asking], decisions
         )
         if not chosen:
             return {}

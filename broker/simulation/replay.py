@@ -240,7 +240,7 @@ class _FleetReplay(ReplayLoop):
             for e in self.queue
             if e.seq not in self.at_quota and e.routes
         )
-        chosen = planner.plan(blocked, self._capacity())
+        chosen = planner.plan(blocked, decisions)
         self.reclaims = planner.recent_reclaims
         for item, choice in chosen:
             for victim in choice.victims:
