@@ -18,13 +18,28 @@ until the waiting job fits (``fits``, given the victims' capacity as free), then
 victim the fit does not need is given back, latest first: never more than the waiting
 job needs. A job that is not preemptible is never a candidate.
 
+A multi-node job (a gang, ``nodes`` > 1 on whole GPUs) needs room for one rank on each
+of ``nodes`` nodes, so its victims are chosen node by node (:func:`choose_gang_victims`):
+for each node where a rank may go, the victims there that leave room for one, taken in
+the order above; of those nodes, the one whose victims lose least (the highest priority
+among them, then their GPU-seconds of work at risk), until it has its nodes. Then only
+if the whole gang fits, and any victim the fit does without is given back, as above. A
+running gang is a victim as a whole: the fit is tried with every node it holds given
+back, and it is stopped on all of them. It looks among ``Planner.CANDIDATES`` candidates
+per node it needs (at most ``Planner.MAX_CANDIDATES``), on whole GPUs only those on the
+nodes a rank may go to; when that choice does not make it fit (or, on MIG slices, its
+nodes are not known beforehand), it tries one by one as any job.
+
 :class:`Planner` makes one cycle's preemptions, for the live scheduler
 (:mod:`broker.scheduling.preemption`) and the replay (:mod:`broker.simulation.replay`)
 alike: the waiting jobs in the order the cycle decided them, each among the running jobs
-on its routes that no earlier job of the cycle took, its fit tried on the cycle's
-capacity with the victims' placements given back. The capacity a choice frees stays with
-the job it was freed for, so a later job of the cycle cannot count it, and the reclaim
-budget is the fleet's, shared by the cycle's choices.
+on its routes that no earlier job of the cycle took, its fit tried with the victims'
+placements given back by the cycle's own decisions
+(:meth:`broker.placement.decision.CycleDecisions.fit`), so it obeys their rule on gang
+reservations: a job never preempts onto nodes reserved for a gang that starts before it
+would end. The capacity a choice frees stays with the job it was freed for, so a later
+job of the cycle cannot count it, and the reclaim budget is the fleet's, shared by the
+cycle's choices.
 """
 
 from __future__ import annotations

@@ -13,8 +13,11 @@ survives a broker restart (the ``preemptions`` table, :class:`broker.core.models
   yet told gets its checkpoint signal (its cluster's :class:`broker.core.adapter.Preemptor`:
   Slurm signals the batch step, Kubernetes deletes the pods with the grace period); a
   cluster without that capability cancels it. A victim still running once its grace ran
-  out is cancelled. A preemption whose victim left ``running`` is closed, with the
-  GPU-seconds of work it lost (since its last checkpoint, else its start).
+  out is cancelled. A multi-node victim (a gang) is one job there, told and stopped by
+  one call for its id on every node (the simulated cluster ends all its ranks;
+  Kubernetes deletes the Indexed Job's Pods, Job and Service), and queued again whole.
+  A preemption whose victim left ``running`` is closed, with the GPU-seconds of work it
+  lost (since its last checkpoint, else its start).
 - **End** (step 2, :class:`broker.scheduling.sync.StatusSync`): a told victim that ends,
   however (it saved and exited, was killed, or cancelled), goes ``running`` ->
   ``requeued`` with the preemption's reason -> ``queued``, placement void, and routing

@@ -130,3 +130,22 @@ jobs:
     gang = by_name["gang"]
     assert gang.start == 3600 and gang.placement["nodes"] == ["gpu-02", "gpu-03"]
     assert result.preemption["gpu_hours_lost"] == pytest.approx((3 * 1 + 22 + 4 * 20) / 60)
+
+
+def test_a_running_gang_preempted_in_a_replay_frees_every_node_and_runs_again_whole():
+    workload = read_workload(
+        """
+jobs:
+  - {name: gang, at: 0, duration: 2h, kind: training, nodes: 2, gpus: 4, tenant: ml, preemptible: true}
+  - {name: urgent, at: 1800, duration: 1h, kind: training, gpus: 4, priority: 10, tenant: ops}
+  - {name: after, at: 1800, duration: 1h, kind: training, gpus: 4, priority: 10, tenant: ops}
+""",
+        "w.yaml",
+    )
+    result = replay(load_fleet(FLEET, "fleet"), load_policy(POLICY, "p"), workload.arrivals, preemption=Terms())
+    jobs = {j.name: j for j in result.jobs if j.requeue_of is None}
+    # one victim made room for both 4-GPU jobs: the gang held gpu-01 and gpu-02
+    assert [j.name for j in result.jobs if j.preempted] == ["gang"]
+    assert jobs["urgent"].start == jobs["after"].start == 1800
+    (again,) = [j for j in result.jobs if j.requeue_of is not None]
+    assert again.start == 5400 and again.placement["nodes"] == ["gpu-01", "gpu-02"]
