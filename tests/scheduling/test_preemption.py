@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from broker.core.adapter import Unreachable
 from broker.core.clusters import AdapterPool, add_cluster, list_clusters
-from broker.core.models import JobEvent, Preemption
+from broker.core.models import GangReservation, JobEvent, Preemption
 from broker.intake import queue
 from broker.simulation.cluster import SimulatedCluster
 from tests.scheduling.test_cycle import ADMIN, DEFAULT_POLICY, apply_policy, job, scheduler, submit
@@ -377,3 +377,35 @@ def test_a_running_gang_is_preempted_whole_and_queued_again(engine, sessions, cl
     assert allocated[other] == 0  # no rank of the gang left running there
     cycle.run_cycle()
     assert job(sessions, low).state_reason.startswith("waiting for 2 nodes with 4 free A100-SXM4-80GBs on slurm-g")
+
+
+def test_a_job_does_not_preempt_onto_nodes_reserved_for_a_gang_that_starts_before_it_ends(
+    engine, sessions, clock, three_nodes
+):
+    cycle = scheduler(engine, three_nodes, clock)
+    ending = [
+        submit(sessions, clock, tenant="research", kind="training", gpus=4, time_limit="1h", labels=LONG)
+        for _ in range(2)
+    ]
+    later = submit(sessions, clock, tenant="research", kind="training", gpus=4, time_limit="5h", labels=LONG)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    gang = submit(sessions, clock, tenant="ml", kind="training", nodes=2, gpus=4, time_limit="1h")
+    cycle.run_cycle()
+    clock.advance(11 * 60)  # past the policy's default wait: the nodes that free at 11:00 are reserved
+    cycle.run_cycle()
+    with sessions() as session:
+        (reserved,) = session.execute(select(GangReservation)).scalars()
+    assert reserved.job_id == gang and set(reserved.nodes) == {node_of(sessions, j) for j in ending}
+    # the jobs on the reserved nodes lose 1 min of work, the other 10 min: yet a job that
+    # would run past 11:00 preempts the other, and lands there
+    with sessions() as session, session.begin():
+        for job_id, minutes in {ending[0]: 1, ending[1]: 1, later: 10}.items():
+            queue.record_checkpoint(session, job_id, ADMIN, now=clock() - timedelta(minutes=minutes))
+    freed = node_of(sessions, later)
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10, time_limit="10h")
+    cycle.run_cycle()
+    with sessions() as session:
+        assert list(session.execute(select(Preemption.victim_id)).scalars()) == [later]
+    cycle.run_cycle()
+    assert job(sessions, urgent).placement["node"] == freed
