@@ -22,7 +22,8 @@ A multi-node job (a gang, ``nodes`` > 1 on whole GPUs) needs room for one rank o
 of ``nodes`` nodes, so its victims are chosen node by node (:func:`choose_gang_victims`):
 for each node where a rank may go, the victims there that leave room for one, taken in
 the order above; of those nodes, the one whose victims lose least (the highest priority
-among them, then their GPU-seconds of work at risk), until it has its nodes. Then only
+among them, then their GPU-seconds of work at risk; a running gang's shared among the
+nodes it would free), until it has its nodes. Then only
 if the whole gang fits, and any victim the fit does without is given back, as above. A
 running gang is a victim as a whole: the fit is tried with every node it holds given
 back, and it is stopped on all of them. It looks among ``Planner.CANDIDATES`` candidates
@@ -211,9 +212,10 @@ def choose_gang_victims(
     ``nodes`` nodes, and lose the least work across them, or None. ``free``: the nodes
     where a rank may go, with their units free now. Node by node: each node's cheapest
     victims that leave room for a rank (its candidates in the order that loses the
-    least), and of the nodes the one whose victims lose least (the highest priority
-    among them, then their GPU-seconds of work at risk), until ``nodes`` are picked; a
-    victim taken for one node frees every node it holds (a gang is stopped whole).
+    least, less any the room does without), and of the nodes the one whose victims lose least (the highest priority
+    among them, then their GPU-seconds of work at risk, a victim's shared among the
+    nodes still to pick that it holds), until ``nodes`` are picked; a victim taken for
+    one node frees every node it holds (a gang is stopped whole).
     None unless the whole job then fits; of the set, any victim the fit does without
     is given back."""
     allowed, reclaim_budget = _allowed(waiting, running, terms, share_gap, now, recent_reclaims)
@@ -244,8 +246,17 @@ def choose_gang_victims(
                 room += held_on(victim.placement)[node]
             if room < need:
                 continue
+            for item in reversed(list(adds)):  # the node's own give-back: none it does without
+                if room - held_on(item[0].placement)[node] >= need:
+                    adds.remove(item)
+                    room -= held_on(item[0].placement)[node]
             victims = [v for v, _ in adds]
-            cost = (bool(victims), max((v.priority for v in victims), default=0), lost_gpu_seconds(victims, now))
+            # A victim on several of the nodes still to pick (a gang) frees them all: its work counts shared among them.
+            lost = sum(
+                lost_gpu_seconds([v], now) / max(sum(n in free and n not in picked for n in held_on(v.placement)), 1)
+                for v in victims
+            )
+            cost = (bool(victims), max((v.priority for v in victims), default=0), lost)
             if best is None or (cost, order) < best[:2]:
                 best = (cost, order, node, adds)
         if best is None:

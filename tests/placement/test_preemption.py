@@ -185,15 +185,16 @@ def test_a_gang_finds_its_victims_among_more_candidates_than_a_one_node_job_look
 
 
 def test_a_running_gang_chosen_as_victim_frees_every_node_it_holds():
-    # the low-priority gang on n1 and n2 loses less than n3's job: one victim frees both nodes
-    running = [on(1, "n1,n2", 4, started=10), on(2, "n3", 4, started=30)]
-    view = fleet(3, running)
+    # the low-priority gang on n1 and n2 loses 80 GPU-min, n3's and n4's jobs 60 each: one
+    # victim that frees both nodes loses less than the two others together
+    running = [on(1, "n1,n2", 4, started=10), on(2, "n3", 4, started=15), on(3, "n4", 4, started=15)]
+    view = fleet(4, running)
     assert plan([gang()], running, view) == {100: [1]}
     # a one-node job that needs 4 GPUs preempts the gang too (it is stopped whole), and the
     # other node it frees stays free for the next job of the cycle
-    view = fleet(3, running)
+    view = fleet(4, running)
     assert plan([Ask(100, gpus=4)], running, view) == {100: [1]}
-    assert sorted(free_on(view).values()) == [0, 0, 4]
+    assert sorted(free_on(view).values()) == [0, 0, 0, 4]
 
 
 def test_preemption_keeps_off_nodes_reserved_for_a_gang_that_starts_before_the_job_ends():
@@ -213,3 +214,12 @@ def test_preemption_keeps_off_nodes_reserved_for_a_gang_that_starts_before_the_j
     # and when n2's job may not be preempted, the long job preempts nothing: it waits
     only_n1 = running[:1]
     assert plan([Ask(100, gpus=4)], only_n1, fleet(3, only_n1, others={"n2": 4, "n3": 4}), book()) == {}
+
+
+def test_a_gang_preempts_no_more_than_its_ranks_need():
+    # a rank needs 2 GPUs: n2 has them free. On n1 job 1 (1 GPU, 30 min) comes before job 2
+    # (2 GPUs, 31 min), but job 2 alone makes room: n1 loses 62 GPU-min, less than n3's
+    # one job (4 GPUs, 20 min: 80), and job 1 is not preempted
+    running = [on(1, "n1", 1, started=30), on(2, "n1", 2, started=31), on(3, "n3", 4, started=20)]
+    view = fleet(3, running, others={"n1": 1, "n2": 2})
+    assert plan([gang(gpus=2)], running, view) == {100: [2]}
