@@ -23,13 +23,13 @@ of ``nodes`` nodes, so its victims are chosen node by node (:func:`choose_gang_v
 for each node where a rank may go, the victims there that leave room for one, taken in
 the order above; of those nodes, the one whose victims lose least (the highest priority
 among them, then their GPU-seconds of work at risk; a running gang's shared among the
-nodes it would free), until it has its nodes. Then only
-if the whole gang fits, and any victim the fit does without is given back, as above. A
-running gang is a victim as a whole: the fit is tried with every node it holds given
-back, and it is stopped on all of them. It looks among ``Planner.CANDIDATES`` candidates
-per node it needs (at most ``Planner.MAX_CANDIDATES``), on whole GPUs only those on the
-nodes a rank may go to; when that choice does not make it fit (or, on MIG slices, its
-nodes are not known beforehand), it tries one by one as any job.
+nodes it would free), until it has its nodes. Then only if the whole gang fits, and any
+victim the fit does without is given back, as above. A running gang is a victim as a
+whole: the fit is tried with every node it holds given back, and it is stopped on all
+of them. A gang looks among ``Planner.CANDIDATES`` candidates per node it needs (at most
+``Planner.MAX_CANDIDATES``), on whole GPUs only those on the nodes a rank may go to;
+when that choice does not make it fit (or, on MIG slices, its nodes are not known
+beforehand), it tries one by one as any job.
 
 :class:`Planner` makes one cycle's preemptions, for the live scheduler
 (:mod:`broker.scheduling.preemption`) and the replay (:mod:`broker.simulation.replay`)
@@ -210,14 +210,14 @@ def choose_gang_victims(
 ) -> Choice | None:
     """The victims that let the multi-node ``waiting`` fit, ``need`` units on each of
     ``nodes`` nodes, and lose the least work across them, or None. ``free``: the nodes
-    where a rank may go, with their units free now. Node by node: each node's cheapest
-    victims that leave room for a rank (its candidates in the order that loses the
-    least, less any the room does without), and of the nodes the one whose victims lose least (the highest priority
-    among them, then their GPU-seconds of work at risk, a victim's shared among the
-    nodes still to pick that it holds), until ``nodes`` are picked; a victim taken for
-    one node frees every node it holds (a gang is stopped whole).
-    None unless the whole job then fits; of the set, any victim the fit does without
-    is given back."""
+    where a rank may go, with their units free now. Node by node: on each node the
+    cheapest victims that leave room for a rank (its candidates in the order that loses
+    the least, less any the room does without), and of the nodes the one whose victims
+    lose least (the highest priority among them, then their GPU-seconds of work at
+    risk, a victim's shared among the nodes still to pick that it holds), until
+    ``nodes`` are picked; a victim taken for one node frees every node it holds (a gang
+    is stopped whole). None unless the whole job then fits; of the set, any victim the
+    fit does without is given back."""
     allowed, reclaim_budget = _allowed(waiting, running, terms, share_gap, now, recent_reclaims)
     on_node: dict[str, list[tuple[Running, str]]] = {}
     for candidate in allowed:
