@@ -143,6 +143,19 @@ def test_a_gang_found_again_by_a_restarted_broker_is_one_job(adapter, kubeconfig
         restarted.close()
 
 
+def test_a_preempted_gang_is_stopped_on_every_node_by_one_call(adapter, api):  # noqa: F811
+    """What the broker's preemption step does to a gang victim (broker.scheduling.preemption):
+    one preempt of its job id deletes every rank's Pod, with the grace, and its Job and Service."""
+    spec = job_spec(nodes=2, gpus=2, labels={"sim-duration": "600"})
+    adapter.submit(33, spec, gang("h100-0", "h100-1"))
+    wait_for(lambda: [p.status.phase for p in pods_of(api, 33)] == ["Running", "Running"], what="both ranks running")
+    adapter.preempt(33, "SIGTERM", 5)
+    wait_for(lambda: pods_of(api, 33) == [], what="both ranks stopped")
+    assert client.BatchV1Api(api).list_namespaced_job(NAMESPACE, label_selector="gpush.io/job-id=33").items == []
+    assert client.CoreV1Api(api).list_namespaced_service(NAMESPACE, label_selector="gpush.io/job-id=33").items == []
+    assert adapter.find(33) is None
+
+
 def test_a_node_lost_mid_run_stops_the_whole_gang_which_is_queued_again(adapter, api):  # noqa: F811
     spec = job_spec(nodes=2, gpus=2, labels={"sim-duration": "60"})
     adapter.submit(31, spec, gang("h100-0", "h100-2"))

@@ -225,6 +225,26 @@ class CycleDecisions:
                 )
         return waiting
 
+    def fit(self, job: Ask, route: Route) -> Fit | NoFit:
+        """Fit ``job`` on ``route`` as :meth:`decide` does (steps 2 and 6: off the nodes
+        reserved for a gang that starts before it would end), and nothing else: no quota,
+        no charge, no reservation made. What preemption tries once victims' capacity is
+        given back (:class:`broker.placement.preemption.Planner`), so a job preempts only
+        where it may be placed."""
+        book = self.reservations
+        return self._fit(job, route, expected_end(book.now, job.spec.time_limit) if book is not None else None)
+
+    def gang_nodes(self, job: Ask, route: Route) -> dict[str, int]:
+        """The nodes of ``route`` a rank of the multi-node ``job`` may go to, with their
+        units free now: those that could ever hold one, less those reserved for another
+        gang that starts before ``job`` would end (step 6)."""
+        nodes = self.capacity.gang_candidates(job.spec, route)
+        book = self.reservations
+        if book is None or not book.held or not nodes:
+            return nodes
+        blocked = set(book.blocked(job.job_id, route.cluster, expected_end(book.now, job.spec.time_limit)))
+        return {node: units for node, units in nodes.items() if node not in blocked}
+
     def _fit(self, job: Ask, route: Route, end: Any) -> Fit | NoFit:
         """Fit ``job`` on ``route``, off the nodes reserved for gangs that start before it
         would end (``end``: its time limit from now; None: it has none)."""

@@ -185,7 +185,7 @@ class Scheduler:
             if decided.blocked and decided.preempting:
                 with report.timing("preempt"):  # 8
                     told = self.preemptions.choose(
-                        clusters, decided.policy, view, decided.blocked, decided.fair.gaps(), report
+                        clusters, decided.policy, decided.decisions, decided.blocked, decided.fair.gaps(), report
                     )
                 decided.told(told)
             if decided.lending:
@@ -421,7 +421,7 @@ class Scheduler:
         claim_in_loop = report.seconds["claim"] - claim_before
         report.add_time("decide", time.perf_counter() - decide_begin - claim_in_loop)
         submission.close(report)
-        return Decided(policy, fair, held, waiting, blocked, preempting=preempting, lending=lending)
+        return Decided(policy, fair, held, waiting, blocked, decisions, preempting=preempting, lending=lending)
 
     def _reservations(self, policy, sync: StatusChanges | None, kept) -> Reservations | None:
         """The cycle's book of gang reservations: those kept from the last cycle
@@ -467,6 +467,7 @@ class Decided:
     held: list[tuple[int, str]]
     waiting: list[tuple[Candidate, str]]
     blocked: list[tuple[Candidate, list]]
+    decisions: CycleDecisions  # the cycle's capacity and reservations, where preemption fits (step 8)
     preempting: bool = False  # the policy preempts
     lending: bool = False  # the policy has lending pools
 

@@ -13,8 +13,11 @@ survives a broker restart (the ``preemptions`` table, :class:`broker.core.models
   yet told gets its checkpoint signal (its cluster's :class:`broker.core.adapter.Preemptor`:
   Slurm signals the batch step, Kubernetes deletes the pods with the grace period); a
   cluster without that capability cancels it. A victim still running once its grace ran
-  out is cancelled. A preemption whose victim left ``running`` is closed, with the
-  GPU-seconds of work it lost (since its last checkpoint, else its start).
+  out is cancelled. A multi-node victim (a gang) is one job there, told and stopped by
+  one call for its id on every node (the simulated cluster ends all its ranks;
+  Kubernetes deletes the Indexed Job's Pods, Job and Service), and queued again whole.
+  A preemption whose victim left ``running`` is closed, with the GPU-seconds of work it
+  lost (since its last checkpoint, else its start).
 - **End** (step 2, :class:`broker.scheduling.sync.StatusSync`): a told victim that ends,
   however (it saved and exited, was killed, or cancelled), goes ``running`` ->
   ``requeued`` with the preemption's reason -> ``queued``, placement void, and routing
@@ -189,13 +192,15 @@ class Preemptions:
         self,
         clusters: dict[str, ClusterInfo],
         policy,
-        view,
+        decisions,
         blocked: Sequence[tuple[object, Sequence]],
         gaps: dict[str, float],
         report: CycleReport,
     ) -> dict[int, str]:
         """Victims for the jobs in ``blocked`` (each ``(candidate, routes)``: waiting for
-        capacity, in the cycle's order); returns the waiting reason of each job that now
+        capacity, in the cycle's order), fitted by the cycle's ``decisions``
+        (:class:`broker.placement.decision.CycleDecisions`: its capacity, and the nodes its
+        gang reservations keep); returns the waiting reason of each job that now
         waits for victims to stop. Writes the choices, then tells the victims."""
         terms = terms_of(policy)
         if terms is None or not blocked:
@@ -219,7 +224,7 @@ class Preemptions:
             )
         planner = Planner(running, terms=terms, share_gap=gaps, now=now, recent_reclaims=recent)
         chosen = planner.plan(
-            [Blocked(Waiting(job.job_id, job.tenant, job.priority), job, routes) for job, routes in asking], view
+            [Blocked(Waiting(job.job_id, job.tenant, job.priority), job, routes) for job, routes in asking], decisions
         )
         if not chosen:
             return {}

@@ -217,10 +217,11 @@ class _FleetReplay(ReplayLoop):
 
     def _preempt(self, t: float, decisions: CycleDecisions) -> bool:
         """Stop preemptible running jobs of lower standing for waiting jobs that only they
-        block, by the planner the scheduler uses (broker.placement.preemption.Planner):
-        each victim loses the work since its last checkpoint and is queued again for the
-        rest. Victims stop at once here (no grace: the replay's capacity frees when the
-        cluster reads the cancel)."""
+        block, by the planner the scheduler uses (broker.placement.preemption.Planner), on
+        this cycle's ``decisions`` (their capacity and gang reservations, as the live
+        cycle's): each victim loses the work since its last checkpoint and is queued again
+        for the rest. Victims stop at once here (no grace: the replay's capacity frees when
+        the cluster reads the cancel; a gang's on every node)."""
         running = [
             self._as_running(e)
             for e in self.holding.values()
@@ -240,7 +241,7 @@ class _FleetReplay(ReplayLoop):
             for e in self.queue
             if e.seq not in self.at_quota and e.routes
         )
-        chosen = planner.plan(blocked, self._capacity())
+        chosen = planner.plan(blocked, decisions)
         self.reclaims = planner.recent_reclaims
         for item, choice in chosen:
             for victim in choice.victims:

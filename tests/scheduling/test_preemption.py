@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from broker.core.adapter import Unreachable
-from broker.core.models import JobEvent, Preemption
+from broker.core.clusters import AdapterPool, add_cluster, list_clusters
+from broker.core.models import GangReservation, JobEvent, Preemption
 from broker.intake import queue
 from broker.simulation.cluster import SimulatedCluster
 from tests.scheduling.test_cycle import ADMIN, DEFAULT_POLICY, apply_policy, job, scheduler, submit
@@ -271,3 +272,140 @@ def test_a_preempted_job_runs_again_as_a_new_run(engine, sessions, clock, preemp
     assert job(sessions, victim).state == "running"
     runs = [r for t, s, r in events(sessions, victim) if t == "transition" and s == "running"]
     assert len(runs) == 2
+
+
+# -- gangs: three nodes of 4 A100s, every job on whole GPUs ---------------------------------
+
+GANG_FLEET = """
+clusters:
+  slurm-g:
+    flavor: slurm
+    nodes:
+      - {name: gpu, count: 3, cpus: 64, memory: 512G, gpus: [{model: A100-SXM4-80GB, count: 4}]}
+"""
+GANG_POLICY = """
+rules:
+  - {name: all, match: {}, route: {cluster: slurm-g, sharing: slurm/exclusive}}
+preemption:
+  min_priority_gap: 5
+  grace: 30s
+  defaults:
+    - match: {tenant: research}
+      preemptible: true
+"""
+LONG = {"sim-duration": "36000"}
+
+
+@pytest.fixture
+def three_nodes(sessions, clock):
+    pool = AdapterPool(clock)
+    with sessions() as session, session.begin():
+        add_cluster(session, name="slurm-g", kind="sim", config={"fleet_yaml": GANG_FLEET}, actor="root", now=clock())
+    apply_policy(sessions, pool, clock, GANG_POLICY)
+    return pool
+
+
+def node_of(sessions, job_id) -> str:
+    return job(sessions, job_id).placement["node"]
+
+
+def test_a_gang_preempts_the_nodes_whose_jobs_lose_least_and_starts_on_both_in_one_cycle(
+    engine, sessions, clock, three_nodes
+):
+    cycle = scheduler(engine, three_nodes, clock)
+    whole = submit(sessions, clock, tenant="research", kind="training", gpus=4, labels=LONG)
+    three = submit(sessions, clock, tenant="research", kind="training", gpus=3, labels=LONG)
+    cycle.run_cycle()
+    one = submit(sessions, clock, tenant="research", kind="training", gpus=1, labels=LONG)  # beside `three`
+    cycle.run_cycle()
+    small = [submit(sessions, clock, tenant="research", kind="training", gpus=1, labels=LONG) for _ in range(4)]
+    cycle.run_cycle()
+    cycle.run_cycle()
+    x, y = node_of(sessions, whole), node_of(sessions, three)
+    (z,) = {"gpu-01", "gpu-02", "gpu-03"} - {x, y}
+    assert node_of(sessions, one) == y and {node_of(sessions, s) for s in small} == {z}
+    # x: one 4-GPU job, 21 min of work (84 GPU-min); y: 3 GPUs 1 min and 1 GPU 22 min
+    # (25 GPU-min); z: four 1-GPU jobs, 20 min each (80 GPU-min)
+    work = {whole: 21, three: 1, one: 22} | dict.fromkeys(small, 20)
+    clock.advance(3600)
+    with sessions() as session, session.begin():
+        for job_id, minutes in work.items():
+            queue.record_checkpoint(session, job_id, ADMIN, now=clock() - timedelta(minutes=minutes))
+    gang = submit(sessions, clock, tenant="prod", kind="training", nodes=2, gpus=4, priority=10)
+
+    cycle.run_cycle()
+    with sessions() as session:
+        chosen = set(session.execute(select(Preemption.victim_id)).scalars())
+    assert chosen == {three, one, *small}  # y and z: 105 GPU-min, not x and z (164)
+    assert job(sessions, gang).state_reason.startswith("waiting for job ")
+    assert job(sessions, whole).state == "running"
+
+    cycle.run_cycle()  # the victims saved and exited: the gang is placed on both their nodes at once
+    placed = job(sessions, gang)
+    assert placed.state == "submitted" and set(placed.placement["nodes"]) == {y, z}
+    assert all(job(sessions, v).state == "queued" for v in chosen)
+    cycle.run_cycle()
+    assert job(sessions, gang).state == "running"
+
+
+def test_a_running_gang_is_preempted_whole_and_queued_again(engine, sessions, clock, three_nodes):
+    cycle = scheduler(engine, three_nodes, clock)
+    low = submit(sessions, clock, tenant="research", kind="training", nodes=2, gpus=4, labels=LONG)
+    kept = submit(sessions, clock, tenant="ml", kind="training", gpus=4, labels=LONG)  # not preemptible
+    cycle.run_cycle()
+    cycle.run_cycle()
+    assert job(sessions, low).state == "running" and job(sessions, kept).state == "running"
+    gang_nodes = set(job(sessions, low).placement["nodes"])
+    clock.advance(600)
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
+
+    cycle.run_cycle()
+    with sessions() as session:
+        (row,) = session.execute(select(Preemption)).scalars()
+    assert row.victim_id == low and row.gpu_equivalents == 8  # both nodes' GPUs
+    assert row.placement["nodes"] == sorted(gang_nodes)
+
+    cycle.run_cycle()  # stopped on both nodes: queued again whole, and the urgent job placed
+    again = job(sessions, low)
+    assert again.state == "queued" and again.placement is None
+    assert any(s == "requeued" and r.startswith(f"preempted by job {urgent}") for _, s, r in events(sessions, low))
+    assert node_of(sessions, urgent) in gang_nodes
+    with sessions() as session:
+        (info,) = list_clusters(session)
+    allocated = {u.node: u.allocated for u in three_nodes.get(info).inventory()}
+    (other,) = gang_nodes - {node_of(sessions, urgent)}
+    assert allocated[other] == 0  # no rank of the gang left running there
+    cycle.run_cycle()
+    assert job(sessions, low).state_reason.startswith("waiting for 2 nodes with 4 free A100-SXM4-80GBs on slurm-g")
+
+
+def test_a_job_does_not_preempt_onto_nodes_reserved_for_a_gang_that_starts_before_it_ends(
+    engine, sessions, clock, three_nodes
+):
+    cycle = scheduler(engine, three_nodes, clock)
+    ending = [
+        submit(sessions, clock, tenant="research", kind="training", gpus=4, time_limit="1h", labels=LONG)
+        for _ in range(2)
+    ]
+    later = submit(sessions, clock, tenant="research", kind="training", gpus=4, time_limit="5h", labels=LONG)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    gang = submit(sessions, clock, tenant="ml", kind="training", nodes=2, gpus=4, time_limit="1h")
+    cycle.run_cycle()
+    clock.advance(11 * 60)  # past the policy's default wait: the nodes that free at 11:00 are reserved
+    cycle.run_cycle()
+    with sessions() as session:
+        (reserved,) = session.execute(select(GangReservation)).scalars()
+    assert reserved.job_id == gang and set(reserved.nodes) == {node_of(sessions, j) for j in ending}
+    # the jobs on the reserved nodes lose 1 min of work, the other 10 min: yet a job that
+    # would run past 11:00 preempts the other, and lands there
+    with sessions() as session, session.begin():
+        for job_id, minutes in {ending[0]: 1, ending[1]: 1, later: 10}.items():
+            queue.record_checkpoint(session, job_id, ADMIN, now=clock() - timedelta(minutes=minutes))
+    freed = node_of(sessions, later)
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10, time_limit="10h")
+    cycle.run_cycle()
+    with sessions() as session:
+        assert list(session.execute(select(Preemption.victim_id)).scalars()) == [later]
+    cycle.run_cycle()
+    assert job(sessions, urgent).placement["node"] == freed

@@ -90,3 +90,62 @@ def test_simulate_reports_what_preemption_cost_and_bought(tmp_path, gpush):
     assert data["primary"]["summary"]["preemption"]["requeues"] == 3
     bad = gpush("simulate", "--trace", "openb", tmp_path, "--report", tmp_path / "o2", "--preemption")
     assert bad.code == 2 and "--preemption" in bad.err
+
+
+def test_a_gang_preempts_the_nodes_whose_jobs_lose_least_in_a_replay_too():
+    # Three nodes of 4 A100s. At 1 h a 2-node gang arrives: gpu-01's one job loses 21 min
+    # (84 GPU-min), gpu-02's 3-GPU job 1 min and its 1-GPU job 22 min (25 GPU-min),
+    # gpu-03's four 1-GPU jobs 20 min each (80 GPU-min): it preempts on gpu-02 and gpu-03,
+    # as the live scheduler does (tests/scheduling/test_preemption.py).
+    fleet = """
+clusters:
+  slurm-a:
+    flavor: slurm
+    nodes:
+      - {name: gpu, count: 3, gpus: [{model: A100-SXM4-80GB, count: 4}]}
+"""
+    workload = read_workload(
+        """
+jobs:
+  - {name: whole, at: 0, duration: 10h, kind: training, gpus: 4, tenant: ml, preemptible: true, checkpoint_every: 39m}
+  - {name: three, at: 0, duration: 10h, kind: training, gpus: 3, tenant: ml, preemptible: true, checkpoint_every: 59m}
+  - {name: one, at: 0, duration: 10h, kind: training, gpus: 1, tenant: ml, preemptible: true, checkpoint_every: 38m}
+  - {name: small, at: 0, duration: 10h, count: 4, kind: training, gpus: 1, tenant: ml, preemptible: true,
+     checkpoint_every: 40m}
+  - {name: gang, at: 3600, duration: 1h, kind: training, nodes: 2, gpus: 4, priority: 10, tenant: ops}
+""",
+        "w.yaml",
+    )
+    result = replay(load_fleet(fleet, "fleet"), load_policy(POLICY, "p"), workload.arrivals, preemption=Terms())
+    by_name = {j.name: j for j in result.jobs if j.requeue_of is None}
+    assert by_name["whole"].placement["node"] == "gpu-01" and by_name["three"].placement["node"] == "gpu-02"
+    assert sorted(j.name for j in result.jobs if j.preempted) == [
+        "one",
+        "small-1",
+        "small-2",
+        "small-3",
+        "small-4",
+        "three",
+    ]
+    gang = by_name["gang"]
+    assert gang.start == 3600 and gang.placement["nodes"] == ["gpu-02", "gpu-03"]
+    assert result.preemption["gpu_hours_lost"] == pytest.approx((3 * 1 + 22 + 4 * 20) / 60)
+
+
+def test_a_running_gang_preempted_in_a_replay_frees_every_node_and_runs_again_whole():
+    workload = read_workload(
+        """
+jobs:
+  - {name: gang, at: 0, duration: 2h, kind: training, nodes: 2, gpus: 4, tenant: ml, preemptible: true}
+  - {name: urgent, at: 1800, duration: 1h, kind: training, gpus: 4, priority: 10, tenant: ops}
+  - {name: after, at: 1800, duration: 1h, kind: training, gpus: 4, priority: 10, tenant: ops}
+""",
+        "w.yaml",
+    )
+    result = replay(load_fleet(FLEET, "fleet"), load_policy(POLICY, "p"), workload.arrivals, preemption=Terms())
+    jobs = {j.name: j for j in result.jobs if j.requeue_of is None}
+    # one victim made room for both 4-GPU jobs: the gang held gpu-01 and gpu-02
+    assert [j.name for j in result.jobs if j.preempted] == ["gang"]
+    assert jobs["urgent"].start == jobs["after"].start == 1800
+    (again,) = [j for j in result.jobs if j.requeue_of is not None]
+    assert again.start == 5400 and again.placement["nodes"] == ["gpu-01", "gpu-02"]
