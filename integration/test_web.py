@@ -236,6 +236,35 @@ def test_open_a_job_and_see_its_events_and_where_it_runs(page, site, shots):
     page.screenshot(path=shots / "job.png", full_page=True)
 
 
+def test_a_gang_shows_its_shape_in_the_queue_and_every_node_and_rank_on_its_page(page, site, shots):
+    gang = site.submit("alice", "--name", "gang-pretrain", "-k", "training", "-N", "2", "-G", "4", "--", "torchrun")
+    # Placed and handed to the simulated cluster, which starts it at once (its nodes are free).
+    job = site.wait_for(gang, "submitted", "running", "succeeded")
+    first, second = job["placement"]["nodes"]
+    try:
+        sign_in(page, site, "alice")
+        row = page.locator(f"tr[data-job='{gang}']")
+        expect(row.get_by_test_id("asked")).to_have_text("2x4 A100")  # as `gpush list` shows it
+        page.set_viewport_size({"width": 1280, "height": 760})
+        page.screenshot(path=shots / "queue-gang.png")
+        row.get_by_role("link", name=f"#{gang}", exact=True).click()
+        nodes = page.get_by_test_id("gang").locator("tbody tr")
+        expect(nodes).to_have_count(2)
+        expect(nodes.nth(0)).to_contain_text(f"{first} (rendezvous)")
+        expect(nodes.nth(0).locator("td").nth(2)).to_have_text("0")
+        expect(nodes.nth(1)).to_contain_text(second)
+        expect(nodes.nth(1).locator("td").nth(2)).to_have_text("1")
+        expect(page.locator("main")).to_contain_text("2 nodes, 1 task (rank) per node, 2 ranks in all")
+        # Each rank's output, chosen by rank: the simulated cluster's says which rank and node.
+        expect(page.get_by_test_id("logs")).to_contain_text(f"rank 0 of 2 (node rank 0 of 2) started on {first}")
+        page.get_by_label("rank").select_option(label=f"rank 1 on {second}")
+        expect(page.get_by_test_id("logs")).to_contain_text(f"rank 1 of 2 (node rank 1 of 2) started on {second}")
+        page.screenshot(path=shots / "job-gang.png", full_page=True)
+    finally:
+        headers = {"Authorization": f"Bearer {site.tokens['root']}"}
+        httpx.post(f"{site.url}/v1/jobs/{gang}/cancel", headers=headers).raise_for_status()
+
+
 def test_the_inventory_shows_the_mig_slices_of_a_node_coloured_by_tenant(page, site, shots):
     sign_in(page, site, "alice")
     page.get_by_role("link", name="Inventory").click()

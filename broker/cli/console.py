@@ -136,27 +136,6 @@ def styled_state(state: str) -> str:
     return f"[{style}]{state}[/]" if style else state
 
 
-def gpu_request(spec: dict[str, Any], placement: dict[str, Any] | None = None) -> str:
-    """What a job asked, per replica: "2", "1 × 10GB"; a multi-node job's shape, nodes x
-    GPUs per node, with the model once placed: "2x8 A100"."""
-    nodes = spec.get("nodes") or 1
-    if nodes > 1:
-        text = f"{nodes}x{spec.get('gpus', 1)}"
-        model = (placement or {}).get("gpu_model")
-        if model:
-            text += " " + model.split("-", 1)[0]  # A100-SXM4-80GB -> A100
-        if spec.get("gpu_memory_gb"):
-            text += f" × {spec['gpu_memory_gb']:g}GB"
-        return text
-    text = str(spec.get("gpus", 1))
-    if spec.get("gpu_memory_gb"):
-        text += f" × {spec['gpu_memory_gb']:g}GB"
-    elastic = spec.get("elastic")
-    if elastic:
-        text += f" ({elastic['min_replicas']}-{elastic['max_replicas']} replicas)"
-    return text
-
-
 def where(placement: dict[str, Any] | None, *, short: bool = False) -> str:
     """A placement in a few words: "slurm-a mig 1g.5gb mig-01" (``short``: "slurm-a/mig-01 1g.5gb")."""
     if not placement:
@@ -255,7 +234,7 @@ def jobs_table(jobs: list[Any], *, wide: bool = False, width: int = 80) -> Table
                 styled_state(state) + (" [yellow](cancelling)[/]" if cancelling else ""),
                 job.kind.value,
                 job.isolation.value,
-                gpu_request(job.spec, job.placement),
+                escape(job.gpu_request or "-"),
                 escape(job.tenant),
                 escape(job.user),
                 age(job.created_at),
@@ -274,7 +253,7 @@ def jobs_table(jobs: list[Any], *, wide: bool = False, width: int = 80) -> Table
                 str(job.id),
                 escape(job.name or "-"),
                 styled_state(state),
-                gpu_request(job.spec, job.placement),
+                escape(job.gpu_request or "-"),
                 age(job.created_at),
                 detail,
             ]
@@ -307,8 +286,8 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("Output", output or "-"),
         ("Kind", job.kind.value),
         ("Isolation", job.isolation.value),
-        ("GPUs", gpu_request(spec, job.placement)),
-        *_nodes_rows(spec, job.placement),
+        ("GPUs", escape(job.gpu_request or "-")),
+        *_nodes_rows(job.gang),
         ("CPUs / memory", f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"),
         ("Time limit", spec.get("time_limit") or "cluster default"),
         ("Command", " ".join(_quote(a) for a in spec["command"]) if spec.get("command") else "-"),
@@ -326,24 +305,22 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
     return table
 
 
-def _nodes_rows(spec: dict[str, Any], placement: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """A multi-node job's nodes, each with its ranks (rank 0's node is the rendezvous)."""
-    nodes = spec.get("nodes") or 1
-    if nodes == 1:
+def _nodes_rows(gang: Any) -> list[tuple[str, str]]:
+    """A multi-node job's nodes, each with its ranks (rank 0's node is the rendezvous), as
+    the API sends them (broker.core.job_shape)."""
+    if gang is None:
         return []
-    tasks = spec.get("tasks_per_node") or 1
-    placed = (placement or {}).get("nodes") or []
+    tasks = gang.tasks_per_node
     rows = [
         (
             "Nodes",
-            f"{nodes}, {tasks} task{'s' * (tasks != 1)} (rank{'s' * (tasks != 1)}) per node, {nodes * tasks} ranks in all",
+            f"{len(gang.nodes)}, {tasks} task{'s' * (tasks != 1)} (rank{'s' * (tasks != 1)}) per node, {gang.ranks} ranks in all",
         )
     ]
-    for index in range(nodes):
-        name = placed[index] if index < len(placed) else "(not placed yet)"
-        ranks = f"rank {index * tasks}" if tasks == 1 else f"ranks {index * tasks}-{index * tasks + tasks - 1}"
-        rendezvous = " (rendezvous)" if index == 0 and placed else ""
-        rows.append((f"  node {index}", f"{escape(name)}: {ranks}{rendezvous}"))
+    for node in gang.nodes:
+        ranks = f"rank {node.first_rank}" if tasks == 1 else f"ranks {node.first_rank}-{node.last_rank}"
+        rendezvous = " (rendezvous)" if node.rendezvous else ""
+        rows.append((f"  node {node.index}", f"{escape(node.node or '(not placed yet)')}: {ranks}{rendezvous}"))
     return rows
 
 

@@ -34,6 +34,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, ValidationError
 
+from broker.core.job_shape import GangOut
 from broker.core.names import Isolation, JobState, Kind
 from broker.core.spec_values import (
     COMMENT_CHARS,
@@ -474,6 +475,10 @@ class JobOut(BaseModel):
     placement: dict[str, Any] | None = Field(None, description="cluster, sharing, node, MIG profile, units")
     backend_id: str | None = Field(None, description="the cluster's id for it (Slurm job id, Pod name)")
     gpu_equivalents: float | None = Field(None, description="physical GPU-equivalents it holds")
+    gpu_request: str | None = Field(
+        None, description='what it asked, in words, as `gpush list` shows it: "2", "2x8 A100"'
+    )
+    gang: GangOut | None = Field(None, description="a multi-node job's nodes and ranks; null for one node")
 
 
 class JobPage(BaseModel):

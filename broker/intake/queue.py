@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from broker.core import job_shape
 from broker.core.auth import Principal
 from broker.core.errors import Conflict, InvalidRequest, NotAllowed, NotFound, StateConflict
 from broker.core.models import Job, JobEvent
@@ -72,12 +73,20 @@ _IDS_PER_QUERY = 1000
 
 
 def job_row(job: Job) -> dict[str, Any]:
-    return {c: getattr(job, c) for c in _JOB_FIELDS}
+    return _with_shape({c: getattr(job, c) for c in _JOB_FIELDS})
 
 
 def _stored(row: dict[str, Any], job_id: int) -> dict[str, Any]:
     """What job_row() would read back for a row just written with this id."""
-    return {c: job_id if c == "id" else row[c] for c in _JOB_FIELDS}
+    return _with_shape({c: job_id if c == "id" else row[c] for c in _JOB_FIELDS})
+
+
+def _with_shape(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with what the job asked in words and a gang's nodes and ranks (JobOut's
+    ``gpu_request`` and ``gang``), as every reader of the API shows them."""
+    row["gpu_request"] = job_shape.gpu_request(row["spec"], row["placement"])
+    row["gang"] = job_shape.gang(row["spec"], row["placement"])
+    return row
 
 
 def _owner(spec: JobSpec, principal: Principal) -> tuple[str, str]:

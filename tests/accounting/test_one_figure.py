@@ -161,6 +161,13 @@ def test_a_gang_holds_its_per_node_figure_on_each_of_its_nodes(demo, http):
     first, second = gang["placement"]["nodes"]
     shown = " ".join(run("status", str(ids["gang-pretrain"])).out.split())
     assert f"node 0 {first}: rank 0 (rendezvous) node 1 {second}: rank 1" in shown
+    # The dashboard reads the same words and nodes from the API.
+    api = next(j for j in admin.get("/v1/jobs", params={"limit": 100}).json()["jobs"] if j["id"] == gang["id"])
+    assert api["gpu_request"] == "2x2 A100"
+    assert [(n["node"], n["first_rank"], n["rendezvous"]) for n in api["gang"]["nodes"]] == [
+        (first, 0, True),
+        (second, 1, False),
+    ]
 
 
 def test_a_user_sees_the_same_shares_as_an_admin_with_other_tenants_unnamed(demo, http):

@@ -11,7 +11,8 @@ const REFRESH_MS = 5000;
 const PALETTE = ["#1f6feb", "#1a7f37", "#bf3989", "#9a6700", "#8250df", "#0a7e8c", "#d1242f", "#6e5494",
                  "#2da44e", "#e16f24", "#3b5bdb", "#a0522d"];
 
-const app = { who: null, timer: null, view: null, ticket: null };
+// ranks: the rank whose output each gang's page shows, kept while the page is redrawn.
+const app = { who: null, timer: null, view: null, ticket: null, ranks: new Map() };
 
 // -- small helpers ------------------------------------------------------------------------
 
@@ -344,7 +345,7 @@ async function renderQueue(params, ticket) {
     const result = await api(`/v1/jobs${query({ ...common, state: states, limit: filters.limit, cursor })}`);
     cursors[page + 1] = result.next_cursor || "";
     body.replaceChildren(...result.jobs.map(jobRow));
-    if (!result.jobs.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "muted", text: "No jobs here." })));
+    if (!result.jobs.length) body.append(h("tr", {}, h("td", { colspan: 11, class: "muted", text: "No jobs here." })));
     older.disabled = !result.next_cursor;
     newer.disabled = page === 0;
     info.textContent = `page ${page + 1}`;
@@ -354,8 +355,9 @@ async function renderQueue(params, ticket) {
   if (!current(ticket)) return;
   mount(h("h1", { text: "Queue" }), form, tabs, problem,
     scrolling({ "data-testid": "jobs" },
-      h("thead", {}, h("tr", {}, ["job", "name", "state", "tenant", "user", "kind", "cluster", "GPUs", "age",
-        "why it waits / how it ended"].map((t, i) => h("th", { class: i === 7 ? "num" : "", text: t })))),
+      h("thead", {}, h("tr", {}, ["job", "name", "state", "tenant", "user", "kind", "cluster", "GPUs asked",
+        "GPUs held", "age", "why it waits / how it ended"].map((t, i) => h("th", { class: i === 8 ? "num" : "", text: t,
+        title: i === 7 ? "per replica, or nodes x GPUs per node (as gpush list)" : i === 8 ? "GPU-equivalents held" : null })))),
       body),
     h("div", { class: "pager" }, newer, info, older));
   try {
@@ -384,6 +386,7 @@ function jobRow(job) {
     h("td", { class: "token", text: job.user }),
     h("td", { class: "token", text: job.kind }),
     h("td", { class: "token", text: job.cluster || "" }),
+    h("td", { class: "token", "data-testid": "asked", text: job.gpu_request || "" }),
     h("td", { class: "num", text: gpus(job.gpu_equivalents) }),
     h("td", { title: when(job.created_at), text: ago(job.created_at) }),
     h("td", { class: "reason", text: job.state_reason || "" }));
@@ -422,13 +425,24 @@ async function renderJob(id, ticket = app.ticket, note = null) {
   } });
 
   const p = job.placement || {};
-  const where = job.placement ? h("dl", { class: "kv", "data-testid": "placement" },
-    kv("cluster", p.cluster), kv("node", p.node), kv("sharing", p.sharing), kv("slice", p.mig_profile),
-    kv("GPU model", p.gpu_model), kv("GPUs", (p.gpus || []).join(", ")), kv("replicas", p.replicas),
-    kv("GPU-equivalents", gpus(p.gpu_equivalents)), kv("backend id", job.backend_id))
-    : h("p", { class: "muted", text: "Not placed on a cluster." });
+  const where = [h("dl", { class: "kv", "data-testid": "placement" }, kv("GPUs asked", job.gpu_request),
+    ...(job.placement ? [kv("cluster", p.cluster), kv(job.gang ? "rank 0's node" : "node", p.node),
+      kv("sharing", p.sharing), kv("slice", p.mig_profile), kv("GPU model", p.gpu_model),
+      kv("GPUs", (p.gpus || []).join(", ")), kv("replicas", p.replicas),
+      kv("GPU-equivalents", gpus(p.gpu_equivalents)), kv("backend id", job.backend_id)] : [])),
+    job.placement ? null : h("p", { class: "muted", text: "Not placed on a cluster." })];
 
   const output = h("div", { class: "muted", text: "…" });
+  const showOutput = (rank) => {
+    if (job.gang) app.ranks.set(job.id, rank);
+    output.replaceChildren(h("span", { class: "muted", text: "…" }));
+    api(`/v1/jobs/${job.id}/logs${query({ tail: 200, replica: job.gang ? rank : null })}`).then((out) => {
+      if (!current(ticket)) return;
+      output.replaceChildren(out.readable ? h("pre", { "data-testid": "logs", text: out.text || "(nothing yet)" })
+        : h("p", { class: "muted", text: `${out.location}${out.note ? ` — ${out.note}` : ""}` }));
+    }).catch((err) => output.replaceChildren(h("p", { class: "muted", text: err.message })));
+  };
+  const rank = job.gang ? Math.min(app.ranks.get(job.id) || 0, job.gang.ranks - 1) : null;
   mount(
     h("p", {}, h("a", { href: "#/queue", text: "‹ Queue" })),
     h("h1", {}, `Job #${job.id} `, job.name ? h("span", { class: "muted", text: job.name }) : null, " ", badge(job.state)),
@@ -437,26 +451,56 @@ async function renderJob(id, ticket = app.ticket, note = null) {
     h("p", {}, cancel, " ", explain), status, explainOut,
     h("div", { class: "grid2" },
       h("section", { class: "panel" }, h("h2", { text: "Where it runs" }), where,
+        job.gang ? gangNodes(job.gang) : null,
         h("h2", { text: "Owner" }), h("dl", { class: "kv" }, kv("tenant", job.tenant), kv("user", job.user),
           kv("kind", job.kind), kv("isolation", job.isolation), kv("priority", job.priority),
           kv("submitted", when(job.created_at))),
         h("h2", { text: "Events" }), timeline(events)),
       h("section", { class: "panel" }, h("h2", { text: "Spec" }),
         h("pre", { "data-testid": "spec", text: JSON.stringify(job.spec, null, 2) }),
-        h("h2", { text: "Output" }), output)));
+        h("h2", { text: "Output" }), job.gang && job.placement ? rankChooser(job.gang, rank, showOutput) : null,
+        output)));
   stamp();
   if (!job.placement) {
     output.textContent = "No output: the job never reached a cluster.";
-  } else api(`/v1/jobs/${job.id}/logs?tail=200`).then((out) => {
-    output.replaceChildren(out.readable ? h("pre", { "data-testid": "logs", text: out.text || "(nothing yet)" })
-      : h("p", { class: "muted", text: `${out.location}${out.note ? ` — ${out.note}` : ""}` }));
-  }).catch((err) => output.replaceChildren(h("p", { class: "muted", text: err.message })));
+  } else showOutput(rank);
   if (!TERMINAL.has(job.state)) {
     every(async () => {
       const fresh = await api(`/v1/jobs/${job.id}`);
       if (fresh.state !== job.state || fresh.state_reason !== job.state_reason) await renderJob(id, ticket);
     });
   }
+}
+
+// A multi-node job's nodes with their ranks, as the API sends them (the same as gpush status).
+function gangNodes(gang) {
+  const tasks = gang.tasks_per_node;
+  const ranks = (n) => (n.first_rank === n.last_rank ? `${n.first_rank}` : `${n.first_rank}–${n.last_rank}`);
+  return [
+    h("h2", { text: "Nodes and ranks" }),
+    h("p", { class: "muted", text: `${gang.nodes.length} nodes, ${tasks} task${tasks === 1 ? "" : "s"} (rank${tasks === 1 ? "" : "s"}) per ` +
+      `node, ${gang.ranks} ranks in all` }),
+    scrolling({ class: "compact", "data-testid": "gang" },
+      h("thead", {}, h("tr", {}, ["node", "name", tasks === 1 ? "rank" : "ranks"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, gang.nodes.map((n) => h("tr", { "data-node-index": n.index },
+        h("td", { text: n.index }),
+        h("td", { class: "token" }, n.node ? n.node : h("span", { class: "muted", text: "not placed yet" }),
+          n.rendezvous ? h("span", { class: "muted", text: " (rendezvous)" }) : null),
+        h("td", { text: ranks(n) }))))),
+  ];
+}
+
+// Which rank's output to show: every rank, with its node.
+function rankChooser(gang, rank, show) {
+  const select = h("select", { name: "rank" }, gang.nodes.map((n) => {
+    const options = [];
+    for (let r = n.first_rank; r <= n.last_rank; r++) {
+      options.push(h("option", { value: r, text: `rank ${r}${n.node ? ` on ${n.node}` : ""}`, selected: r === rank }));
+    }
+    return options;
+  }).flat());
+  select.addEventListener("change", () => show(Number(select.value)));
+  return h("p", {}, h("label", {}, "rank", select));
 }
 
 function kv(key, value) {
