@@ -251,3 +251,35 @@ def test_a_gang_is_never_placed_on_a_node_being_lent_or_re_cut():
     assert three.reason.startswith("waiting for 3 nodes with 8 free A100-SXM4-80GBs on slurm-a: 2 have them now")
     two = decisions.decide(Job(nodes=2, gpus=8))
     assert isinstance(two, Placed) and two.placement.nodes == ("a2", "a3")
+
+
+def test_a_gang_on_mig_slices_gets_no_reservation_however_long_it_waits():
+    # What the README says of reservations: whole GPUs only. A MIG gang waits for its
+    # slices to free as a one-node job does, and longer MIG work may still take them.
+    policy = load_policy(
+        "rules:\n  - name: mig\n    match: {kind: training}\n    route: {cluster: slurm-a, sharing: slurm/mig}\n"
+    )
+    units = [
+        CapacityUnit(
+            "slurm-a",
+            node,
+            Sharing.SLURM_MIG,
+            "A100-SXM4-40GB",
+            5.0,
+            7,
+            6,
+            1 / 7,
+            mig_profile="1g.5gb",
+            in_mig_mode=True,
+        )  # fmt: skip
+        for node in ("m1", "m2")
+    ]
+    running = {("slurm-a", "m1"): [(6, hours(1))], ("slurm-a", "m2"): [(6, hours(1))]}
+    book = Reservations(AFTER, NOW, {}, running)
+    decisions = CycleDecisions(policy, CapacityView.build({"slurm-a": units}), FairShare({}, {}), book)
+    gang = Job(waited=timedelta(hours=2), nodes=2, gpus=2, isolation="hardware", gpu_memory_gb=5)
+    outcome = decisions.decide(gang)
+    assert isinstance(outcome, Waiting) and "reserved" not in outcome.reason
+    assert book.held == {}
+    longer = decisions.decide(Job(gpus=1, isolation="hardware", gpu_memory_gb=5, time_limit="10h"))
+    assert isinstance(longer, Placed) and longer.placement.node == "m1"
