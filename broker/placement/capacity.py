@@ -689,8 +689,9 @@ class CapacityView:
         """``spec.nodes`` distinct nodes that each have ``spec.gpus`` units free now, all
         of one model and (MIG) one profile, the smallest with room on enough nodes, taken
         together, or nothing taken. Each rank goes where a one-node job would: best fit,
-        the nodes left with the least free, so whole free nodes stay whole. Per (model, profile) the candidates are counted
-        before anything is taken, so a gang that does not fit takes nothing."""
+        the nodes left with the least free, so whole free nodes stay whole. Per (model,
+        profile) the candidates are counted before anything is taken, so a gang that does
+        not fit takes nothing."""
         n, units = spec.nodes, spec.gpus
         memory = spec.gpu_memory_gb or 0
         mig = sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG)
