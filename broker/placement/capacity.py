@@ -752,7 +752,8 @@ class CapacityView:
                     never=True,
                 )
             return NoFit(
-                f"waiting for {n} nodes with {what} on {cluster}: {most_now} have them now",
+                f"waiting for {n} nodes with {what} on {cluster}: {most_now} "
+                f"{'has' if most_now == 1 else 'have'} them now",
                 never=False,
                 waiting_for=(cluster, sharing.value, profile, model),
             )

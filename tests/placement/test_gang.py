@@ -72,7 +72,7 @@ def test_a_node_with_room_for_two_ranks_still_holds_only_one():
     view = CapacityView.build({"slurm-a": [whole("big", 16), whole("a2", 8, 8)]})
     outcome = decide(view, Job(nodes=2, gpus=8))
     assert isinstance(outcome, Waiting)
-    assert outcome.reason == "waiting for 2 nodes with 8 free A100-SXM4-80GBs on slurm-a: 1 have them now"
+    assert outcome.reason == "waiting for 2 nodes with 8 free A100-SXM4-80GBs on slurm-a: 1 has them now"
     assert free(view) == {"big": 16, "a2": 0}  # nothing taken
 
 
