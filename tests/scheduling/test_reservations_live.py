@@ -75,3 +75,13 @@ def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(engine, sess
     placed = job(sessions, gang)
     assert placed.placement is not None and tuple(placed.placement["nodes"]) == ("gpu-01", "gpu-02")
     assert reservations(sessions) == {}
+
+
+def test_a_running_gang_says_the_nodes_it_runs_on(engine, sessions, clock, fleet):
+    gang = submit(sessions, clock, kind="training", nodes=2, gpus=4, time_limit="1h")
+    cycle = scheduler(engine, fleet, clock)
+    for _ in range(3):
+        cycle.run_cycle()
+    running = job(sessions, gang)
+    assert running.state == "running"
+    assert running.state_reason == "running on slurm-a nodes gpu-01,gpu-02"
