@@ -309,7 +309,11 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("Isolation", job.isolation.value),
         ("GPUs", gpu_request(spec, job.placement)),
         *_nodes_rows(spec, job.placement),
-        ("CPUs / memory", f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"),
+        (
+            "CPUs / memory",
+            f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"
+            + (" per node" if (spec.get("nodes") or 1) > 1 else ""),
+        ),
         ("Time limit", spec.get("time_limit") or "cluster default"),
         ("Command", " ".join(_quote(a) for a in spec["command"]) if spec.get("command") else "-"),
         ("Image", spec.get("image") or "-"),
