@@ -171,7 +171,7 @@ def test_a_gang_that_cannot_fit_yet_waits_in_gpush_and_never_half_starts_in_slur
     job = broker.job(waiting)
     assert job.state == "queued", broker.summary()
     assert job.state_reason.startswith("waiting for 2 nodes with 1 free A100"), job.state_reason
-    assert "1 have them now" in job.state_reason
+    assert "1 has them now" in job.state_reason
     assert waiting not in tagged_in_slurm(slurm, broker)  # nothing of it reached Slurm
     busy = gpus_in_use(slurm)
     assert sorted(busy.values()) == [0, 2], busy  # the blocker's node full, the other idle

@@ -56,7 +56,11 @@ class JobLogs:
         if stream not in ("stdout", "stderr"):
             raise Rejected(f"a Slurm job has two streams, stdout and stderr; not {stream!r}")
         if replica not in (None, 0):
-            raise Rejected(f"job {job_id} is one Slurm job on {self.ctx.name}: it has no replica {replica}")
+            raise Rejected(
+                f"job {job_id} is one Slurm job on {self.ctx.name} with one output file, every rank's lines in it "
+                f"(srun gathers them): it has no replica or rank {replica} of its own; `gpush logs {job_id}` reads "
+                "them all"
+            )
         if offset < 0 or (tail is not None and tail < 0):
             raise Rejected("offset and tail count from 0")
         path, node, note, user = self._output_file(job_id, backend_id, stream)

@@ -288,7 +288,11 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("Isolation", job.isolation.value),
         ("GPUs", escape(job.gpu_request or "-")),
         *_nodes_rows(job.gang),
-        ("CPUs / memory", f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"),
+        (
+            "CPUs / memory",
+            f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"
+            + (" per node" if job.gang is not None else ""),
+        ),
         ("Time limit", spec.get("time_limit") or "cluster default"),
         ("Command", " ".join(_quote(a) for a in spec["command"]) if spec.get("command") else "-"),
         ("Image", spec.get("image") or "-"),
@@ -311,10 +315,11 @@ def _nodes_rows(gang: Any) -> list[tuple[str, str]]:
     if gang is None:
         return []
     tasks = gang.tasks_per_node
+    plural = "s" * (tasks != 1)
     rows = [
         (
             "Nodes",
-            f"{len(gang.nodes)}, {tasks} task{'s' * (tasks != 1)} (rank{'s' * (tasks != 1)}) per node, {gang.ranks} ranks in all",
+            f"{len(gang.nodes)}, {tasks} task{plural} (rank{plural}) per node, {gang.ranks} ranks in all",
         )
     ]
     for node in gang.nodes:

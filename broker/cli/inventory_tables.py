@@ -3,6 +3,7 @@ terminal's width, and a drift finding with its severity (`gpush inventory`)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from rich.markup import escape
@@ -57,7 +58,8 @@ def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False, widt
         findings = ", ".join(f"{count} {sev}" for sev, count in n.get("findings", {}).items() if count) or "-"
         reserved = n.get("reserved_for")
         if reserved:  # held for a waiting multi-node job: only work that ends in time lands here
-            findings = f"[cyan]reserved for job {reserved['job_id']} until ~{reserved['start_by'][11:16]}[/]" + (
+            until = datetime.fromisoformat(reserved["start_by"]).astimezone()  # local, as every time the CLI shows
+            findings = f"[cyan]reserved for job {reserved['job_id']} until ~{until:%H:%M}[/]" + (
                 f"; {findings}" if findings != "-" else ""
             )
         models = sorted({g["model"] or g["product"] for g in n["gpus"] if g["model"] or g["product"]}) or sorted(

@@ -687,10 +687,11 @@ class CapacityView:
 
     def _fit_gang(self, spec, cluster, sharing, group: SlotGroup, shapes, model, partition) -> Fit | NoFit:
         """``spec.nodes`` distinct nodes that each have ``spec.gpus`` units free now, all
-        of one model and (MIG) one profile, taken together, or nothing taken. Each rank
-        goes where a one-node job would: best fit, the nodes left with the least free,
-        so whole free nodes stay whole. Per (model, profile) the candidates are counted
-        before anything is taken, so a gang that does not fit takes nothing."""
+        of one model and (MIG) one profile, the smallest with room on enough nodes, taken
+        together, or nothing taken. Each rank goes where a one-node job would: best fit,
+        the nodes left with the least free, so whole free nodes stay whole. Per (model,
+        profile) the candidates are counted before anything is taken, so a gang that does
+        not fit takes nothing."""
         n, units = spec.nodes, spec.gpus
         memory = spec.gpu_memory_gb or 0
         mig = sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG)
@@ -712,7 +713,10 @@ class CapacityView:
             for shape in shapes:
                 if shape.unit_memory_gb >= memory:
                     kinds.setdefault((shape.model, None), []).append(shape)
-        best = None  # (free left on the chosen nodes, picks)
+        # A MIG gang takes the smallest profile that has room on enough nodes, as a one-node
+        # job does (_fit_mig); best fit (the least left free) only among kinds of one size.
+        size = {profile: rank for rank, profile in enumerate(dict.fromkeys(prof for _m, prof in kinds))}
+        best = None  # ((profile rank, free left on the chosen nodes), picks, profile)
         most_ever = most_now = 0
         first_named = None
         for (_model, profile), members in kinds.items():
@@ -731,7 +735,7 @@ class CapacityView:
             most_now = max(most_now, min(len(now), len(ever)))
             if len(now) >= n:
                 picks = sorted(now.values())[:n]
-                left = sum(free - units for free, *_ in picks)
+                left = (size[profile], sum(free - units for free, *_ in picks))
                 if best is None or left < best[0]:
                     best = (left, picks, profile)
         shape, profile = first_named if first_named else (shapes[0], None)
@@ -748,7 +752,8 @@ class CapacityView:
                     never=True,
                 )
             return NoFit(
-                f"waiting for {n} nodes with {what} on {cluster}: {most_now} have them now",
+                f"waiting for {n} nodes with {what} on {cluster}: {most_now} "
+                f"{'has' if most_now == 1 else 'have'} them now",
                 never=False,
                 waiting_for=(cluster, sharing.value, profile, model),
             )

@@ -43,7 +43,7 @@ from broker.core.adapter import Placement
 from broker.core.schemas import JobSpec
 from broker.placement.capacity import Fit, NoFit, replicas_of
 from broker.placement.fairshare import FairShare
-from broker.placement.reservation import Reservations, expected_end
+from broker.placement.reservation import Reservations, expected_end, utc_clock
 from broker.routing.policy import Decision as RoutingDecision
 from broker.routing.policy import Policy, Route, evaluate
 
@@ -260,7 +260,7 @@ class CycleDecisions:
             what = "time limit" if end is not None else "lack of a time limit"
             fit = replace(
                 fit,
-                reason=f"{fit.reason}; {named} held for a multi-node job until ~{until:%H:%M}, "
+                reason=f"{fit.reason}; {named} held for a multi-node job until ~{utc_clock(until)}, "
                 f"which this job's {what} runs past",
             )
         return fit

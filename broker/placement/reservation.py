@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from broker.core.adapter import Placement
 from broker.core.gangs import held_on
@@ -53,9 +53,8 @@ class Reservation:
 
     def words(self) -> str:
         """What ``gpush status`` says of it."""
-        return (
-            f"reserved {', '.join(self.nodes)} on {self.cluster}; starts by ~{self.start_by:%H:%M} when their jobs end"
-        )
+        start = utc_clock(self.start_by)
+        return f"reserved {', '.join(self.nodes)} on {self.cluster}; starts by ~{start} when their jobs end"
 
     def to_dict(self) -> dict:
         return {
@@ -65,6 +64,12 @@ class Reservation:
             "start_by": self.start_by.isoformat(),
             "made_at": self.made_at.isoformat(),
         }
+
+
+def utc_clock(at: datetime) -> str:
+    """``at`` as a reason says it: the hour and minute in UTC, named so, since whoever reads
+    the reason (``gpush status``, the dashboard) may be in another time zone than the broker."""
+    return f"{at.astimezone(UTC):%H:%M} UTC"
 
 
 def expected_end(placed_at: datetime, time_limit: str | None) -> datetime | None:

@@ -231,7 +231,11 @@ def _status_reason(target: JobState, cluster: str, row, backend) -> str:
     if target == S.CANCELLED:
         return "cancelled as requested" if row.cancel_requested else (backend.reason or "cancelled on the cluster")
     if target == S.RUNNING:
-        return f"running on {cluster}" + (f" node {backend.node}" if backend.node else "")
+        if not backend.node:
+            return f"running on {cluster}"
+        # A multi-node job's node is its list: Slurm's "gpu[01-02]", a simulated "gpu-01,gpu-02".
+        several = any(c in backend.node for c in ",[")
+        return f"running on {cluster} {'nodes' if several else 'node'} {backend.node}"
     if target == S.FAILED:
         return backend.reason or f"exited {backend.exit_code}"
     return "completed" + (f" (exit {backend.exit_code})" if backend.exit_code is not None else "")

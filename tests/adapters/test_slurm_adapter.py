@@ -1222,7 +1222,12 @@ def test_logs_of_a_job_that_has_not_started_or_never_did_are_refused():
 
 def test_logs_refuse_a_replica_or_a_stream_slurm_does_not_have():
     gpush = adapter(recorded_2205(), **RECORDED_LOG_DIR[V2205])
-    with pytest.raises(Rejected, match="job 7 is one Slurm job on slurm-a: it has no replica 1"):
+    # A multi-node job's ranks (gpush logs -r RANK) all write to the one file, as srun gathers them.
+    with pytest.raises(
+        Rejected,
+        match=r"^job 7 is one Slurm job on slurm-a with one output file, every rank's lines in it "
+        r"\(srun gathers them\): it has no replica or rank 1 of its own; `gpush logs 7` reads them all$",
+    ):
         gpush.logs(7, "3", replica=1)
     with pytest.raises(Rejected, match="stdout and stderr; not 'both'"):
         gpush.logs(7, "3", stream="both")

@@ -127,3 +127,10 @@ def test_one_task_per_node_reads_as_one_rank_and_the_placement_event_names_every
     assert describe(gang) == "slurm/exclusive: 8 whole GPUs on each of gpu-01, gpu-02"
     one = Placement(cluster="slurm-a", sharing=Sharing.SLURM_EXCLUSIVE, node="gpu-01", units=1, gpu_equivalents=1)
     assert describe(one) == "slurm/exclusive: 1 whole GPU on gpu-01"
+
+
+def test_status_says_a_gangs_cpus_and_memory_are_per_node(gpush):
+    gang = gpush("submit", "-k", "training", "-N", "2", "-G", "8", "-c", "16", "--mem", "64G", "--", "t").out.strip()
+    one = gpush("submit", "-k", "training", "-G", "1", "-c", "16", "--mem", "64G", "--", "t").out.strip()
+    assert "CPUs / memory     16 / 64G per node\n" in gpush("status", gang).out
+    assert "CPUs / memory     16 / 64G\n" in gpush("status", one).out

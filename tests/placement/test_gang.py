@@ -72,7 +72,7 @@ def test_a_node_with_room_for_two_ranks_still_holds_only_one():
     view = CapacityView.build({"slurm-a": [whole("big", 16), whole("a2", 8, 8)]})
     outcome = decide(view, Job(nodes=2, gpus=8))
     assert isinstance(outcome, Waiting)
-    assert outcome.reason == "waiting for 2 nodes with 8 free A100-SXM4-80GBs on slurm-a: 1 have them now"
+    assert outcome.reason == "waiting for 2 nodes with 8 free A100-SXM4-80GBs on slurm-a: 1 has them now"
     assert free(view) == {"big": 16, "a2": 0}  # nothing taken
 
 
@@ -128,6 +128,32 @@ def test_a_gang_of_mig_slices_takes_one_profile_on_each_node():
     p = outcome.placement
     assert (p.nodes, p.mig_profile, p.units) == (("m2", "m3"), "1g.5gb", 3)
     assert p.gpu_equivalents == pytest.approx(6 / 7)
+
+
+def mig3g(node: str, count: int, allocated: int = 0) -> CapacityUnit:
+    return CapacityUnit(
+        "slurm-a", node, Sharing.SLURM_MIG, "A100-SXM4-40GB", 20.0, count, allocated, 3 / 7,
+        mig_profile="3g.20gb", in_mig_mode=True,
+    )  # fmt: skip
+
+
+def test_a_mig_gang_takes_the_smallest_profile_that_holds_it_as_a_one_node_job_does():
+    # Each node has two 3g.20gb and seven 1g.5gb slices free. 2 x 5 GB per node fits the
+    # 1g.5gb slices; taking both 3g.20gb ones would leave fewer slices free but hold six
+    # sevenths of a GPU per node for a job that needs two sevenths.
+    units = [u for n in ("m1", "m2") for u in (mig3g(n, 2), mig(n, 7))]
+    one = decide(
+        CapacityView.build({"slurm-a": units}), Job(kind="inference", isolation="hardware", gpu_memory_gb=5, gpus=2)
+    )
+    assert isinstance(one, Placed) and one.placement.mig_profile == "1g.5gb"
+    outcome = decide(
+        CapacityView.build({"slurm-a": units}),
+        Job(kind="inference", isolation="hardware", gpu_memory_gb=5, nodes=2, gpus=2),
+    )
+    assert isinstance(outcome, Placed)
+    p = outcome.placement
+    assert (p.nodes, p.mig_profile, p.units) == (("m1", "m2"), "1g.5gb", 2)
+    assert p.gpu_equivalents == pytest.approx(4 / 7)
 
 
 def test_a_gang_on_a_sharing_mode_within_one_node_is_never_fitted():

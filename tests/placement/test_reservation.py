@@ -78,7 +78,7 @@ def test_a_gang_that_waited_long_gets_the_nodes_that_free_soonest_and_says_so():
     # a1 and a2 have room at 13:00; a3 never (a job without a limit), a4 at 15:00
     assert outcome.reason == (
         "waiting for 2 nodes with 8 free A100-SXM4-80GBs on slurm-a: 0 have them now; "
-        "reserved a1, a2 on slurm-a; starts by ~13:00 when their jobs end"
+        "reserved a1, a2 on slurm-a; starts by ~13:00 UTC when their jobs end"
     )
     reservation = book.held[gang.job_id]
     assert (reservation.nodes, reservation.start_by, reservation.made_at) == (("a1", "a2"), hours(1), NOW)
@@ -100,7 +100,7 @@ def test_nothing_that_ends_after_the_gang_could_start_lands_on_its_nodes_but_sho
     # a1 has the only free GPUs; it is reserved until 13:00
     too_long = decisions.decide(Job(gpus=2, time_limit="2h"))
     assert isinstance(too_long, Waiting) and too_long.reason == (
-        "waiting for 2 whole GPUs on slurm-a (0 of 32 free); a1, a2 held for a multi-node job until ~13:00, "
+        "waiting for 2 whole GPUs on slurm-a (0 of 32 free); a1, a2 held for a multi-node job until ~13:00 UTC, "
         "which this job's time limit runs past (1 job ahead)"  # the gang waits for whole GPUs there too
     )
     no_limit = decisions.decide(Job(gpus=1))
@@ -224,7 +224,7 @@ def test_a_node_being_lent_or_re_cut_is_never_reserved_for_a_gang(fenced_by):
     book = Reservations(AFTER, NOW, {}, RUNNING)
     outcome = CycleDecisions(POLICY, view, FairShare({}, {}), book).decide(gang)
     assert isinstance(outcome, Waiting)
-    assert outcome.reason.endswith("reserved a2, a4 on slurm-a; starts by ~15:00 when their jobs end")
+    assert outcome.reason.endswith("reserved a2, a4 on slurm-a; starts by ~15:00 UTC when their jobs end")
     assert book.held[gang.job_id].nodes == ("a2", "a4")
 
 
@@ -251,3 +251,35 @@ def test_a_gang_is_never_placed_on_a_node_being_lent_or_re_cut():
     assert three.reason.startswith("waiting for 3 nodes with 8 free A100-SXM4-80GBs on slurm-a: 2 have them now")
     two = decisions.decide(Job(nodes=2, gpus=8))
     assert isinstance(two, Placed) and two.placement.nodes == ("a2", "a3")
+
+
+def test_a_gang_on_mig_slices_gets_no_reservation_however_long_it_waits():
+    # What the README says of reservations: whole GPUs only. A MIG gang waits for its
+    # slices to free as a one-node job does, and longer MIG work may still take them.
+    policy = load_policy(
+        "rules:\n  - name: mig\n    match: {kind: training}\n    route: {cluster: slurm-a, sharing: slurm/mig}\n"
+    )
+    units = [
+        CapacityUnit(
+            "slurm-a",
+            node,
+            Sharing.SLURM_MIG,
+            "A100-SXM4-40GB",
+            5.0,
+            7,
+            6,
+            1 / 7,
+            mig_profile="1g.5gb",
+            in_mig_mode=True,
+        )  # fmt: skip
+        for node in ("m1", "m2")
+    ]
+    running = {("slurm-a", "m1"): [(6, hours(1))], ("slurm-a", "m2"): [(6, hours(1))]}
+    book = Reservations(AFTER, NOW, {}, running)
+    decisions = CycleDecisions(policy, CapacityView.build({"slurm-a": units}), FairShare({}, {}), book)
+    gang = Job(waited=timedelta(hours=2), nodes=2, gpus=2, isolation="hardware", gpu_memory_gb=5)
+    outcome = decisions.decide(gang)
+    assert isinstance(outcome, Waiting) and "reserved" not in outcome.reason
+    assert book.held == {}
+    longer = decisions.decide(Job(gpus=1, isolation="hardware", gpu_memory_gb=5, time_limit="10h"))
+    assert isinstance(longer, Placed) and longer.placement.node == "m1"

@@ -4,6 +4,7 @@ shown in the inventory (API field and the CLI's node table), and ended when the 
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 from rich.console import Console
@@ -19,7 +20,7 @@ def reservations(sessions) -> dict[int, tuple]:
         return {r.job_id: (tuple(r.nodes), r.start_by) for r in session.execute(select(GangReservation)).scalars()}
 
 
-def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(engine, sessions, clock, fleet, http):
+def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(engine, sessions, clock, fleet, http, monkeypatch):
     start = clock()
     # slurm-a's whole-GPU nodes gpu-01 and gpu-02 (4 A100s each) are both busy
     full = submit(sessions, clock, kind="training", gpus=4, time_limit="1h", labels={"sim-duration": "3000"})
@@ -35,7 +36,9 @@ def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(engine, sess
     cycle.run_cycle()
     waiting = job(sessions, gang)
     assert waiting.state == "queued"
-    assert waiting.state_reason.endswith("; reserved gpu-01, gpu-02 on slurm-a; starts by ~11:00 when their jobs end")
+    assert waiting.state_reason.endswith(
+        "; reserved gpu-01, gpu-02 on slurm-a; starts by ~11:00 UTC when their jobs end"
+    )
     assert reservations(sessions) == {gang: (("gpu-01", "gpu-02"), start + timedelta(hours=2))}
 
     # the next cycle keeps them: a job that would end after 11:00 waits, a shorter one is backfilled
@@ -54,6 +57,16 @@ def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(engine, sess
     console = Console(record=True, width=200)
     console.print(inventory_nodes_table(body, width=200))
     assert f"reserved for job {gang} until ~11:00" in console.export_text()
+    # in the reader's time zone, as every time the CLI shows (the reason says UTC)
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        console = Console(record=True, width=200)
+        console.print(inventory_nodes_table(body, width=200))
+        assert f"reserved for job {gang} until ~20:00" in console.export_text()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
     # once the jobs on its nodes have ended the gang starts there, and its reservation ends
     clock.advance(2 * 3600)
@@ -62,3 +75,13 @@ def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(engine, sess
     placed = job(sessions, gang)
     assert placed.placement is not None and tuple(placed.placement["nodes"]) == ("gpu-01", "gpu-02")
     assert reservations(sessions) == {}
+
+
+def test_a_running_gang_says_the_nodes_it_runs_on(engine, sessions, clock, fleet):
+    gang = submit(sessions, clock, kind="training", nodes=2, gpus=4, time_limit="1h")
+    cycle = scheduler(engine, fleet, clock)
+    for _ in range(3):
+        cycle.run_cycle()
+    running = job(sessions, gang)
+    assert running.state == "running"
+    assert running.state_reason == "running on slurm-a nodes gpu-01,gpu-02"
