@@ -5,11 +5,11 @@ The cluster: the single-machine test cluster of integration/slurm/ with ``--node
 whole-GPU nodes (gpu01 ..., two A100s each; 4 by default: 8 GPUs), started on ports of
 its own, fresh for each side, and stopped after; jobs go to its ``exclusive`` partition
 (the whole-GPU nodes, the only ones gpush offers whole GPUs on). The workload is
-integration/bench/gangs.py's mix scaled down to it (:func:`gangs.mixed_jobs`, seeded):
-40% of the asked GPU-seconds 1-GPU jobs ("small", 5-30 s), 30% one-node jobs of both
-GPUs ("big", 20-60 s) and 30% gangs of 2 to all nodes x 2 GPUs (20-60 s), ``--load`` of
-the cluster asked for over ``--span`` seconds of arrivals; every job has a time limit of
-half again its duration, rounded up to a minute (Slurm's unit), as backfill needs. Each
+integration/bench/gangs.py's kinds of job scaled down to it (:func:`gangs.mixed_jobs`,
+seeded): 30% of the asked GPU-seconds 1-GPU jobs ("small", 3-20 s), 20% one-node jobs of
+both GPUs ("big", 10-40 s) and 50% gangs of 2 to all nodes x 2 GPUs (10-40 s), ``--load``
+of the cluster asked for over ``--span`` seconds of arrivals; every job has a time limit
+of half again its duration, rounded up to a minute (Slurm's unit), as backfill needs. Each
 job (each rank of a gang) is ``sleep``; it first appends when it started to a file, so
 that the bench can check that a gang's ranks started together.
 
@@ -97,9 +97,10 @@ scheduling:
 
 
 def job_classes(nodes: int, smoke: bool) -> tuple[JobClass, ...]:
-    """gangs.py's mix on ``nodes`` nodes of two GPUs, in seconds: small 1-GPU jobs, big
-    one-node jobs of both GPUs, and gangs of 2 to ``nodes`` nodes (two-node ones twice as
-    often, as gangs.py's twos)."""
+    """gangs.py's kinds of job on ``nodes`` nodes of two GPUs, in seconds: small 1-GPU jobs
+    (30% of the GPU-seconds), big one-node jobs of both GPUs (20%) and gangs of 2 to
+    ``nodes`` nodes (50%; two-node ones twice as often, as gangs.py's twos). Half the work
+    is gangs, not gangs.py's 30%, so that a run of a few minutes holds several."""
     sizes = (2, *range(2, nodes + 1))
     if smoke:
         return (
@@ -108,9 +109,9 @@ def job_classes(nodes: int, smoke: bool) -> tuple[JobClass, ...]:
             JobClass(0.3, sizes, GPUS_PER_NODE, (2, 3)),
         )
     return (
-        JobClass(0.4, (1,), 1, (5, 10, 20, 30)),
-        JobClass(0.3, (1,), GPUS_PER_NODE, (20, 30, 45, 60)),
-        JobClass(0.3, sizes, GPUS_PER_NODE, (20, 30, 45, 60)),
+        JobClass(0.3, (1,), 1, (3, 5, 10, 20)),
+        JobClass(0.2, (1,), GPUS_PER_NODE, (10, 20, 30, 40)),
+        JobClass(0.5, sizes, GPUS_PER_NODE, (10, 20, 30, 40)),
     )
 
 
@@ -435,15 +436,16 @@ def print_report(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=4, help="whole-GPU nodes of two A100s (2-9; 4)")
-    parser.add_argument("--span", type=float, default=120, help="seconds over which jobs arrive (120)")
+    parser.add_argument("--span", type=float, default=150, help="seconds over which jobs arrive (150)")
     parser.add_argument("--load", type=float, default=1.0, help="GPU-seconds asked / the cluster's over the span (1.0)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--interval", type=float, default=1.0, help="gpush's loop interval (gpush server: 1 s)")
     parser.add_argument(
         "--reservation-after",
         type=float,
-        default=5,
-        help="the policy's gang_reservation_after, seconds (5: its 10-minute default scaled to jobs of seconds)",
+        default=0,
+        help="the policy's gang_reservation_after, seconds (0: at once, as Slurm's backfill plans the first "
+        "waiting job's start at once)",
     )
     parser.add_argument("--backend", choices=["cli", "rest"], default="rest")
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL)
