@@ -305,5 +305,5 @@ def render(
         user=user,
         nodes=nodes,
         tasks_per_node=tasks,
-        nodelist=placement.nodes if placement.gang else (),
+        nodelist=placement.nodes or ((placement.node,) if placement.node else ()),
     )
