@@ -30,7 +30,7 @@ job (its arrival, as the bench submitted it, to its start in Slurm: what a user 
 gpush's time included) p50/p95 for gangs, big and small jobs, and **GPU utilisation**
 (GPU-seconds the jobs held over the GPU-seconds of the cluster during the makespan). Also
 checked on both sides: each gang is one Slurm job on all its nodes (NodeCnt) whose ranks
-all started within a second (never partly), and on gpush's side that each ran on the
+all started within 5 s (never partly), and on gpush's side that each ran on the
 nodes gpush placed it on. Printed: a table, and gpush/sbatch ratios against the issue's
 target (no figure worse than Slurm's by more than 10%; for waits, whose records have
 seconds, or within a second).
@@ -80,7 +80,9 @@ GPUS_PER_NODE = 2  # gpu01 ... have two whole A100s each
 GRES_TYPE = "a100"
 TARGET = 1.1  # no figure worse than Slurm's own scheduling by more than 10% (the issue's)
 WAIT_SLACK_S = 1.0  # the completion log has whole seconds: waits within one agree
-RANKS_TOGETHER_S = 1.0  # a gang's ranks all started within this
+# A gang's ranks all started within this: srun started them up to 1.2 s apart on the
+# 2-CPU machine, while a gang started partly has ranks a job's duration (10 s+) apart.
+RANKS_TOGETHER_S = 5.0
 
 
 def policy(reservation_after: float) -> str:
