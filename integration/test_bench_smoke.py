@@ -4,7 +4,7 @@
 PostgreSQL (submissions, scheduling, Kubernetes, the dashboard on PostgreSQL), the
 embedded default with its local server (the CLI), chromium (the dashboard), the
 Kubernetes test server (started by the bench), and the single-machine Slurm test cluster
-(the Slurm and Ray benches start one of their own, on ports of their own). The benches
+(the Slurm, Slurm gang and Ray benches start one of their own, on ports of their own). The benches
 that need none of these are in tests/test_bench_smoke.py.
 """
 
@@ -87,3 +87,15 @@ def test_the_ray_bench_runs(tmp_path):
     assert result["smoke"] is True
     (row,) = result["rows"]
     assert row["workers"] == 1 and row["gpush_all_joined_s"] > 0 and row["by_hand_all_joined_s"] > 0
+
+
+def test_the_slurm_gang_bench_runs_both_sides_and_checks_every_gang(tmp_path):
+    result = run_bench("gangs_slurm", tmp_path / "gangs_slurm.json", timeout=600, env=PG)
+    assert result["smoke"] is True and result["nodes"] == 2
+    for side in ("sbatch", "gpush"):
+        figures = result[side]
+        assert figures["jobs"] == result["jobs"] and figures["gangs"] == result["classes"]["gangs"] > 0
+        assert figures["makespan_s"] > 0 and 0 < figures["utilisation"] <= 1
+        assert figures["gangs_started_partly"] == []  # every gang one Slurm job, its ranks together
+        assert figures["waits"]["gangs"]["jobs"] == figures["gangs"]
+    assert {v["figure"] for v in result["verdicts"]} >= {"makespan (s)", "GPU utilisation"}

@@ -25,6 +25,10 @@ What callers may assume:
   once Slurm has forgotten the job); a run Slurm starts again begins them afresh.
   Slurm creates no directory for them: a job whose directory is missing on its node
   fails at launch (``JobLaunchFailure``; the adapter creates it first where it can).
+- **Where it runs**: ``--nodelist`` names the nodes gpush placed the job on, a one-node
+  job's one node too, so that Slurm and gpush agree: left to choose, Slurm put 19 of 45
+  one-node jobs on other nodes than gpush's (integration/bench/gangs_slurm.py), nodes
+  gpush had reserved for a gang among them.
 - **Multi-node jobs** (:func:`launch_environment`): a gang is one batch job with
   ``--nodes=N --ntasks-per-node=T --nodelist=<gpush's nodes>``, the GRES, ``--mem`` and
   CPUs per node (``cpus`` split over the node's tasks), and its command run through
@@ -305,5 +309,5 @@ def render(
         user=user,
         nodes=nodes,
         tasks_per_node=tasks,
-        nodelist=placement.nodes if placement.gang else (),
+        nodelist=placement.nodes or ((placement.node,) if placement.node else ()),
     )

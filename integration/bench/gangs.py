@@ -21,6 +21,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -59,24 +60,44 @@ def fleet(nodes: int) -> str:
     )
 
 
-def workload(nodes: int, hours: float, seed: int, load: float = 0.9) -> str:
+@dataclass(frozen=True)
+class JobClass:
+    """One part of a mixed workload: its share of the asked GPU-seconds, the node counts
+    drawn from (one: no draw), GPUs per node, and the durations drawn from (seconds)."""
+
+    share: float
+    nodes: tuple[int, ...]
+    gpus: int
+    durations: tuple[int, ...]
+
+
+# This bench's mix on 8-GPU nodes: 40% of the GPU-hours 1-GPU jobs, 30% 8-GPU jobs, 30% gangs.
+CLASSES = (
+    JobClass(0.4, (1,), 1, (600, 1800, 3600, 5400, 7200)),
+    JobClass(0.3, (1,), 8, (3600, 7200, 10800, 14400)),
+    JobClass(0.3, (2, 2, 3, 4, 4, 6, 8), 8, (3600, 7200, 10800, 14400)),
+)
+
+
+def mixed_jobs(classes: tuple[JobClass, ...], gpus: int, span: float, seed: int, load: float = 0.9) -> list[dict]:
+    """A seeded stream of jobs arriving over ``span`` seconds on a fleet of ``gpus`` GPUs,
+    ``load`` of it asked for: each class draws jobs until its share is spent. Each job:
+    ``name`` (``gang-I`` or ``job-I``), ``kind``, ``gpus`` (per node), ``nodes`` (gangs
+    only), ``at`` and ``duration`` (seconds), ``time_limit`` (minutes: half again the
+    duration, rounded up); sorted by ``at``. Shared by this bench and
+    integration/bench/gangs_slurm.py (the same mix, scaled down, on the Slurm test cluster)."""
     rng = random.Random(seed)
-    gpus = nodes * 8
-    span = hours * 3600
     jobs = []
-    # Shares of the asked GPU-hours: 40% 1-GPU jobs, 30% 8-GPU jobs, 30% gangs.
-    for share, make in (
-        (0.4, lambda: (1, 1, rng.choice([600, 1800, 3600, 5400, 7200]))),
-        (0.3, lambda: (1, 8, rng.choice([3600, 7200, 10800, 14400]))),
-        (0.3, lambda: (rng.choice([2, 2, 3, 4, 4, 6, 8]), 8, rng.choice([3600, 7200, 10800, 14400]))),
-    ):
-        budget = share * load * gpus * span
+    for job_class in classes:
+        budget = job_class.share * load * gpus * span
         while budget > 0:
-            n, g, duration = make()
-            budget -= n * g * duration
+            # A class of one node count draws none, so the stream stays what it was.
+            n = rng.choice(job_class.nodes) if len(job_class.nodes) > 1 else job_class.nodes[0]
+            duration = rng.choice(job_class.durations)
+            budget -= n * job_class.gpus * duration
             job = {
                 "kind": "training" if n > 1 else "batch",
-                "gpus": g,
+                "gpus": job_class.gpus,
                 "at": round(rng.uniform(0, span)),
                 "duration": duration,
                 "time_limit": -(-duration * 3 // 120),  # minutes: half again the duration
@@ -87,7 +108,11 @@ def workload(nodes: int, hours: float, seed: int, load: float = 0.9) -> str:
     jobs.sort(key=lambda j: j["at"])
     for i, job in enumerate(jobs):
         job["name"] = f"{'gang' if job.get('nodes') else 'job'}-{i}"
-    return yaml.safe_dump({"jobs": jobs}, sort_keys=False)
+    return jobs
+
+
+def workload(nodes: int, hours: float, seed: int, load: float = 0.9) -> str:
+    return yaml.safe_dump({"jobs": mixed_jobs(CLASSES, nodes * 8, hours * 3600, seed, load)}, sort_keys=False)
 
 
 def main() -> int:

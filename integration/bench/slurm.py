@@ -156,7 +156,9 @@ def sbatch_small(cluster: SlurmTestCluster, name: str, workdir: Path, command: s
 
 
 class CompletionLog:
-    """The job completion log (jobcomp/filetxt), read as it grows: names of jobs COMPLETED."""
+    """The job completion log (jobcomp/filetxt), read as it grows: names of jobs COMPLETED,
+    and every record's fields (``JobId``, ``Name``, ``JobState``, ``SubmitTime``,
+    ``StartTime``, ``EndTime``, ``NodeList``, ``NodeCnt``...) in the order written."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -164,6 +166,7 @@ class CompletionLog:
         self.rest = b""
         self.completed: set[str] = set()
         self.failed: list[str] = []
+        self.records: list[dict[str, str]] = []
 
     def read(self) -> None:
         try:
@@ -176,6 +179,8 @@ class CompletionLog:
         *lines, self.rest = (self.rest + data).split(b"\n")
         for line in lines:
             fields = dict(w.split("=", 1) for w in line.decode(errors="replace").split() if "=" in w)
+            if fields:
+                self.records.append(fields)
             if fields.get("JobState") == "COMPLETED":
                 self.completed.add(fields.get("Name", ""))
             elif fields.get("JobState"):
@@ -241,7 +246,9 @@ class Broker:
     registered with the bench's policy, the leader's loop on a thread (:meth:`leader`),
     and submissions that wake it as the API's do (:meth:`submit`)."""
 
-    def __init__(self, url: str, cluster: SlurmTestCluster, backend: str, workdir: Path, settings: dict):
+    def __init__(
+        self, url: str, cluster: SlurmTestCluster, backend: str, workdir: Path, settings: dict, policy: str = POLICY
+    ):
         self.engine = make_engine(url)
         self.sessions = session_factory(self.engine)
         self.wakeup = Wakeup()
@@ -259,7 +266,7 @@ class Broker:
         with self.sessions() as session, session.begin():
             views = cluster_views(session, self.pool)
             policystore.apply(
-                session, POLICY, comment="bench", author="root", now=now(), views=views, base_version=None
+                session, policy, comment="bench", author="root", now=now(), views=views, base_version=None
             )
 
     @contextmanager
@@ -295,12 +302,11 @@ class Broker:
         Each asks for ``share`` percent of the 40 GB A100 in GPU memory, so gpush sizes its MPS
         share as sbatch's (a hair under, since gpush rounds the share up)."""
         memory_gb = share * 0.4 - 1e-6
-        specs = [
-            JobSpec.model_validate(
-                {"kind": "inference", "isolation": "process", "gpu_memory_gb": memory_gb, "command": command}
-            )
-            for _ in range(n)
-        ]
+        spec = {"kind": "inference", "isolation": "process", "gpu_memory_gb": memory_gb, "command": command}
+        return self.submit_specs([JobSpec.model_validate(spec) for _ in range(n)])
+
+    def submit_specs(self, specs: list[JobSpec]) -> list[int]:
+        """Queue the jobs in one transaction and wake the leader; their gpush ids."""
         with self.sessions() as session, session.begin():
             ids = [r.job["id"] for r in queue.submit_jobs(session, specs, ADMIN, now=now())]
             notify(session.connection())

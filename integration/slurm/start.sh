@@ -7,7 +7,8 @@
 #   gpu01  two whole A100s: gpu:a100:2
 #   gpu02  (with --whole-nodes=2) two more whole A100s, for multi-node jobs
 #
-# Partitions: gpu (default, every node), mig, mps, exclusive (gpu01).
+# Partitions: gpu (default, every node), mig, mps, exclusive (the whole-GPU nodes: gpu01,
+# and gpu02 .. with --whole-nodes).
 # Daemons: munged (own key and socket), slurmctld, three slurmd, slurmrestd (JWT)
 # on 127.0.0.1 and a unix socket; with --accounting also slurmdbd on MariaDB. No
 # systemd, no cgroups.
@@ -303,7 +304,7 @@ $(for ((i = 0; i < WHOLE_NODES; i++)); do node_line "${WHOLE[i]}" $((2 + i)) gpu
 PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
 PartitionName=mig Nodes=mig01 MaxTime=INFINITE State=UP
 PartitionName=mps Nodes=mps01 MaxTime=INFINITE State=UP
-PartitionName=exclusive Nodes=gpu01 MaxTime=INFINITE State=UP
+PartitionName=exclusive Nodes=$(IFS=,; echo "${WHOLE[*]}") MaxTime=INFINITE State=UP
 EOF
 
 cat >"$ETC/gres.conf" <<EOF

@@ -528,6 +528,7 @@ def test_render_tags_the_job_and_translates_its_limits():
         "--output=/scratch/gpush/gpush-logs/gpush-42.out",
         "--error=/scratch/gpush/gpush-logs/gpush-42.err",
         "--export=ALL",
+        "--nodelist=gpu01",  # the node gpush placed it on
         "--mem=16384M",
         "--time=90",
         "--partition=exclusive",

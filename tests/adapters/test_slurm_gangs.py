@@ -68,9 +68,11 @@ def test_a_gang_is_one_batch_job_with_its_per_node_request_on_the_nodes_gpush_ch
     assert four.environment["WORLD_SIZE"] == "8" and four.environment["LOCAL_WORLD_SIZE"] == "4"
 
 
-def test_a_one_node_job_is_rendered_as_before():
-    job = render(7, spec(), gang(nodes=("gpu01",)), tag="gpush", gres_type="a100")
-    assert not [a for a in job.sbatch_args() if a.startswith(("--nodes", "--ntasks", "--nodelist"))]
+def test_a_one_node_job_is_one_task_on_the_node_gpush_chose():
+    job = render(7, spec(), replace(gang(nodes=("gpu01",)), nodes=()), tag="gpush", gres_type="a100")
+    assert not [a for a in job.sbatch_args() if a.startswith(("--nodes", "--ntasks"))]
+    # Pinned, so that Slurm does not run it on a node gpush reserved for a gang.
+    assert "--nodelist=gpu01" in job.sbatch_args()
     assert "srun" not in job.script and "WORLD_SIZE" not in job.environment
 
 
