@@ -5,7 +5,7 @@
 #      test clusters take fixed ports; beside them
 #   2. the other tests, on two pytest-xdist workers (its default --dist load: tests/dist.py).
 #      On a 2-core machine shared with other test runs (load 4 to 6) they took 6 to 10
-#      minutes in three runs, against 11 in one process, using about one core on average;
+#      minutes in three runs, against 11 in one process, using under one core on average;
 #   3. then the tests that change the machine under every other one (`alone`: they restart
 #      PostgreSQL, fill a disk), in a pass of their own, once both others have passed.
 #
