@@ -36,7 +36,8 @@ slurm:
 
 # GPUSH_CI=1: a test that skips fails unless it is marked may_skip (tests/skips.py), and the
 # closing note counts the skips (0 here). A suite that collects nothing fails too (pytest's exit 5).
-PYTEST := GPUSH_CI=1 $(BIN)/python -m pytest
+IN_CI  := GPUSH_CI=1
+PYTEST := $(IN_CI) $(BIN)/python -m pytest
 
 test-fast: venv
 	$(PYTEST) tests -q -n 2 --durations=10
@@ -46,11 +47,11 @@ test-fast: venv
 browser:
 	integration/scripts/ensure-chromium.sh
 
-# One process (the tests share the Slurm test clusters, whose ports are fixed); the tests
-# that change the machine (integration/conftest.py: `alone`) in a pass of their own, last.
+# The Slurm tests (integration/conftest.py: `slurm`; their test clusters' ports are fixed) in
+# one process, the other tests beside them on two workers, then the tests that change the
+# machine (`alone`) in a pass of their own: integration/scripts/test-integration.sh.
 test-integration: venv postgres slurm browser
-	$(PYTEST) integration -q -m "not alone" --durations=15
-	$(PYTEST) integration -q -m alone
+	$(IN_CI) integration/scripts/test-integration.sh $(BIN)/python
 
 test: test-fast test-integration
 

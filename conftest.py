@@ -27,8 +27,9 @@ from broker.core import auth
 from broker.core.db import session_factory
 from broker.core.schemas import Role
 
-# Under GPUSH_CI=1 a skip is a failure unless the test is marked may_skip (tests/skips.py).
-pytest_plugins = ("tests.skips",)
+# Under GPUSH_CI=1 a skip is a failure unless the test is marked may_skip (tests/skips.py);
+# pytest-xdist's --dist is one that runs every test (tests/dist.py).
+pytest_plugins = ("tests.skips", "tests.dist")
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ import pytest
 from psycopg import sql
 
 from broker.core.db import make_engine, upgrade
+from integration.slurm.cluster import NOT_A_SLURM_TEST
 from integration.slurm_fixtures import (  # noqa: F401  (Slurm test clusters, one of each per session)
     slurm_chroots,
     slurm_cluster,
@@ -25,10 +26,45 @@ ADMIN_DSN = os.environ.get("GPUSH_TEST_PG_DSN", "postgresql://postgres@127.0.0.1
 
 # A test marked `alone` changes the machine under every other test (restarts PostgreSQL,
 # fills a disk): `make test-integration` runs it in a pass of its own, after the rest.
+#
+# A test marked `slurm` starts or uses a Slurm test cluster, whose ports are fixed: the
+# Slurm tests run in one process, the others beside each other (pytest-xdist). A test that
+# uses a fixture of the Slurm test clusters, directly or through other fixtures, is marked
+# here; one that starts a cluster of its own in another way (a bench) is marked by hand,
+# and one that is not marked fails when it starts a cluster (integration/slurm/cluster.py).
+SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_site", "slurm_chroots"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "alone: runs in a pass of its own in make test-integration, after the rest")
+    config.addinivalue_line(
+        "markers", "slurm: starts or uses a Slurm test cluster: make test-integration runs it in one process"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLURM_FIXTURES & set(item.fixturenames) and item.get_closest_marker("slurm") is None:
+            item.add_marker(pytest.mark.slurm)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """While a test not marked `slurm` runs (its fixtures included), starting a Slurm test
+    cluster fails, in this process and in those it starts."""
+    before = os.environ.get(NOT_A_SLURM_TEST)
+    if item.get_closest_marker("slurm") is None:
+        os.environ[NOT_A_SLURM_TEST] = item.nodeid
+    else:
+        os.environ.pop(NOT_A_SLURM_TEST, None)
+    try:
+        return (yield)
+    finally:
+        if before is None:
+            os.environ.pop(NOT_A_SLURM_TEST, None)
+        else:
+            os.environ[NOT_A_SLURM_TEST] = before
 
 
 def _sqlalchemy_url(dsn: str, dbname: str) -> str:

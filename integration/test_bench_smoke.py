@@ -70,6 +70,7 @@ def test_the_dashboard_bench_runs(tmp_path, database):
         assert result["large"][page] > 0 and result["baseline"][page] > 0
 
 
+@pytest.mark.slurm  # the bench starts a Slurm test cluster of its own
 def test_the_slurm_bench_runs(tmp_path):
     result = run_bench("slurm", tmp_path / "slurm.json", timeout=600, env=PG)
     assert result["smoke"] is True
@@ -82,6 +83,7 @@ def test_the_slurm_bench_runs(tmp_path):
     assert result["latency"]["gpush"]["stage_medians_s"]["status_read"] is not None
 
 
+@pytest.mark.slurm  # the bench starts a Slurm test cluster of its own
 def test_the_ray_bench_runs(tmp_path):
     result = run_bench("ray", tmp_path / "ray.json", timeout=600, env=PG)
     assert result["smoke"] is True

@@ -47,6 +47,8 @@ from integration.test_k8s_adapter import simulated_durations  # noqa: F401  (aut
 from integration.test_slurm_adapter import Clock
 from tests.doubles.fake_nvml import FakeNvml
 
+# lend_slurm starts a Slurm test cluster of this module's own (own_cluster), on fixed ports.
+pytestmark = pytest.mark.slurm
 PORTS = {"GPUSH_SLURMCTLD_PORT": "9517", "GPUSH_SLURMRESTD_PORT": "9520", "GPUSH_SLURMD_PORT": "9521"}
 OPERATOR = "gpu-operator"
 SHORT = {"sim-duration": "6"}  # seconds an inference Pod runs

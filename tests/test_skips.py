@@ -41,17 +41,21 @@ def test_needs_a_service(service):
 """
 
 
-def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: bool, source: str = TESTS):
+def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: bool, source: str = TESTS, *args: str):
     if ci:
         monkeypatch.setenv("GPUSH_CI", "1")
     else:
         monkeypatch.delenv("GPUSH_CI", raising=False)
     pytester.makepyfile(test_sample=source)
-    return pytester.runpytest("-p", "tests.skips", "--strict-markers", "-rA")
+    return pytester.runpytest("-p", "tests.skips", "--strict-markers", "-rA", *args)
 
 
-def test_in_ci_every_skip_of_an_unmarked_test_fails_and_the_note_counts_the_rest(pytester, monkeypatch) -> None:
-    result = run(pytester, monkeypatch, ci=True)
+# make test runs the suites on pytest-xdist's workers too, whose reports the main process counts.
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one process", "two workers"])
+def test_in_ci_every_skip_of_an_unmarked_test_fails_and_the_note_counts_the_rest(
+    pytester, monkeypatch, workers
+) -> None:
+    result = run(pytester, monkeypatch, True, TESTS, *workers)
     result.assert_outcomes(passed=2, failed=1, errors=2, skipped=1, xfailed=1)  # setup-time skips: errors
     text = result.stdout.str()
     # A skip in the test's body fails its call; one at setup (a skipif marker, a fixture) errors its setup.

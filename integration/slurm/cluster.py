@@ -29,6 +29,10 @@ INSTALL = HERE / "install.sh"
 CHROOT = HERE / "chroot.sh"
 # Where start.sh and stop.sh are copied inside a chroot of a newer Slurm.
 IN_CHROOT = "/opt/gpush-slurm"
+# Set by integration/conftest.py to the id of a running test that is not marked `slurm`:
+# make test-integration runs those beside each other (pytest-xdist), and a Slurm test
+# cluster takes fixed ports, so such a test may not start one (nor may a bench it runs).
+NOT_A_SLURM_TEST = "GPUSH_NOT_A_SLURM_TEST"
 
 # A job in one of these states will not change any more.
 FINAL_STATES = frozenset(
@@ -365,6 +369,12 @@ def start(
     ``whole_nodes``: how many nodes of two whole A100s (gpu01, gpu02, ...): two for
     multi-node jobs.
     """
+    if test := os.environ.get(NOT_A_SLURM_TEST):
+        raise SlurmClusterError(
+            f"{test} starts a Slurm test cluster but is not marked slurm; a cluster takes fixed ports, so "
+            "make test-integration runs such tests in one process of their own: use the slurm_cluster, "
+            "slurm_site or slurm_chroots fixture, or mark the test @pytest.mark.slurm (integration/conftest.py)"
+        )
     if chroot is not None:
         if not str(Path(state).resolve()).startswith("/tmp/"):
             raise SlurmClusterError(
