@@ -44,7 +44,8 @@ What callers may assume:
   (:data:`MASTER_PORT`), ``NNODES``, ``NPROC_PER_NODE`` (the job's tasks per node),
   ``WORLD_SIZE`` (nodes x tasks per node) and ``NODE_RANK``, which is
   ``JOB_COMPLETION_INDEX``, the Pod's completion index (both read from its
-  ``batch.kubernetes.io/job-completion-index`` annotation), as torchrun reads them.
+  ``batch.kubernetes.io/job-completion-index`` annotation), as torchrun reads them. A
+  job that sets one of them itself keeps its own value, as on Slurm.
 - **No shell, no root.** ``command`` is the container's argv (a string command was
   already made ``/bin/sh -c ...`` by the job spec, visibly); Pods run as a non-root
   uid without privilege escalation, and mount no service account token unless the
@@ -92,7 +93,6 @@ SHARED_SUFFIX = "-SHARED"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 MASTER_PORT = 29500  # torch.distributed's default rendezvous port
-GANG_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NPROC_PER_NODE", "WORLD_SIZE", "NODE_RANK")
 
 CONTAINER = "job"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -427,8 +427,7 @@ def pod_template(
     env = environment(job_id, spec, placement, gpu_memory_gb)
     if placement.gang:
         name = object_name(options.tag, job_id)
-        env = [v for v in env if v["name"] not in (*GANG_VARIABLES, "JOB_COMPLETION_INDEX")]
-        env += gang_environment(name, spec, placement)
+        env += [v for v in gang_environment(name, spec, placement) if v["name"] not in spec.env]  # the job's own win
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
