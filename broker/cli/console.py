@@ -291,6 +291,7 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("Isolation", job.isolation.value),
         ("GPUs", escape(job.gpu_request or "-")),
         *_nodes_rows(job.gang),
+        *_tasks_rows(job.gang, spec),
         (
             "CPUs / memory",
             f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"
@@ -330,6 +331,12 @@ def _nodes_rows(gang: Any) -> list[tuple[str, str]]:
         rendezvous = " (rendezvous)" if node.rendezvous else ""
         rows.append((f"  node {node.index}", f"{escape(node.node or '(not placed yet)')}: {ranks}{rendezvous}"))
     return rows
+
+
+def _tasks_rows(gang: Any, spec: dict) -> list[tuple[str, str]]:
+    """A one-node job's tasks when it asked for several (a multi-node job's are in its Nodes row)."""
+    tasks = spec.get("tasks_per_node") or 1
+    return [("Tasks", f"{tasks} (ranks) on 1 node")] if gang is None and tasks > 1 else []
 
 
 def _preemptible_text(spec: dict) -> str:
