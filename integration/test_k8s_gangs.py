@@ -125,6 +125,18 @@ def test_a_two_node_gang_runs_a_rank_on_each_chosen_node_and_each_knows_its_rank
     assert core.list_namespaced_service(NAMESPACE, label_selector="gpush.io/job-id=30").items == []
 
 
+def test_a_gang_that_sets_its_own_master_port_keeps_it_as_on_slurm(adapter, api):  # noqa: F811
+    spec = job_spec(
+        nodes=2, gpus=2, command=["sh", "-c", PRINT_RANK], env={"MASTER_PORT": "1234"}, labels={"sim-duration": "1"}
+    )
+    backend_id = adapter.submit(31, spec, gang("h100-0", "h100-1"))
+    assert Follower(adapter).until(31, BackendState.SUCCEEDED, timeout=20).exit_code == 0
+    for rank in (0, 1):
+        printed = adapter.logs(31, backend_id, replica=rank).text
+        assert printed.endswith(f"of 2 on {TAG}-31-{rank} via {TAG}-31-0.{TAG}-31:1234\n"), printed
+    adapter.cancel(31)
+
+
 def test_a_gang_found_again_by_a_restarted_broker_is_one_job(adapter, kubeconfig, api):  # noqa: F811
     spec = job_spec(nodes=2, gpus=2, labels={"sim-duration": "60"})
     backend_id = adapter.submit(32, spec, gang("h100-0", "h100-1"))

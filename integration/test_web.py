@@ -282,6 +282,30 @@ def test_the_inventory_shows_the_mig_slices_of_a_node_coloured_by_tenant(page, s
     page.screenshot(path=shots / "inventory.png", full_page=True)
 
 
+def test_a_reserved_node_says_until_when_in_the_browsers_time_zone(browser, site):
+    """A node held for a waiting multi-node job shows the time in the reader's time zone and
+    locale, as every other time on the page (the API gives it in UTC)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, timezone_id="Asia/Tokyo", locale="en-GB")
+    page = context.new_page()
+
+    def reserve_mig_01(route):  # the API's inventory with mig-01 reserved, in the API's own form
+        body = route.fetch().json()
+        for cluster in body["clusters"]:
+            for node in cluster["nodes"]:
+                if node["name"] == "mig-01":
+                    node["reserved_for"] = {"job_id": 42, "start_by": "2026-12-07T11:00:00+00:00"}
+        route.fulfill(json=body)
+
+    try:
+        page.route("**/v1/inventory", reserve_mig_01)
+        sign_in(page, site, "alice")
+        page.get_by_role("link", name="Inventory").click()
+        reserved = page.locator("article[data-node='mig-01'] .reserved")
+        expect(reserved).to_have_text(" · reserved for job 42 until ~20:00")  # 11:00 UTC is 20:00 in Tokyo
+    finally:
+        context.close()
+
+
 def test_a_user_cancels_their_own_job(page, site):
     victim = site.submit("alice", "--name", "cancel-me", "--kind", "training", "--gpus", "16", "--", "x")
     site.wait_for(victim, "held")

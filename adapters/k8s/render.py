@@ -44,7 +44,10 @@ What callers may assume:
   (:data:`MASTER_PORT`), ``NNODES``, ``NPROC_PER_NODE`` (the job's tasks per node),
   ``WORLD_SIZE`` (nodes x tasks per node) and ``NODE_RANK``, which is
   ``JOB_COMPLETION_INDEX``, the Pod's completion index (both read from its
-  ``batch.kubernetes.io/job-completion-index`` annotation), as torchrun reads them.
+  ``batch.kubernetes.io/job-completion-index`` annotation), as torchrun reads them. A
+  job that sets one of them itself keeps its own value, as on Slurm. A one-node job of
+  several tasks (``tasks_per_node`` > 1) gets them too, for its one Pod
+  (:func:`one_node_environment`: ``MASTER_ADDR`` 127.0.0.1, ``NODE_RANK`` 0).
 - **No shell, no root.** ``command`` is the container's argv (a string command was
   already made ``/bin/sh -c ...`` by the job spec, visibly); Pods run as a non-root
   uid without privilege escalation, and mount no service account token unless the
@@ -92,7 +95,6 @@ SHARED_SUFFIX = "-SHARED"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 MASTER_PORT = 29500  # torch.distributed's default rendezvous port
-GANG_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NPROC_PER_NODE", "WORLD_SIZE", "NODE_RANK")
 
 CONTAINER = "job"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -329,15 +331,26 @@ def gang_environment(name: str, spec: JobSpec, placement: Placement) -> list[dic
     """A gang's rendezvous variables (see the module docstring); the rank is each Pod's own
     completion index, read from its annotation as the Job controller's JOB_COMPLETION_INDEX is."""
     index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
-    nodes = len(placement.nodes)
     return [
-        {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
-        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
-        {"name": "NNODES", "value": str(nodes)},
-        {"name": "NPROC_PER_NODE", "value": str(spec.tasks_per_node)},
-        {"name": "WORLD_SIZE", "value": str(nodes * spec.tasks_per_node)},
+        *_launch_environment(f"{name}-0.{name}", len(placement.nodes), spec.tasks_per_node),
         {"name": "NODE_RANK", "valueFrom": index},
         {"name": "JOB_COMPLETION_INDEX", "valueFrom": index},
+    ]
+
+
+def one_node_environment(spec: JobSpec) -> list[dict[str, Any]]:
+    """A one-node job of several tasks (``tasks_per_node`` > 1): what its launcher reads to
+    start them in the one Pod (torchrun --nproc-per-node $NPROC_PER_NODE), rank 0 here."""
+    return [*_launch_environment("127.0.0.1", 1, spec.tasks_per_node), {"name": "NODE_RANK", "value": "0"}]
+
+
+def _launch_environment(master_addr: str, nodes: int, tasks_per_node: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "MASTER_ADDR", "value": master_addr},
+        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
+        {"name": "NNODES", "value": str(nodes)},
+        {"name": "NPROC_PER_NODE", "value": str(tasks_per_node)},
+        {"name": "WORLD_SIZE", "value": str(nodes * tasks_per_node)},
     ]
 
 
@@ -427,8 +440,9 @@ def pod_template(
     env = environment(job_id, spec, placement, gpu_memory_gb)
     if placement.gang:
         name = object_name(options.tag, job_id)
-        env = [v for v in env if v["name"] not in (*GANG_VARIABLES, "JOB_COMPLETION_INDEX")]
-        env += gang_environment(name, spec, placement)
+        env += [v for v in gang_environment(name, spec, placement) if v["name"] not in spec.env]  # the job's own win
+    elif spec.tasks_per_node > 1:
+        env += [v for v in one_node_environment(spec) if v["name"] not in spec.env]
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,

@@ -208,6 +208,8 @@ def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bo
     out.print(inventory_tables.inventory_clusters_table(view, width=out.console.width))
     out.line("")
     out.print(inventory_tables.inventory_nodes_table(view, gpus=gpus, width=out.console.width))
+    for note in inventory_tables.reservation_notes(view):
+        out.print(note)
     counts = view.get("findings_by_severity", {})
     if any(counts.values()):
         summary = ", ".join(f"{counts[s]} {s}" for s in SEVERITIES if counts.get(s))

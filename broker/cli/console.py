@@ -179,13 +179,16 @@ class Col:
     """A column of a table that must fit the terminal: it never gets narrower than
     ``min`` (nor wider than ``max``). When the row is too wide, columns with a ``soft``
     width give way first, down to it; then columns with the higher ``give`` give way
-    first, each down to its ``min``. Cut text ends in an ellipsis."""
+    first, each down to its ``min``; then, only if every column is at its ``min`` and the
+    row is still too wide, those with a ``least`` width, down to it. Cut text ends in an
+    ellipsis."""
 
     header: str
     min: int = 0
     max: int | None = None
     give: int = 0  # 0: keeps its natural width
     soft: int | None = None
+    least: int | None = None
 
 
 def fitted_table(columns: list[Col], rows: list[list[str]], width: int) -> Table:
@@ -196,7 +199,7 @@ def fitted_table(columns: list[Col], rows: list[list[str]], width: int) -> Table
     gap = 2
     over = sum(widths) + gap * (len(columns) - 1) - width
     order = sorted((i for i, c in enumerate(columns) if c.give), key=lambda i: -columns[i].give)
-    for floors in ([c.soft for c in columns], [max(c.min, 1) for c in columns]):
+    for floors in ([c.soft for c in columns], [max(c.min, 1) for c in columns], [c.least for c in columns]):
         for i in order:
             if over <= 0 or floors[i] is None:
                 continue
@@ -288,6 +291,7 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("Isolation", job.isolation.value),
         ("GPUs", escape(job.gpu_request or "-")),
         *_nodes_rows(job.gang),
+        *_tasks_rows(job.gang, spec),
         (
             "CPUs / memory",
             f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"
@@ -327,6 +331,12 @@ def _nodes_rows(gang: Any) -> list[tuple[str, str]]:
         rendezvous = " (rendezvous)" if node.rendezvous else ""
         rows.append((f"  node {node.index}", f"{escape(node.node or '(not placed yet)')}: {ranks}{rendezvous}"))
     return rows
+
+
+def _tasks_rows(gang: Any, spec: dict) -> list[tuple[str, str]]:
+    """A one-node job's tasks when it asked for several (a multi-node job's are in its Nodes row)."""
+    tasks = spec.get("tasks_per_node") or 1
+    return [("Tasks", f"{tasks} (ranks) on 1 node")] if gang is None and tasks > 1 else []
 
 
 def _preemptible_text(spec: dict) -> str:

@@ -56,12 +56,8 @@ def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False, widt
             n["agent"], f"[dim]{n['agent']}[/]"
         )
         findings = ", ".join(f"{count} {sev}" for sev, count in n.get("findings", {}).items() if count) or "-"
-        reserved = n.get("reserved_for")
-        if reserved:  # held for a waiting multi-node job: only work that ends in time lands here
-            until = datetime.fromisoformat(reserved["start_by"]).astimezone()  # local, as every time the CLI shows
-            findings = f"[cyan]reserved for job {reserved['job_id']} until ~{until:%H:%M}[/]" + (
-                f"; {findings}" if findings != "-" else ""
-            )
+        if n.get("reserved_for"):  # for whom and until when: reservation_notes, below the table
+            findings = "[cyan]reserved[/]" + (f"; {findings}" if findings != "-" else "")
         models = sorted({g["model"] or g["product"] for g in n["gpus"] if g["model"] or g["product"]}) or sorted(
             {u["gpu_model"] for u in n["units"]}
         )
@@ -100,17 +96,38 @@ def inventory_nodes_table(inventory: dict[str, Any], *, gpus: bool = False, widt
                     (f"[red]{escape(g['error'])}[/] " if g.get("error") else "") + (slices or "-"),
                 ]
             )
+    # A node's name is never cut (a reader types it in the next command): at 80 columns the
+    # others give way down to their least, which leaves room for names of 18 characters.
     columns = [
         Col("CLUSTER", min=7, give=2),
-        Col("NODE", min=8, give=2),
+        Col("NODE"),
         Col("AGENT"),
         Col("GPU", min=3, give=3, soft=4),
-        Col("MODEL", min=8, give=5),
-        Col("MODE", min=12, give=4),
+        Col("MODEL", min=8, give=5, least=6),
+        Col("MODE", min=12, give=4, least=8),
         Col("FREE/ALL"),
-        Col("FINDINGS", min=12, give=1, soft=16),
+        Col("FINDINGS", min=12, give=1, soft=16, least=8),  # "reserved" whole
     ]
     return fitted_table(columns, rows, width)
+
+
+def reservation_notes(inventory: dict[str, Any]) -> list[str]:
+    """A line per waiting multi-node job that holds nodes (the node table marks them
+    ``reserved``): ``reserved for job 42 until ~11:00: gpu-01, gpu-02 on slurm-a``, the time
+    in the terminal's time zone as every time the CLI shows."""
+    held: dict[tuple[int, str, str], list[str]] = {}
+    for c in inventory["clusters"]:
+        for n in c["nodes"]:
+            if reserved := n.get("reserved_for"):
+                held.setdefault((reserved["job_id"], reserved["start_by"], c["name"]), []).append(n["name"])
+    notes = []
+    for (job_id, start_by, cluster), nodes in sorted(held.items()):
+        until = datetime.fromisoformat(start_by).astimezone()
+        notes.append(
+            f"[cyan]reserved[/] for job {job_id} until ~{until:%H:%M}: {escape(', '.join(nodes))} on {escape(cluster)}"
+            " (only work that ends by then lands there)"
+        )
+    return notes
 
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}

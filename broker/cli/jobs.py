@@ -61,7 +61,7 @@ def status(client: GpushClient, out: Output, job_id: int, *, watch: float | None
 
 def _output_location(client: GpushClient, job: Any) -> str:
     """Where a job's output is, for ``gpush status`` (a word on why when there is none)."""
-    if not job.cluster:
+    if not job.cluster and not job.backend_id:
         return "none yet (it has not reached a cluster)"
     try:
         answer = client.logs(job.id, tail=0)

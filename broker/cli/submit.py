@@ -42,7 +42,14 @@ if TYPE_CHECKING:  # imported where used: `gpush --help` need not load pydantic 
     help="Nodes of a multi-node job, each with -G GPUs, -c CPUs and --memory; started on all at once or not at all "
     "(as sbatch -N; whole GPUs or MIG slices only).",
 )
-@click.option("--ntasks-per-node", "tasks_per_node", type=int, help="Processes (ranks) per node (default 1).")
+@click.option(
+    "--ntasks-per-node",
+    "tasks_per_node",
+    type=int,
+    help="Processes (ranks) per node (default 1), with or without -N: on Slurm srun starts that many copies of "
+    "the command on each node; on Kubernetes the command runs once per node, and NPROC_PER_NODE tells its "
+    "launcher (torchrun) how many to start.",
+)
 @click.option(
     "--gpu-memory-gb",
     "gpu_memory_gb",

@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.core.adapter import AdapterError, ClusterAdapter, LogReader, Rejected, capability
 from broker.core.auth import Principal
-from broker.core.errors import Conflict, InvalidRequest, Unavailable
+from broker.core.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from broker.core.models import JobEvent, Preemption
 from broker.core.states import TERMINAL, JobState
 from broker.intake.queue import get_job
 
@@ -46,10 +48,16 @@ def read_output(
     state = JobState(job.state)
     answer: dict[str, Any] = {"job_id": job.id, "state": state.value, "final": state in TERMINAL}
     if not job.cluster or not job.backend_id:
-        raise Conflict(
-            f"job {job_id} is {state.value} and never reached a cluster: it has no output"
-            + ("" if state in TERMINAL else "; `gpush status` says what it waits for")
+        then = "" if state in TERMINAL else "; `gpush status` says what it waits for"
+        earlier = _requeued_run(session, job, adapter_for, stream)
+        if earlier is None:
+            raise Conflict(f"job {job_id} is {state.value} and never reached a cluster: it has no output{then}")
+        again = (
+            "it did not run again"
+            if state in TERMINAL
+            else "it waits to run again: `gpush status` says what it waits for"
         )
+        raise Conflict(f"job {job_id} is {state.value}: {earlier}; {again}")
     reader = capability(adapter_for(job.cluster), LogReader)
     if reader is None:
         return answer | {
@@ -66,3 +74,37 @@ def read_output(
     except AdapterError as exc:
         raise Unavailable(f"cannot read job {job_id}'s output from {job.cluster} now: {exc}") from None
     return answer | output.to_dict()
+
+
+def _requeued_run(session: Session, job, adapter_for: Callable[[str], ClusterAdapter], stream: str) -> str | None:
+    """How a job that is on no cluster now last ran, if it was requeued (preempted, or
+    lost by its cluster): ``it was running on slurm-a node gpu-01 and was requeued (why)``,
+    and where that run's output is while its cluster still says (a preemption keeps the
+    run's placement); None if it never ran."""
+    events = session.execute(
+        select(JobEvent.to_state, JobEvent.reason)
+        .where(JobEvent.job_id == job.id, JobEvent.type == "transition")
+        .order_by(JobEvent.id.desc())
+    ).all()
+    requeued = next((i for i, e in enumerate(events) if e.to_state == JobState.REQUEUED.value), None)
+    if requeued is None:
+        return None
+    ran = next((e for e in events[requeued + 1 :] if e.to_state in _RAN), None)
+    words = f"it was {ran.reason}" if ran is not None and ran.reason else "it reached a cluster"
+    words += f" and was requeued ({events[requeued].reason})" if events[requeued].reason else " and was requeued"
+    placement = session.execute(
+        select(Preemption.placement).where(Preemption.victim_id == job.id).order_by(Preemption.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    cluster = (placement or {}).get("cluster")
+    if cluster and job.backend_id:
+        try:
+            reader = capability(adapter_for(cluster), LogReader)
+            if reader is not None:
+                words += f"; its earlier output: {reader.logs(job.id, job.backend_id, stream=stream, tail=0).location}"
+        except (AdapterError, NotFound):  # the cluster forgot that run, or is gone: where is not known
+            pass
+    return words
+
+
+# The transitions that mean a cluster had the job: accepted it, or started it.
+_RAN = (JobState.SUBMITTED.value, JobState.RUNNING.value)

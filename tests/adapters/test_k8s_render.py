@@ -163,9 +163,17 @@ def test_a_one_node_job_has_no_service_and_no_rank_variables():
 def test_a_gang_says_what_it_cannot_run_as():
     with pytest.raises(Rejected, match="nodes 1"):
         render(5, spec(), gang(Sharing.K8S_TIMESLICE, units=1), OPTIONS)
-    # The job's own rendezvous variables give way to the gang's.
-    env = env_of(render(6, spec(nodes=2, env={"MASTER_PORT": "1", "WORLD_SIZE": "99"}), gang(), OPTIONS))
-    assert (env["MASTER_PORT"], env["WORLD_SIZE"]) == ("29500", "2")
+
+
+def test_a_gang_keeps_the_rendezvous_variables_the_job_sets_itself_as_on_slurm():
+    own = {"MASTER_PORT": "1234", "WORLD_SIZE": "99", "NODE_RANK": "7"}
+    manifest = render(6, spec(nodes=2, env=own), gang(), OPTIONS)
+    names = [e["name"] for e in pod_spec(manifest)["containers"][0]["env"]]
+    assert len(names) == len(set(names))  # each once: the job's value, not gpush's beside it
+    env = env_of(manifest)
+    assert {k: env[k] for k in own} == own
+    # the others are still gpush's
+    assert (env["MASTER_ADDR"], env["NNODES"]) == ("gpush-6-0.gpush-6", "2")
 
 
 def test_no_device_ids_anywhere():

@@ -134,3 +134,42 @@ def test_status_says_a_gangs_cpus_and_memory_are_per_node(gpush):
     one = gpush("submit", "-k", "training", "-G", "1", "-c", "16", "--mem", "64G", "--", "t").out.strip()
     assert "CPUs / memory     16 / 64G per node\n" in gpush("status", gang).out
     assert "CPUs / memory     16 / 64G\n" in gpush("status", one).out
+
+
+def test_a_one_node_job_with_several_tasks_shows_them_and_both_tiers_start_them():
+    """--ntasks-per-node without -N: Slurm's srun starts the tasks on the one node, and a
+    Kubernetes Pod gets the launcher's variables for them; gpush status says how many."""
+    from adapters.k8s.render import RenderOptions
+    from adapters.k8s.render import render as k8s_render
+    from adapters.slurm.render import render as slurm_render
+    from broker.core.adapter import Placement, Sharing
+    from broker.core.schemas import JobSpec
+
+    spec = JobSpec.model_validate({"kind": "training", "gpus": 4, "tasks_per_node": 4, "command": ["python", "t.py"]})
+    slurm = slurm_render(
+        7, spec, Placement("slurm-a", Sharing.SLURM_EXCLUSIVE, 4, 4.0, node="gpu01"), tag="gpush", gres_type="a100"
+    )
+    assert {"--nodes=1", "--ntasks-per-node=4"} <= set(slurm.sbatch_args()) and "srun" in slurm.script
+    assert (slurm.environment["WORLD_SIZE"], slurm.environment["LOCAL_WORLD_SIZE"]) == ("4", "4")
+    pod = k8s_render(
+        8,
+        spec,
+        Placement("k8s-a", Sharing.K8S_EXCLUSIVE, 4, 4.0, node="h1"),
+        RenderOptions(tag="gpush", namespace="gpush", image="python:3.11-slim"),
+    )
+    env = {e["name"]: e.get("value") for e in pod.body["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert {k: env.get(k) for k in ("MASTER_ADDR", "NNODES", "NPROC_PER_NODE", "WORLD_SIZE", "NODE_RANK")} == {
+        "MASTER_ADDR": "127.0.0.1",
+        "NNODES": "1",
+        "NPROC_PER_NODE": "4",
+        "WORLD_SIZE": "4",
+        "NODE_RANK": "0",
+    }
+
+
+def test_status_shows_the_tasks_of_a_one_node_job(gpush):
+    job_id = gpush("submit", "-k", "training", "-G", "4", "--ntasks-per-node", "4", "--", "t").out.strip()
+    rows = {line[:18].strip(): line[18:].strip() for line in gpush("status", job_id).out.splitlines()}
+    assert rows["Tasks"] == "4 (ranks) on 1 node"
+    one = gpush("submit", "-k", "training", "-G", "4", "--", "t").out.strip()
+    assert "Tasks" not in gpush("status", one).out

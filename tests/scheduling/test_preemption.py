@@ -409,3 +409,38 @@ def test_a_job_does_not_preempt_onto_nodes_reserved_for_a_gang_that_starts_befor
         assert list(session.execute(select(Preemption.victim_id)).scalars()) == [later]
     cycle.run_cycle()
     assert job(sessions, urgent).placement["node"] == freed
+
+
+def test_the_output_of_a_requeued_job_says_where_it_ran_and_that_it_waits_to_run_again(
+    engine, sessions, clock, preempting, http, sdk
+):
+    """Not "never reached a cluster": it ran, was requeued, and waits to run again; where its
+    earlier run's output is, while the cluster still says."""
+    import io
+
+    from broker.cli.console import Output
+    from broker.cli.jobs import status
+
+    fill(sessions, clock)
+    cycle = started(engine, preempting, clock)
+    urgent = submit(sessions, clock, tenant="prod", kind="training", gpus=4, priority=10)
+    cycle.run_cycle()
+    cycle.run_cycle()
+    with sessions() as session:
+        (row,) = session.execute(select(Preemption)).scalars()
+    victim, node = row.victim_id, row.placement["node"]
+    assert job(sessions, victim).state == "queued"
+
+    answer = http(user="root", tenant="ops", role="admin").get(f"/v1/jobs/{victim}/logs")
+    assert answer.status_code == 409
+    assert answer.json()["error"]["message"] == (
+        f"job {victim} is queued: it was running on slurm-a node {node} and was requeued (preempted by job "
+        f"{urgent} (priority 10, tenant prod); ended after saving its state (exit 0)); its earlier output: "
+        f"simulated cluster slurm-a, node {node} (in memory: the simulator writes no files); it waits to run "
+        "again: `gpush status` says what it waits for"
+    )
+    # gpush status's Output line says the same, not "it has not reached a cluster"
+    stdout = io.StringIO()
+    assert status(sdk(user="root", tenant="ops", role="admin"), Output(stdout=stdout, width=400), victim) == 0
+    (line,) = [line for line in stdout.getvalue().splitlines() if line.startswith("Output")]
+    assert f"none yet: job {victim} is queued: it was running on slurm-a node {node} and was requeued" in line

@@ -4,12 +4,16 @@ shown in the inventory (API field and the CLI's node table), and ended when the 
 
 from __future__ import annotations
 
+import io
 import time
 from datetime import timedelta
 
+import pytest
 from rich.console import Console
 from sqlalchemy import select
 
+from broker.cli.clusters import inventory
+from broker.cli.console import Output
 from broker.cli.inventory_tables import inventory_nodes_table
 from broker.core.models import GangReservation
 from tests.scheduling.test_cycle import job, scheduler, submit
@@ -20,7 +24,17 @@ def reservations(sessions) -> dict[int, tuple]:
         return {r.job_id: (tuple(r.nodes), r.start_by) for r in session.execute(select(GangReservation)).scalars()}
 
 
-def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(engine, sessions, clock, fleet, http, monkeypatch):
+def shown_inventory(sdk, columns: int, *args) -> str:
+    """What `gpush inventory` prints in a terminal ``columns`` wide."""
+    stdout = io.StringIO()
+    out = Output(stdout=stdout, width=columns)
+    assert inventory(sdk(user="root", tenant="ops", role="admin"), out, cluster=None, gpus="--gpus" in args) == 0
+    return stdout.getvalue()
+
+
+def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(
+    engine, sessions, clock, fleet, http, sdk, monkeypatch
+):
     start = clock()
     # slurm-a's whole-GPU nodes gpu-01 and gpu-02 (4 A100s each) are both busy
     full = submit(sessions, clock, kind="training", gpus=4, time_limit="1h", labels={"sim-duration": "3000"})
@@ -54,16 +68,12 @@ def test_a_gang_that_waited_gets_its_nodes_reserved_until_it_starts(engine, sess
     nodes = {n["name"]: n for c in body["clusters"] for n in c["nodes"]}
     assert nodes["gpu-01"]["reserved_for"] == {"job_id": gang, "start_by": (start + timedelta(hours=2)).isoformat()}
     assert nodes["mig-01"]["reserved_for"] is None
-    console = Console(record=True, width=200)
-    console.print(inventory_nodes_table(body, width=200))
-    assert f"reserved for job {gang} until ~11:00" in console.export_text()
+    assert f"reserved for job {gang} until ~11:00: gpu-01, gpu-02 on slurm-a" in shown_inventory(sdk, 200)
     # in the reader's time zone, as every time the CLI shows (the reason says UTC)
     monkeypatch.setenv("TZ", "Asia/Tokyo")
     time.tzset()
     try:
-        console = Console(record=True, width=200)
-        console.print(inventory_nodes_table(body, width=200))
-        assert f"reserved for job {gang} until ~20:00" in console.export_text()
+        assert f"reserved for job {gang} until ~20:00: gpu-01, gpu-02 on slurm-a" in shown_inventory(sdk, 200)
     finally:
         monkeypatch.undo()
         time.tzset()
@@ -85,3 +95,51 @@ def test_a_running_gang_says_the_nodes_it_runs_on(engine, sessions, clock, fleet
     running = job(sessions, gang)
     assert running.state == "running"
     assert running.state_reason == "running on slurm-a nodes gpu-01,gpu-02"
+
+
+def reserve_gpu_01_and_02(engine, sessions, clock, fleet) -> int:
+    """A gang that waited past the policy's 10 minutes for slurm-a's busy gpu-01 and gpu-02:
+    they are reserved for it until ~11:00."""
+    for limit in ("1h", "2h"):
+        submit(sessions, clock, kind="training", gpus=4, time_limit=limit, labels={"sim-duration": "3000"})
+    gang = submit(sessions, clock, kind="training", nodes=2, gpus=4, time_limit="1h")
+    cycle = scheduler(engine, fleet, clock)
+    cycle.run_cycle()
+    clock.advance(11 * 60)
+    cycle.run_cycle()
+    assert reservations(sessions)[gang][0] == ("gpu-01", "gpu-02")
+    return gang
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("gpus", [(), ("--gpus",)])
+def test_the_inventory_marks_reserved_nodes_readably_and_keeps_node_names_whole(
+    engine, sessions, clock, fleet, sdk, columns, gpus
+):
+    gang = reserve_gpu_01_and_02(engine, sessions, clock, fleet)
+    lines = shown_inventory(sdk, columns, *gpus).splitlines()
+    assert max(len(line) for line in lines) <= columns
+    rows = {line.split()[1]: line for line in lines if line.startswith(("slurm-a ", "k8s-a "))}
+    assert {"gpu-01", "gpu-02", "mig-01", "mps-01", "t4-01", "t4-02", "a100-mig", "h100"} <= set(rows)
+    for node in ("gpu-01", "gpu-02"):  # the mark fits its column, and the line below says for whom
+        assert rows[node].rstrip().endswith("reserved"), rows[node]
+    assert f"reserved for job {gang} until ~11:00: gpu-01, gpu-02 on slurm-a" in " ".join(lines)
+
+
+@pytest.mark.parametrize("gpus", [False, True])
+def test_node_names_stay_whole_at_80_columns(engine, sessions, clock, fleet, http, gpus):
+    """Node names as long as a site's (``a100-sxm4-node-017``) are never cut: other columns
+    give way."""
+    reserve_gpu_01_and_02(engine, sessions, clock, fleet)
+    body = http(user="root", tenant="ops", role="admin").get("/v1/inventory").json()
+    names = []
+    for c in body["clusters"]:
+        for i, node in enumerate(c["nodes"]):
+            node["name"] = f"a100-sxm4-node-{i:03}"
+            names.append(node["name"])
+    console = Console(record=True, width=80)
+    console.print(inventory_nodes_table(body, gpus=gpus, width=80))
+    lines = console.export_text().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    shown = [line.split()[1] for line in lines if line.startswith(("slurm-a ", "k8s-a "))]
+    assert sorted(shown) == sorted(names)

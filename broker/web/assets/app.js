@@ -77,6 +77,11 @@ function when(iso) {
   return iso ? new Date(iso).toLocaleString() : "";
 }
 
+// The hour and minute only, in the reader's time zone and locale as when() (the API says UTC).
+function clock(iso) {
+  return iso ? new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) : "";
+}
+
 function gpus(value) {
   return value === null || value === undefined ? "" : (Math.round(value * 100) / 100).toString();
 }
@@ -658,7 +663,7 @@ function nodeCard(node, holders, findings) {
   return h("article", { class: `node${critical ? " has-critical" : ""}`, "data-node": node.name },
     h("header", {}, h("b", { text: node.name }),
       h("span", { class: "meta", text: `${gpus(node.free_gpu_equivalents)} of ${gpus(node.capacity_gpu_equivalents)} free · agent ${node.agent}` }),
-      node.reserved_for ? h("span", { class: "meta reserved", text: ` · reserved for job ${node.reserved_for.job_id} until ~${node.reserved_for.start_by.slice(11, 16)}` }) : null),
+      node.reserved_for ? h("span", { class: "meta reserved", text: ` · reserved for job ${node.reserved_for.job_id} until ~${clock(node.reserved_for.start_by)}` }) : null),
     keys.map((key) => {
       const row = rows.get(key);
       const total = row.segments.reduce((s, x) => s + x.width, 0) || 1;
