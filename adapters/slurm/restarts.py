@@ -226,11 +226,7 @@ class RestartRecovery:
                 found[job.job_id] = record
         with self.ctx.lock:
             self._check_phantoms = False
-            foreign = {
-                i: j
-                for j in unfinished
-                if (i := j.job_id) in found and self.ctx.gpush_id(j) is None
-            }
+            foreign = {i: j for j in unfinished if (i := j.job_id) in found and self.ctx.gpush_id(j) is None}
             new = sorted(set(foreign) - set(self._foreign_phantoms), key=_numeric)
             self._foreign_phantoms.update(foreign)
         if new:

@@ -110,8 +110,8 @@ def test_list_shows_the_shape_and_status_every_node_with_its_ranks(gpush):
 
 def test_one_task_per_node_reads_as_one_rank_and_the_placement_event_names_every_node():
     from broker.cli.console import _nodes_rows
-    from broker.core.job_shape import GangOut, gang
     from broker.core.adapter import Placement, Sharing
+    from broker.core.job_shape import GangOut, gang
     from broker.scheduling.submission import describe
 
     rows = dict(_nodes_rows(GangOut(**gang({"nodes": 2, "tasks_per_node": 1}, {"nodes": ["gpu-01", "gpu-02"]}))))
