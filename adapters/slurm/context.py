@@ -1,5 +1,6 @@
 """What the parts of the Slurm adapter share: the cluster's name, settings and client; its
-squeue and sinfo answers, read at most once within ``cache_seconds``; gpush's jobs found
+squeue and sinfo answers, read at most once within ``cache_seconds`` (sinfo's never older
+than squeue's: :meth:`SlurmContext.nodes`); gpush's jobs found
 among Slurm's by their tag; what this process knows of the jobs it submitted; the Slurm
 user jobs run as; and the GPU model behind a GRES type.
 
@@ -68,9 +69,19 @@ class SlurmContext:
             return self._listing[1]
 
     def nodes(self, fresh: bool = False) -> list[SlurmNode]:
+        """sinfo's nodes, never read before the last squeue listing: the broker reads the
+        jobs' states (a placement Slurm has started stops counting as pending) before the
+        inventory, so nodes read earlier would show that job's GPUs free, counted nowhere,
+        and the next job gpush pinned there would wait in Slurm's queue until it ended."""
         with self.lock:
             now = time.monotonic()
-            if fresh or self._node_listing is None or now - self._node_listing[0] > self.settings.cache_seconds:
+            listing = self._node_listing
+            if (
+                fresh
+                or listing is None
+                or now - listing[0] > self.settings.cache_seconds
+                or (self._listing is not None and listing[0] < self._listing[0])
+            ):
                 self._node_listing = (now, self.client.nodes())
             return self._node_listing[1]
 

@@ -25,8 +25,9 @@ The decision, for one job:
    same thing ahead of it ("…, 3 jobs ahead)").
 6. **Reservations** (with a :class:`broker.placement.reservation.Reservations` book): a
    job never fits on nodes reserved for a gang that starts before the job would end
-   (its time limit from now); a multi-node job that has waited long gets the nodes it
-   will use reserved, and its reason says which and until when.
+   (its time limit from now) and that it is behind in the queue (a job ahead of the gang
+   is not delayed for it); a multi-node job that has waited long gets the nodes it will
+   use reserved, and its reason says which and until when.
 
 Outcomes are typed values, so callers cannot mistake one for another, and the reasons
 are the user's words, as ``gpush status`` shows them.
@@ -190,7 +191,7 @@ class CycleDecisions:
                     return Waiting(over_quota, WaitCause.QUOTA)
                 self.fair.charge(job.tenant, fit.placement.gpu_equivalents)
                 if book is not None:
-                    book.placed(job.job_id, fit.placement, end)
+                    book.placed(job.job_id, fit.placement, end, job.spec.priority, job.waiting_since)
                 return Placed(fit)
             reasons.append(fit.reason)
             if first_wait is None and not fit.never:
@@ -216,6 +217,7 @@ class CycleDecisions:
                 job.spec.gpus,
                 job.spec.nodes,
                 self.capacity.gang_candidates(job.spec, first_route),
+                job.spec.priority,
             )
             if reservation is None:
                 book.drop(job.job_id)
@@ -242,14 +244,19 @@ class CycleDecisions:
         book = self.reservations
         if book is None or not book.held or not nodes:
             return nodes
-        blocked = set(book.blocked(job.job_id, route.cluster, expected_end(book.now, job.spec.time_limit)))
+        end = expected_end(book.now, job.spec.time_limit)
+        blocked = set(book.blocked(job.job_id, route.cluster, end, job.spec.priority, job.waiting_since))
         return {node: units for node, units in nodes.items() if node not in blocked}
 
     def _fit(self, job: Ask, route: Route, end: Any) -> Fit | NoFit:
         """Fit ``job`` on ``route``, off the nodes reserved for gangs that start before it
         would end (``end``: its time limit from now; None: it has none)."""
         book = self.reservations
-        nodes = book.blocked(job.job_id, route.cluster, end) if book is not None and book.held else ()
+        nodes = (
+            book.blocked(job.job_id, route.cluster, end, job.spec.priority, job.waiting_since)
+            if book is not None and book.held
+            else ()
+        )
         if not nodes:
             return self.capacity.fit_route(job, route)
         with self.capacity.hiding(route.cluster, nodes):

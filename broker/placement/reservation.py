@@ -13,9 +13,12 @@ The rule, as Slurm's backfill keeps it:
   change; :meth:`broker.placement.capacity.CapacityView.gang_candidates`) is never one;
   a reservation that held it picks others. The other way round, lending and the MIG
   planner leave a reserved node alone (broker.core.gangs).
-- While it holds, a reserved node takes no other job that would end after ``start_by``
-  (a job without a time limit always would); a job that ends by then is **backfilled**
-  there. The gang itself, and nothing else, may use its nodes at any time.
+- While it holds, a reserved node takes no job behind the gang in the queue that would end
+  after ``start_by`` (a job without a time limit always would); a job that ends by then is
+  **backfilled** there. The gang itself, and the jobs that came before it at no lower
+  priority, may use its nodes at any time: as Slurm's backfill plans reservations in
+  queue order, a gang's reservation never delays the jobs ahead of it (it would keep their
+  GPUs idle for a job that came later), only those after it, whatever their priority.
 - A reservation keeps its nodes from cycle to cycle (the live scheduler stores them,
   ``gang_reservations``; a replay keeps them in memory); ``start_by`` is computed again
   each cycle from what runs on them. It ends when the gang is placed (anywhere), held or
@@ -50,6 +53,22 @@ class Reservation:
     nodes: tuple[str, ...]
     start_by: datetime  # when the last of its nodes is expected to have room
     made_at: datetime
+    # The gang's place in the queue (its priority, and since when it waits): the jobs that
+    # came before it are not held back by its reservation (holds_back).
+    priority: int = 0
+    since: datetime | None = None
+
+    def holds_back(self, job_id: int, priority: int, since: datetime | None) -> bool:
+        """Whether job ``job_id`` of ``priority``, in the queue since ``since``, is kept off
+        the gang's nodes: unless it came before the gang (then by id, as the queue orders
+        jobs of the same age) at no lower priority. As Slurm's backfill plans reservations
+        in queue order, a gang's reservation does not delay the jobs that came before it;
+        a job that came after it waits, whatever its priority (preemption is what serves
+        urgent work: :mod:`broker.placement.preemption`)."""
+        if since is None or self.since is None:
+            return True
+        came_before = (since, job_id) < (self.since, self.job_id)
+        return not (came_before and priority >= self.priority)
 
     def words(self) -> str:
         """What ``gpush status`` says of it."""
@@ -129,24 +148,46 @@ class Reservations:
     def _index(self) -> None:
         self._by_node = {(r.cluster, node): r for r in self.held.values() for node in r.nodes}
 
-    def blocked(self, job_id: int, cluster: str, end: datetime | None) -> list[str]:
+    def blocked(
+        self,
+        job_id: int,
+        cluster: str,
+        end: datetime | None,
+        priority: int = 0,
+        since: datetime | None = None,
+    ) -> list[str]:
         """The nodes of ``cluster`` that job ``job_id``, ending at ``end``, may not use:
-        reserved for another gang that starts before the job would end."""
+        reserved for another gang that starts before the job would end and that the job
+        is behind in the queue (``priority``, and when it joined the queue, ``since``:
+        :meth:`Reservation.holds_back`)."""
         return [
             node
             for (c, node), r in self._by_node.items()
-            if c == cluster and r.job_id != job_id and (end is None or end > r.start_by)
+            if c == cluster
+            and r.job_id != job_id
+            and (end is None or end > r.start_by)
+            and r.holds_back(job_id, priority, since)
         ]
 
-    def placed(self, job_id: int, placement: Placement, end: datetime | None) -> None:
+    def placed(
+        self,
+        job_id: int,
+        placement: Placement,
+        end: datetime | None,
+        priority: int = 0,
+        since: datetime | None = None,
+    ) -> None:
         """Job ``job_id`` was placed: its own reservation ends; what it holds counts as
-        running (until ``end``) for the reservations made later this cycle."""
+        running (until ``end``) for the reservations made later this cycle. On a node
+        reserved for a gang it is behind in the queue (``priority``, ``since``), it was
+        backfilled there."""
         if self.held.pop(job_id, None) is not None:
             self._index()
         units = placement.units * placement.replicas
         for node in held_on(placement):
             self._fresh.append(((placement.cluster, node), units, end))
-            if (placement.cluster, node) in self._by_node:
+            r = self._by_node.get((placement.cluster, node))
+            if r is not None and r.holds_back(job_id, priority, since):
                 self.backfilled[job_id] = self.backfilled.get(job_id, 0) + units
 
     def drop(self, job_id: int) -> None:
@@ -162,19 +203,22 @@ class Reservations:
         need: int,
         nodes: int,
         candidates: Mapping[str, int],
+        priority: int = 0,
     ) -> Reservation | None:
         """The reservation of gang ``job_id`` that waits for ``nodes`` nodes with ``need``
         units each on ``cluster``: its nodes kept, with ``start_by`` computed again, or new
         ones picked when it has waited ``after`` (None: it has none, and does not wait
         long enough yet). ``candidates``: the nodes that could ever hold one of its ranks,
-        with their units free now."""
+        with their units free now; ``priority`` and ``waiting_since``: its place in the
+        queue (what its reservation holds back: :meth:`Reservation.holds_back`)."""
         held = self.held.get(job_id)
         if held is not None and held.cluster == cluster and all(n in candidates for n in held.nodes):
             rooms = [self._room_at(cluster, node, need, candidates[node]) for node in held.nodes]
             if all(at is not None for at in rooms):
                 start_by = max(rooms)
-                if start_by != held.start_by:
-                    held = self.held[job_id] = replace(held, start_by=start_by)
+                kept = replace(held, start_by=start_by, priority=priority, since=waiting_since)
+                if kept != held:
+                    held = self.held[job_id] = kept
                     self._index()
                 return held
         # none yet, or its nodes cannot hold it any more (gone, or work without an end on
@@ -191,7 +235,8 @@ class Reservations:
             return None
         picks = soonest[:nodes]
         chosen = tuple(node for _, _, node in sorted(picks, key=lambda p: p[1]))
-        reservation = Reservation(job_id, cluster, chosen, max(at for at, _, _ in picks), self.now)
+        start_by = max(at for at, _, _ in picks)
+        reservation = Reservation(job_id, cluster, chosen, start_by, self.now, priority, waiting_since)
         self.held[job_id] = reservation
         self._index()
         return reservation

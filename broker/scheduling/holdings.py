@@ -172,10 +172,21 @@ def reservations(sessions) -> dict[int, Reservation]:
 
 
 def held_reservations(session, cluster: str | None = None) -> dict[int, Reservation]:
-    """The stored gang reservations of jobs that still wait (on ``cluster``), by job id."""
+    """The stored gang reservations of jobs that still wait (on ``cluster``), by job id,
+    with each gang's place in the queue (its priority, and when it joined the queue: the
+    jobs ahead of it that its reservation does not hold back)."""
+    stored = waiting_reservations(session, cluster)
+    if not stored:
+        return {}
+    places = {
+        job_id: (priority, _aware(created_at))
+        for job_id, priority, created_at in session.execute(
+            select(Job.id, Job.priority, Job.created_at).where(Job.id.in_([r.job_id for r in stored]))
+        )
+    }
     return {
-        r.job_id: Reservation(r.job_id, r.cluster, tuple(r.nodes), r.start_by, r.made_at)
-        for r in waiting_reservations(session, cluster)
+        r.job_id: Reservation(r.job_id, r.cluster, tuple(r.nodes), r.start_by, r.made_at, *places[r.job_id])
+        for r in stored
     }
 
 

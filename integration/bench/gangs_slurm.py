@@ -33,7 +33,9 @@ checked on both sides: each gang is one Slurm job on all its nodes (NodeCnt) who
 all started within 5 s (never partly), and on gpush's side that each ran on the
 nodes gpush placed it on. Printed: a table, and gpush/sbatch ratios against the issue's
 target (no figure worse than Slurm's by more than 10%; for waits, whose records have
-seconds, or within a second).
+seconds, or within a second). ``--json`` also has each job as each side ran it
+(``per_job``: its arrival, start and end from the first arrival, its wait, the nodes it ran
+on and, on gpush's side, those gpush placed it on and when).
 
     .venv/bin/python integration/bench/gangs_slurm.py                      # about 8 minutes
     .venv/bin/python integration/bench/gangs_slurm.py --seed 2 --json out.json
@@ -55,10 +57,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -67,7 +69,7 @@ from gangs import JobClass, mixed_jobs  # noqa: E402
 from scratch import scratch_database  # noqa: E402
 from slurm import DEFAULT_PG_URL, Broker, CompletionLog, percentile  # noqa: E402
 
-from broker.core.models import Job  # noqa: E402
+from broker.core.models import Job, JobEvent  # noqa: E402
 from broker.core.schemas import JobSpec  # noqa: E402
 from integration.slurm.cluster import SlurmTestCluster, start  # noqa: E402
 
@@ -143,6 +145,7 @@ class Ran:
     nodes: str
     rank_starts: list[float]
     placed_nodes: list[str] | None = None  # gpush's side: where gpush placed it
+    placed_at: float | None = None  # gpush's side: when gpush placed it
 
 
 def slurm_time(text: str) -> float | None:
@@ -301,12 +304,22 @@ def run_gpush(
             raise RuntimeError(f"{exc}; gpush's unfinished jobs: {[tuple(row) for row in states]}") from None
     with broker.sessions() as session:
         placed = dict(session.execute(select(Job.id, Job.placement).where(Job.id.in_(ids.values()))).all())
+        # when gpush placed each (its last ``routed``): how long it then waited in Slurm's queue
+        placed_at = dict(
+            session.execute(
+                select(JobEvent.job_id, func.max(JobEvent.at))
+                .where(JobEvent.to_state == "routed", JobEvent.job_id.in_(ids.values()))
+                .group_by(JobEvent.job_id)
+            ).all()
+        )
     out = []
     for job in jobs:
         i = ids[job["name"]]
         one = ran(job, arrived[job["name"]], records[f"{TAG}-{i}"], starts)
         placement = placed.get(i) or {}
         one.placed_nodes = list(placement.get("nodes") or [placement.get("node")])
+        at = placed_at.get(i)
+        one.placed_at = None if at is None else (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
         out.append(one)
     return out
 
@@ -317,6 +330,35 @@ def wait_figures(waits: list[float]) -> dict:
     return {"jobs": len(waits), "p50_s": statistics.median(waits), "p95_s": percentile(waits, 95)}
 
 
+def wait_of(r: Ran) -> float:
+    """A job's wait: from when the bench submitted it to its start in Slurm. Slurm's start
+    is truncated to its second: a job started at once can read as a fraction of a second
+    before it arrived."""
+    return max(0.0, r.start - r.arrived)
+
+
+def per_job(runs: list[Ran], t0: float) -> list[dict]:
+    """Each job as this side ran it (seconds from the first arrival): what shows which jobs
+    waited longer, and behind what."""
+    return [
+        {
+            "name": r.job["name"],
+            "class": size_class(r.job),
+            "nodes": r.job.get("nodes", 1),
+            "gpus": r.job["gpus"],
+            "duration_s": r.job["duration"],
+            "arrived_s": round(r.arrived - t0, 2),
+            "start_s": round(r.start - t0, 2),
+            "end_s": round(r.end - t0, 2),
+            "wait_s": round(wait_of(r), 2),
+            "ran_on": expand_nodes(r.nodes),
+            **({"placed_on": r.placed_nodes} if r.placed_nodes is not None else {}),
+            **({"placed_s": round(r.placed_at - t0, 2)} if r.placed_at is not None else {}),
+        }
+        for r in runs
+    ]
+
+
 def figures(runs: list[Ran], gpus: int) -> dict:
     """The side's figures from Slurm's records: makespan, waits by class, GPU utilisation,
     and the all-at-once checks."""
@@ -325,9 +367,7 @@ def figures(runs: list[Ran], gpus: int) -> dict:
     held = sum(r.job["gpus"] * r.job.get("nodes", 1) * (r.end - r.start) for r in runs)
     waits: dict[str, list[float]] = {"gangs": [], "big": [], "small": []}
     for r in runs:
-        # Slurm's start is truncated to its second: a job started at once can read as
-        # a fraction of a second before it arrived.
-        waits[size_class(r.job)].append(max(0.0, r.start - r.arrived))
+        waits[size_class(r.job)].append(wait_of(r))
     gangs = [r for r in runs if r.job.get("nodes", 1) > 1]
     partly = [
         r.job["name"]
@@ -349,6 +389,7 @@ def figures(runs: list[Ran], gpus: int) -> dict:
         "gangs_started_partly": partly,
         "gang_rank_start_spread_max_s": max(spreads, default=None),
         "ran_again": [r.job["name"] for r in runs if len(r.slurm_ids) > 1],
+        "per_job": per_job(runs, t0),
     }
     placed = [r for r in runs if r.placed_nodes is not None]
     if placed:

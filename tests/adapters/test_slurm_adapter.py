@@ -1736,3 +1736,30 @@ def test_rest_cancel_slurm_refuses_in_status_is_not_taken_for_done(folder):
     backend.http = httpx.Client(base_url=backend.http.base_url, transport=httpx.MockTransport(refuse))
     with pytest.raises(Unreachable, match="Access/permission denied"):
         backend.cancel("14")
+
+
+def test_the_inventory_is_never_older_than_the_job_states_the_broker_last_read():
+    """A cycle reads the jobs' states (a placement Slurm has started is no longer counted
+    as pending) and then the inventory: the nodes must be read after those states, or a
+    job Slurm started in between is counted nowhere, its GPUs look free, and the next job
+    gpush pins there waits in Slurm's queue until it ends (the gang bench on the test
+    cluster: jobs 20-40 s in Slurm's queue). Within the cache time, nodes read after the
+    states are reused."""
+    client = recorded_2205()
+    gpu01 = next(n for n in client.node_list if n.name == "gpu01")
+    client.node_list = [replace(n, gres_used=()) if n is gpu01 else n for n in client.node_list]
+    slurm = adapter(client, cache_seconds=60)
+
+    def free_on_gpu01() -> int:
+        return next(u.free for u in slurm.inventory() if u.node == "gpu01" and u.sharing == Sharing.SLURM_EXCLUSIVE)
+
+    assert free_on_gpu01() == 2
+    # Slurm starts a job on both of gpu01's GPUs; the broker reads the jobs' states
+    client.node_list = [replace(n, gres_used=(Gres("gpu", "a100", 2),)) if n.name == "gpu01" else n
+                        for n in client.node_list]  # fmt: skip
+    slurm.statuses(None)
+    assert free_on_gpu01() == 0
+    reads = []
+    client.nodes = lambda: reads.append(1) or list(client.node_list)
+    free_on_gpu01()
+    assert reads == []  # read after the states: the cache serves it

@@ -283,3 +283,37 @@ def test_a_gang_on_mig_slices_gets_no_reservation_however_long_it_waits():
     assert book.held == {}
     longer = decisions.decide(Job(gpus=1, isolation="hardware", gpu_memory_gb=5, time_limit="10h"))
     assert isinstance(longer, Placed) and longer.placement.node == "m1"
+
+
+# -- the jobs ahead of a gang in the queue are not held back for it --------------------------
+
+
+def test_a_job_that_came_before_the_gang_is_not_held_back_by_its_reservation_but_one_after_it_is():
+    """As Slurm's backfill plans reservations in priority order: the gang's reservation
+    (kept from the last cycle) does not delay a job ahead of it in the queue, which the next
+    cycle decides before the gang; a job behind it still waits, unless it ends in time."""
+    earlier = Job(waited=timedelta(hours=3), gpus=2, time_limit="4h")  # in the queue before the gang
+    earlier_low = Job(waited=timedelta(hours=3), gpus=2, time_limit="4h", priority=-1)  # before, but lower
+    gang = Job(waited=timedelta(hours=2), nodes=2, gpus=8)
+    later = Job(waited=timedelta(hours=1), gpus=2, time_limit="5h")  # after it
+    urgent = Job(gpus=2, time_limit="5h", priority=5)  # after it, at a higher priority
+    _, book, decisions = cycle()
+    decisions.decide(gang)
+    assert book.held[gang.job_id].nodes == ("a1", "a2")
+    # the next cycle: a1's 4 free GPUs are the only free ones
+    view, book, decisions = cycle(book.held)
+    first = decisions.decide(earlier)
+    assert isinstance(first, Placed) and first.placement.node == "a1"
+    assert book.backfilled == {}  # ahead of the gang: not backfilled onto its nodes
+    low = decisions.decide(earlier_low)
+    assert isinstance(low, Waiting) and "held for a multi-node job until ~13:00 UTC" in low.reason
+    decisions.decide(gang)
+    assert book.held[gang.job_id].start_by == hours(4)  # its nodes now free when that ends
+    # the next cycle (a1 free again here): a job behind the gang that would run past 16:00
+    # waits; one that ends in time is backfilled
+    view, book, decisions = cycle(book.held)
+    for behind in (later, urgent):
+        outcome = decisions.decide(behind)
+        assert isinstance(outcome, Waiting) and "held for a multi-node job until ~16:00 UTC" in outcome.reason
+    backfilled = Job(gpus=2, time_limit="4h")
+    assert isinstance(decisions.decide(backfilled), Placed) and book.backfilled == {backfilled.job_id: 2}

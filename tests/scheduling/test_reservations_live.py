@@ -143,3 +143,33 @@ def test_node_names_stay_whole_at_80_columns(engine, sessions, clock, fleet, htt
     assert max(len(line.rstrip()) for line in lines) <= 80
     shown = [line.split()[1] for line in lines if line.startswith(("slurm-a ", "k8s-a "))]
     assert sorted(shown) == sorted(names)
+
+
+def test_a_job_in_the_queue_before_the_gang_is_not_held_back_by_its_stored_reservation(engine, sessions, clock, fleet):
+    """The reservation read back from the database knows the gang's place in the queue: a
+    later cycle lets a job that came before the gang onto its nodes, and not one after it."""
+    # gpu-01 full until 10:50 (its job's limit 11:00), gpu-02 one GPU taken until 11:40 (12:00)
+    full = submit(sessions, clock, kind="training", gpus=4, time_limit="1h", labels={"sim-duration": "3000"})
+    submit(sessions, clock, kind="training", gpus=1, time_limit="2h", labels={"sim-duration": "6000"})
+    cycle = scheduler(engine, fleet, clock)
+    cycle.run_cycle()
+    clock.advance(1)
+    earlier = submit(sessions, clock, kind="training", gpus=4, time_limit="3h")  # waits for a whole node
+    clock.advance(1)
+    gang = submit(sessions, clock, kind="training", nodes=2, gpus=4, time_limit="1h")
+    clock.advance(1)
+    later = submit(sessions, clock, kind="training", gpus=3, time_limit="4h")  # gpu-02 has 3 free
+    clock.advance(11 * 60)
+    cycle.run_cycle()
+    assert list(reservations(sessions)) == [gang] and job(sessions, earlier).state == "queued"
+    assert "gpu-02 held for a multi-node job until ~11:00 UTC" in job(sessions, later).state_reason
+
+    clock.advance(40 * 60)  # full's job has ended: gpu-01 is free
+    cycle.run_cycle()
+    clock.advance(1)
+    cycle.run_cycle()
+    assert job(sessions, full).state == "succeeded"
+    assert job(sessions, earlier).placement["node"] == "gpu-01"
+    assert list(reservations(sessions)) == [gang]
+    waiting = job(sessions, later)
+    assert waiting.state == "queued" and "gpu-02 held for a multi-node job" in waiting.state_reason
