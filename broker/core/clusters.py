@@ -127,13 +127,16 @@ def add_cluster(
 
     A real cluster's jobs carry a tag that names this gpush installation (the
     adapter's ``tag``): unless the admin sets one, a new registration gets its own
-    (``gpush`` and four hex digits) and a re-configuration keeps the one it had, so
-    two brokers sharing a cluster never take each other's jobs for theirs.
+    (``gpush`` and eight hex digits: two registrations draw the same one about once in
+    four billion; with four digits, two of the integration suite's many brokers on one
+    Slurm test cluster once drew the same and one took the other's job for its own) and a
+    re-configuration keeps the one it had, so two brokers sharing a cluster do not take
+    each other's jobs for theirs.
     """
     row = session.get(Cluster, name)
     if kind != "sim" and "tag" not in config:
         old_tag = (row.config or {}).get("tag") if row is not None else None
-        config = {**config, "tag": old_tag or f"gpush{secrets.token_hex(2)}"}
+        config = {**config, "tag": old_tag or f"gpush{secrets.token_hex(4)}"}
     adapter = make_adapter(name, kind, config, clock=lambda: now)
     try:
         if check is not None:

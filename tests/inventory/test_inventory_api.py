@@ -595,3 +595,22 @@ def test_cli_inventory_of_one_cluster_lists_its_nodes_alone(gpush, embedded):
 
     names = gpush("inventory", "--cluster", "slurm-a", "-o", "name").out.split()
     assert names == ["slurm-a/mig-01", "slurm-a/mps-01", "slurm-a/gpu-01", "slurm-a/gpu-02"]
+
+
+def test_a_new_slurm_registration_gets_a_tag_of_eight_hex_digits_and_keeps_it(sessions, clock):
+    """Two brokers sharing a Slurm cluster must not draw the same tag (each would take the
+    other's jobs for its own): eight hex digits, not four, and a re-registration keeps it."""
+    import re
+
+    from broker.core.clusters import list_clusters
+
+    with sessions() as session, session.begin():
+        add_cluster(session, name="slurm-t", kind="slurm", config={}, actor="root", now=clock())
+    with sessions() as session:
+        (info,) = [c for c in list_clusters(session) if c.name == "slurm-t"]
+    assert re.fullmatch(r"gpush[0-9a-f]{8}", info.config["tag"]), info.config["tag"]
+    with sessions() as session, session.begin():
+        add_cluster(session, name="slurm-t", kind="slurm", config={}, actor="root", now=clock(), replace=True)
+    with sessions() as session:
+        (again,) = [c for c in list_clusters(session) if c.name == "slurm-t"]
+    assert again.config["tag"] == info.config["tag"]
