@@ -47,14 +47,19 @@ lending:
 )
 
 
-@pytest.fixture
-def pool(sessions, clock):
+def lending_pool(sessions, clock, fleet_yaml: str) -> AdapterPool:
+    """slurm-a and k8s-a of ``fleet_yaml`` registered, simulated, under the LENDING policy."""
     made = AdapterPool(clock)
     with sessions() as session, session.begin():
         for name in ("slurm-a", "k8s-a"):
-            add_cluster(session, name=name, kind="sim", config={"fleet_yaml": FLEET}, actor="root", now=clock())
+            add_cluster(session, name=name, kind="sim", config={"fleet_yaml": fleet_yaml}, actor="root", now=clock())
     apply_policy(sessions, made, clock, LENDING)
     return made
+
+
+@pytest.fixture
+def pool(sessions, clock):
+    return lending_pool(sessions, clock, FLEET)
 
 
 def adapter(pool, sessions, name):
@@ -301,12 +306,7 @@ SERVE = {"kind": "inference", "isolation": "none", "gpu_memory_gb": 4, "labels":
 
 @pytest.fixture
 def gang_pool(sessions, clock):
-    made = AdapterPool(clock)
-    with sessions() as session, session.begin():
-        for name in ("slurm-a", "k8s-a"):
-            add_cluster(session, name=name, kind="sim", config={"fleet_yaml": GANG_FLEET}, actor="root", now=clock())
-    apply_policy(sessions, made, clock, LENDING)
-    return made
+    return lending_pool(sessions, clock, GANG_FLEET)
 
 
 def test_a_node_a_running_gang_has_a_rank_on_is_not_lent(engine, sessions, clock, gang_pool):
