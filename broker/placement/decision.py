@@ -244,19 +244,22 @@ class CycleDecisions:
         book = self.reservations
         if book is None or not book.held or not nodes:
             return nodes
-        end = expected_end(book.now, job.spec.time_limit)
-        blocked = set(book.blocked(job.job_id, route.cluster, end, job.spec.priority, job.waiting_since))
+        blocked = set(self._reserved_against(job, route.cluster, expected_end(book.now, job.spec.time_limit)))
         return {node: units for node, units in nodes.items() if node not in blocked}
+
+    def _reserved_against(self, job: Ask, cluster: str, end: Any) -> list[str]:
+        """The nodes of ``cluster`` reserved for a gang that ``job`` (ending at ``end``) is
+        behind in the queue and would run past the start of (step 6); none without a book."""
+        book = self.reservations
+        if book is None or not book.held:
+            return []
+        return book.blocked(job.job_id, cluster, end, job.spec.priority, job.waiting_since)
 
     def _fit(self, job: Ask, route: Route, end: Any) -> Fit | NoFit:
         """Fit ``job`` on ``route``, off the nodes reserved for gangs that start before it
         would end (``end``: its time limit from now; None: it has none)."""
         book = self.reservations
-        nodes = (
-            book.blocked(job.job_id, route.cluster, end, job.spec.priority, job.waiting_since)
-            if book is not None and book.held
-            else ()
-        )
+        nodes = self._reserved_against(job, route.cluster, end)
         if not nodes:
             return self.capacity.fit_route(job, route)
         with self.capacity.hiding(route.cluster, nodes):
