@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from broker.core.gangs import held_on
 from broker.placement.capacity import Fit
 
 
@@ -181,13 +182,13 @@ def choose_victims(
     return _minimal(victims, fits)
 
 
-def held_on(placement: Any) -> dict[str, int]:
-    """The units ``placement`` holds on each node it names (a gang: ``units`` on each)."""
+def units_on(placement: Any) -> dict[str, int]:
+    """The units ``placement`` holds on each node it names (:func:`broker.core.gangs.held_on`:
+    a gang's ``units`` on each of its nodes, a one-node job's every replica on its node)."""
     if placement is None:
         return {}
-    if placement.nodes:
-        return dict.fromkeys(placement.nodes, placement.units)
-    return {placement.node: placement.units * placement.replicas} if placement.node else {}
+    per_node = placement.units if placement.nodes else placement.units * placement.replicas
+    return dict.fromkeys(held_on(placement), per_node)
 
 
 def lost_gpu_seconds(victims: Sequence[Running], now: datetime) -> float:
@@ -221,7 +222,7 @@ def choose_gang_victims(
     allowed, reclaim_budget = _allowed(waiting, running, terms, share_gap, now, recent_reclaims)
     on_node: dict[str, list[tuple[Running, str]]] = {}
     for candidate in allowed:
-        for node in held_on(candidate[0].placement):
+        for node in units_on(candidate[0].placement):
             if node in free:
                 on_node.setdefault(node, []).append(candidate)
     chosen: list[tuple[Running, str]] = []
@@ -243,17 +244,17 @@ def choose_gang_victims(
                     continue
                 adds.append((victim, why))
                 reclaims += why == "reclaim"
-                room += held_on(victim.placement)[node]
+                room += units_on(victim.placement)[node]
             if room < need:
                 continue
             for item in reversed(list(adds)):  # the node's own give-back: none it does without
-                if room - held_on(item[0].placement)[node] >= need:
+                if room - units_on(item[0].placement)[node] >= need:
                     adds.remove(item)
-                    room -= held_on(item[0].placement)[node]
+                    room -= units_on(item[0].placement)[node]
             victims = [v for v, _ in adds]
             # A victim on several of the nodes still to pick (a gang) frees them all: its work counts shared among them.
             lost = sum(
-                lost_gpu_seconds([v], now) / max(sum(n in free and n not in picked for n in held_on(v.placement)), 1)
+                lost_gpu_seconds([v], now) / max(sum(n in free and n not in picked for n in units_on(v.placement)), 1)
                 for v in victims
             )
             cost = (bool(victims), max((v.priority for v in victims), default=0), lost)
@@ -265,7 +266,7 @@ def choose_gang_victims(
         for victim, why in best[3]:
             chosen.append((victim, why))
             taken.add(victim.job_id)
-            for node, units in held_on(victim.placement).items():
+            for node, units in units_on(victim.placement).items():
                 freed[node] = freed.get(node, 0) + units
     if not chosen or not fits([v for v, _ in chosen]):
         return None
@@ -357,7 +358,7 @@ class Planner:
                     if r.job_id not in self.taken
                     and r.placement is not None
                     and r.placement.cluster in clusters
-                    and (not where or any((r.placement.cluster, node) in where for node in held_on(r.placement)))
+                    and (not where or any((r.placement.cluster, node) in where for node in units_on(r.placement)))
                     and standing(item.waiting, r, self.terms, self.share_gap)
                 ),
                 key=order,
