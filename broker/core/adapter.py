@@ -82,6 +82,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from broker.core.schemas import JobSpec
+from broker.core.topology import GpuTopology, Position
 
 
 class Sharing(StrEnum):
@@ -127,9 +128,14 @@ class Placement:
     shares and time-slice replicas there is one index per replica (a replica's units
     all live on one physical GPU; two replicas may name the same GPU); a cluster that
     honours them runs each replica on its GPU, or keeps the job waiting until that GPU
-    has room. Empty: the cluster picks the devices (always so for whole GPUs and MIG
-    instances, whose devices the broker does not track, and for replicas spread over
-    several nodes). Placements stored before this field existed load with it empty.
+    has room. For whole GPUs, the GPUs the broker chose by topology (one NVLink island
+    where one fits) when the cluster said which are free; neither Slurm nor the device
+    plugin lets a job name device indexes, so a cluster takes them as the broker's
+    expectation (Slurm picks GPUs by gres.conf ``Links=``, the device plugin by NVLink
+    alignment). Empty: the cluster picks the devices (MIG instances, whose devices the
+    broker does not track, replicas spread over several nodes, whole GPUs on a cluster
+    that does not say which are free). Placements stored before this field existed
+    load with it empty.
 
     ``nodes``: a multi-node job's (a gang's) nodes, rank 0 first (``node``), ``units`` on
     each (``gpu_equivalents`` is the gang's); empty for one node. A cluster starts a gang
@@ -242,6 +248,14 @@ class CapacityUnit:
     in_mig_mode: bool = False
     broken: str | None = None  # why nothing may be placed here (a drift finding), or None
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Topology (broker.core.topology). ``free_gpus``: which of ``gpus`` are free now, when
+    # the cluster says (Slurm's GresUsed IDX; None: unknown, the cluster picks the devices).
+    # ``gpu_topology``: how close the node's GPUs are (gres.conf Links=, or the node agent's
+    # NVML, which reconciliation puts here). ``topology``: the node's domain at each of its
+    # cluster's network levels, widest first.
+    free_gpus: tuple[int, ...] | None = None
+    gpu_topology: GpuTopology | None = None
+    topology: Position = ()
 
     @property
     def free(self) -> int:

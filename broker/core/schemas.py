@@ -204,6 +204,21 @@ class Checkpoint(BaseModel):
     )
 
 
+class TopologyAsk(BaseModel):
+    """How close a job's GPUs or nodes must be (broker.core.topology): ``level`` names a
+    level inside a node (``nvlink``, ``pcie``, ``socket``) or one of its cluster's network
+    levels (``block``, ``rack``, a Slurm tree's ``switch``); ``required``: the job waits
+    until it fits within one domain of that level; ``preferred``: as few domains as
+    possible now."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="nvlink, pcie, socket, or a network level"
+    )
+    mode: Literal["required", "preferred"] = Field("preferred", description="required | preferred")
+
+
 class JobSpec(BaseModel):
     """What a user asks for, independent of where it lands (DESIGN.md, "The job")."""
 
@@ -229,6 +244,9 @@ class JobSpec(BaseModel):
         description="nodes of a multi-node job (sbatch -N), each with gpus, cpus and memory; placed all or nothing",
     )
     tasks_per_node: Int = Field(1, ge=1, le=1024, description="processes (ranks) per node (sbatch --ntasks-per-node)")
+    topology: TopologyAsk | None = Field(
+        None, description="{level, mode}: keep the GPUs (nvlink, pcie, socket) or nodes (block, rack, ...) close"
+    )
     cpus: Int = Field(1, ge=1, le=4096, description="CPUs per replica, or per node of a multi-node job")
     memory: Memory | None = Field(
         None, description="host memory per replica (per node of a multi-node job), such as 16G"
@@ -433,7 +451,9 @@ class JobSpec(BaseModel):
         without_key = {
             k: v
             for k, v in body.items()
-            if k != "idempotency_key" and not (k in ("nodes", "tasks_per_node") and v == 1)
+            if k != "idempotency_key"
+            and not (k in ("nodes", "tasks_per_node") and v == 1)
+            and not (k == "topology" and v is None)
         }
         return hashlib.sha256(orjson.dumps(without_key, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
