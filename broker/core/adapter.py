@@ -61,13 +61,10 @@ none declared means none offered):
   ``gpush tenant quota-yaml CLUSTER`` shows them.
 
 Callers ask with :func:`capability` (the adapter typed as that Protocol, or None) or
-:func:`supports`, never with ``hasattr``. A declared set rather than
-``runtime_checkable`` Protocols because an ``isinstance`` check against those only
-looks for an attribute of each name: a wrapper or a test double that forwards unknown
-names with ``__getattr__`` would claim every capability, and a ``close`` or ``scale``
-written for another purpose would count as a promise. A declaration is a promise the
-adapter makes in one visible line; tests check each declared adapter has the methods
-(:func:`undeclared_or_missing`), and a wrapper such as the metrics'
+:func:`supports`, never with ``hasattr``: ``isinstance`` against a ``runtime_checkable``
+Protocol only looks for attribute names, so a wrapper forwarding ``__getattr__`` would claim
+every capability. A declaration is a promise in one visible line; tests check each declared
+adapter has the methods (:func:`undeclared_or_missing`), and a wrapper such as the metrics'
 (broker.core.metrics) passes on exactly what the adapter it wraps declares.
 """
 
@@ -128,14 +125,10 @@ class Placement:
     shares and time-slice replicas there is one index per replica (a replica's units
     all live on one physical GPU; two replicas may name the same GPU); a cluster that
     honours them runs each replica on its GPU, or keeps the job waiting until that GPU
-    has room. For whole GPUs, the GPUs the broker chose by topology (one NVLink island
-    where one fits) when the cluster said which are free; neither Slurm nor the device
-    plugin lets a job name device indexes, so a cluster takes them as the broker's
-    expectation (Slurm picks GPUs by gres.conf ``Links=``, the device plugin by NVLink
-    alignment). Empty: the cluster picks the devices (MIG instances, whose devices the
-    broker does not track, replicas spread over several nodes, whole GPUs on a cluster
-    that does not say which are free). Placements stored before this field existed
-    load with it empty.
+    has room. Whole GPUs: those the broker chose by topology, where the cluster said which
+    are free (a cluster picks them itself: Slurm by gres.conf Links=, the device plugin by
+    NVLink). Empty: the cluster picks (MIG instances, replicas over several nodes).
+    Placements stored before this field existed load with it empty.
 
     ``nodes``: a multi-node job's (a gang's) nodes, rank 0 first (``node``), ``units`` on
     each (``gpu_equivalents`` is the gang's); empty for one node. A cluster starts a gang
@@ -156,8 +149,7 @@ class Placement:
     nodes: tuple[str, ...] = ()
 
     @property
-    def gang(self) -> bool:
-        """Whether this places a job on several nodes at once."""
+    def gang(self) -> bool:  # whether this places a job on several nodes at once
         return len(self.nodes) > 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -248,11 +240,7 @@ class CapacityUnit:
     in_mig_mode: bool = False
     broken: str | None = None  # why nothing may be placed here (a drift finding), or None
     labels: Mapping[str, str] = field(default_factory=dict)
-    # Topology (broker.core.topology). ``free_gpus``: which of ``gpus`` are free now, when
-    # the cluster says (Slurm's GresUsed IDX; None: unknown, the cluster picks the devices).
-    # ``gpu_topology``: how close the node's GPUs are (gres.conf Links=, or the node agent's
-    # NVML, which reconciliation puts here). ``topology``: the node's domain at each of its
-    # cluster's network levels, widest first.
+    # Topology (broker.core.topology): free ``gpus`` (None: unknown), how close, network domains.
     free_gpus: tuple[int, ...] | None = None
     gpu_topology: GpuTopology | None = None
     topology: Position = ()

@@ -18,7 +18,7 @@ import hashlib
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import orjson
 from pydantic import (
@@ -34,12 +34,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, ValidationError
 
+from broker.core.job_parts import Checkpoint, Elastic, TopologyAsk, checkpoint_text
 from broker.core.job_shape import GangOut
 from broker.core.names import Isolation, JobState, Kind
 from broker.core.spec_values import (
     COMMENT_CHARS,
     DESCRIPTION_CHARS,
-    MAX_GRACE_SECONDS,
     MAX_NODES,
     NAME_CHARS,
     NODE_NAME_CHARS,
@@ -53,7 +53,6 @@ from broker.core.spec_values import (
     normalize_command,
     not_a_bool,
     over_limit,
-    parse_grace,
     parse_memory_mib,
     parse_time_limit,
     short_text,
@@ -152,73 +151,6 @@ NodePattern = Annotated[
 ]
 
 
-class Elastic(BaseModel):
-    """Replica range of an inference job that scales."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    min_replicas: Int = Field(1, ge=0, le=10_000)
-    max_replicas: Int = Field(1, ge=1, le=10_000)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Elastic:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas ({self.min_replicas}) is more than max_replicas ({self.max_replicas})")
-        return self
-
-
-# Signals a job may ask to be told of a preemption with (broker.core.adapter.PREEMPT_SIGNALS).
-PreemptSignal = Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"]
-
-
-def _checkpoint_text(value: Any) -> Any:
-    """``USR1@2m`` (as the CLI's --checkpoint and sbatch --signal write it) as {signal, grace}."""
-    if not isinstance(value, str):
-        return value
-    signal, at, grace = value.strip().partition("@")
-    if not signal:
-        raise ValueError(f"{short_text(value)}: name the signal first: SIGNAL[@GRACE], such as USR1@2m or TERM")
-    return {"signal": signal} | ({"grace": grace} if at and grace else {})
-
-
-def _signal_name(value: Any) -> Any:
-    # USR1, usr1, SIGUSR1 all name one signal; stored as SIGUSR1, as scancel and kill print it.
-    if isinstance(value, str):
-        text = value.strip().upper()
-        return text if text.startswith("SIG") else "SIG" + text
-    return value
-
-
-class Checkpoint(BaseModel):
-    """How a job wants to be told of a preemption: ``signal`` first, then ``grace`` seconds
-    to save its state and exit before its cluster stops it. Kubernetes tells a container
-    only with its stop signal (SIGTERM unless the image says otherwise)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    signal: Annotated[PreemptSignal, BeforeValidator(_signal_name)] = Field(
-        "SIGTERM", description="SIGTERM, SIGINT, SIGHUP, SIGUSR1 or SIGUSR2 (USR1 is read as SIGUSR1)"
-    )
-    grace: Annotated[int, BeforeValidator(parse_grace)] = Field(
-        60, ge=0, le=MAX_GRACE_SECONDS, description="seconds to save state after the signal: 90, 2m, 1m30s"
-    )
-
-
-class TopologyAsk(BaseModel):
-    """How close a job's GPUs or nodes must be (broker.core.topology): ``level`` names a
-    level inside a node (``nvlink``, ``pcie``, ``socket``) or one of its cluster's network
-    levels (``block``, ``rack``, a Slurm tree's ``switch``); ``required``: the job waits
-    until it fits within one domain of that level; ``preferred``: as few domains as
-    possible now."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    level: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="nvlink, pcie, socket, or a network level"
-    )
-    mode: Literal["required", "preferred"] = Field("preferred", description="required | preferred")
-
-
 class JobSpec(BaseModel):
     """What a user asks for, independent of where it lands (DESIGN.md, "The job")."""
 
@@ -262,7 +194,7 @@ class JobSpec(BaseModel):
     preemptible: bool | None = Field(
         None, description="may be stopped for work of higher standing and queued again; unset: the policy's default"
     )
-    checkpoint: Annotated[Checkpoint | None, BeforeValidator(_checkpoint_text)] = Field(
+    checkpoint: Annotated[Checkpoint | None, BeforeValidator(checkpoint_text)] = Field(
         None,
         description="on preemption: {signal: SIGUSR1, grace: 2m} or USR1@2m; unset: SIGTERM and the policy's grace",
     )
