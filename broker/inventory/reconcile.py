@@ -53,6 +53,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from broker.core.adapter import Sharing
+from broker.core.topology import GpuTopology, Position
 from broker.inventory.agent_report import NodeReport
 from broker.inventory.findings import HOST_RULES, HostContext
 from broker.inventory.hosts import Entry, Host, assign, aware, read_report, short_name
@@ -163,6 +164,7 @@ def _reconcile(
                 (v.unit.labels.get("unavailable") for v in views if v.unit.labels.get("unavailable")), None
             )
             nv = NodeView(name=node, cluster=inv.name, agent="missing", unavailable=unavailable, units=views)
+            nv.gpu_topology, nv.topology = _cluster_topology(views)
             view.nodes.append(nv)
             node_views[(inv.name, node)] = nv
 
@@ -253,6 +255,14 @@ def _reconcile(
     findings.sort(key=Finding.sort_key)
     _apply(findings, hosts, node_views)
     return Inventory(now, cluster_views, unscheduled_views, findings)
+
+
+def _cluster_topology(views: list[UnitView]) -> tuple[GpuTopology | None, Position]:
+    """What the cluster says of a node's topology: its units' (the adapter gives each unit
+    of a node the same), the first that says anything."""
+    gpu_topology = next((v.unit.gpu_topology for v in views if v.unit.gpu_topology is not None), None)
+    position = next((v.unit.topology for v in views if v.unit.topology), ())
+    return gpu_topology, position
 
 
 def _report_view(report: NodeReport, now: datetime, stale_after: timedelta) -> NodeView:

@@ -22,6 +22,7 @@ from typing import Any
 
 from broker.core.adapter import CapacityUnit, Sharing
 from broker.core.gpus import model_of_nvml_product
+from broker.core.topology import GpuTopology, Position
 from broker.inventory.agent_report import GpuReport
 
 CRITICAL, WARNING, INFO = "critical", "warning", "info"
@@ -338,6 +339,10 @@ class NodeView:
     units: list[UnitView] = field(default_factory=list)
     gpus: list[GpuView] = field(default_factory=list)
     findings: dict[str, int] = field(default_factory=dict)  # severity -> count
+    # How close its GPUs are (the agent's NVML reading when fresh, else the cluster's gres.conf),
+    # and its network position (the cluster's levels, widest first; a domain of None: none).
+    gpu_topology: GpuTopology | None = None
+    topology: Position = ()
 
     @property
     def capacity_gpu_equivalents(self) -> float:
@@ -364,6 +369,8 @@ class NodeView:
             "allocated_gpu_equivalents": _round(self.allocated_gpu_equivalents),
             "free_gpu_equivalents": _round(self.free_gpu_equivalents),
             "findings": dict(self.findings),
+            "gpu_topology": self.gpu_topology.to_dict() if self.gpu_topology is not None else None,
+            "topology": [{"level": level, "domain": domain} for level, domain in self.topology],
             "units": [u.to_dict() for u in self.units],
             "gpus": [g.to_dict() for g in self.gpus],
         }
