@@ -181,18 +181,27 @@ SEVERITIES = ("critical", "warning", "info")
 @click.group("inventory", invoke_without_command=True, context_settings=CONTEXT)
 @click.option("-M", "--cluster", help="Only this cluster.")
 @click.option("--gpus", is_flag=True, help="A row per physical GPU too.")
+@click.option(
+    "--topology",
+    is_flag=True,
+    help="How close GPUs and nodes are: each node's network domain (block, rack, Slurm switch), "
+    "NVLink islands, PCIe switches and sockets, and where each was read.",
+)
 @format_option
 @click.pass_context
-def inventory_group(ctx: click.Context, cluster: str | None, gpus: bool, json_mode: bool, fmt: str) -> int | None:
+def inventory_group(
+    ctx: click.Context, cluster: str | None, gpus: bool, topology: bool, json_mode: bool, fmt: str
+) -> int | None:
     """The GPU inventory of every cluster, reconciled with the node agents (per cluster, node, GPU)."""
     if ctx.invoked_subcommand is not None:
         return None
     settings: Settings = ctx.obj
-    return inventory(settings.client(), output(json_mode, fmt), cluster=cluster, gpus=gpus)
+    return inventory(settings.client(), output(json_mode, fmt), cluster=cluster, gpus=gpus, topology=topology)
 
 
-def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bool) -> int:
-    """The reconciled inventory: per cluster and sharing mode, then per node (and GPU)."""
+def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bool, topology: bool = False) -> int:
+    """The reconciled inventory: per cluster and sharing mode, then per node (and GPU);
+    with ``topology``, per node its network domain and how close its GPUs are."""
     view = client.inventory(cluster)
     if out.json_mode:
         out.json(view)
@@ -204,6 +213,19 @@ def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bo
         return EXIT_OK
     if not view["clusters"] and not view.get("unscheduled"):
         out.note("no clusters and no agent reports: add a cluster (gpush cluster add) or run `gpush agent` on a node")
+        return EXIT_OK
+    if topology:
+        for title, table in inventory_tables.topology_tables(view, width=out.console.width):
+            out.print(title)
+            out.print(table)
+            out.line("")
+        for note in inventory_tables.topology_notes(view):
+            out.print(note)
+        if not any(n.get("gpu_topology") or n.get("topology") for c in view["clusters"] for n in c["nodes"]):
+            out.note(
+                "no topology known: run `gpush agent` on the nodes (NVML), give Slurm a topology.conf and "
+                "gres.conf Links=, or name a Kubernetes cluster's topology_levels"
+            )
         return EXIT_OK
     out.print(inventory_tables.inventory_clusters_table(view, width=out.console.width))
     out.line("")

@@ -144,3 +144,99 @@ def finding_text(f: dict[str, Any]) -> str:
         f"[{style}]{f['severity'].upper()}[/] {escape(where)} [dim]({f['kind']})[/]\n"
         f"  {escape(f['what'])}\n  why: {escape(f['why'])}\n  fix: {escape(fix)}"
     )
+
+
+# -- topology (gpush inventory --topology) ------------------------------------------------
+
+
+def gpu_ranges(group: list[int]) -> str:
+    """``0-3`` for 0,1,2,3; ``0,2`` for 0,2; ``0-1,4`` for 0,1,4."""
+    parts: list[str] = []
+    for i in sorted(group):
+        if parts and parts[-1][1] == i - 1:
+            parts[-1][1] = i
+        else:
+            parts.append([i, i])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
+
+
+def _groups_text(groups: list[list[int]]) -> str:
+    return " ".join(gpu_ranges(g) for g in groups)
+
+
+def _islands_text(topology: dict[str, Any] | None) -> str:
+    """A node's NVLink islands (``0-1 2-3``), ``none`` when no GPU has a link, ``?`` unknown."""
+    if not topology or not any(topology.get(level) for level in ("nvlink", "pcie", "socket")):
+        return "[dim]?[/]"
+    islands = [g for g in topology.get("nvlink") or [] if len(g) > 1]
+    if not topology.get("nvlink"):
+        return "[dim]?[/]"
+    return _groups_text(islands) if islands else "none"
+
+
+def _domain_path(node: dict[str, Any]) -> str:
+    return "/".join(
+        escape(d["domain"]) if d["domain"] is not None else "[yellow](none)[/]" for d in node.get("topology") or []
+    )
+
+
+def topology_tables(inventory: dict[str, Any], *, width: int = 80) -> list[tuple[str, Table]]:
+    """Per cluster, a title (its network levels) and one row per node, by network domain: its
+    domain at each level (widest first, ``(none)`` where it has none), its NVLink islands,
+    PCIe switches and sockets (device indexes), where they were read, and its free
+    GPU-equivalents."""
+    out = []
+    for c in inventory["clusters"]:
+        rows: list[list[str]] = []
+        levels: list[str] = []
+        for n in sorted(c["nodes"], key=lambda n: (_domain_path(n), n["name"])):
+            levels = levels or [d["level"] for d in n.get("topology") or []]
+            topology = n.get("gpu_topology")
+            rows.append(
+                [
+                    _domain_path(n) or "[dim]-[/]",
+                    n["name"],
+                    _islands_text(topology),
+                    _groups_text(topology["pcie"]) if topology and topology.get("pcie") else "[dim]?[/]",
+                    _groups_text(topology["socket"]) if topology and topology.get("socket") else "[dim]?[/]",
+                    escape(topology["source"]) if topology and topology.get("source") else "[dim]-[/]",
+                    f"{eq_text(n['free_gpu_equivalents'])}/{eq_text(n['capacity_gpu_equivalents'])}",
+                ]
+            )
+        title = f"{escape(c['name'])}: " + (
+            f"network levels {escape(' > '.join(levels))} (widest first)" if levels else "no network levels"
+        )
+        columns = [
+            Col("/".join(levels).upper() or "DOMAIN", min=6, give=3, least=4),
+            Col("NODE"),  # never cut: a reader types it in the next command
+            Col("NVLINK", min=6, give=4, least=4),
+            Col("PCIE", min=4, give=5, least=4),
+            Col("SOCKETS", min=4, give=5, least=4),
+            Col("FROM", min=4, give=6, least=4),
+            Col("FREE/ALL"),
+        ]
+        out.append((title, fitted_table(columns, rows, width)))
+    return out
+
+
+def topology_notes(inventory: dict[str, Any]) -> list[str]:
+    """Per cluster with network levels: the levels, and per domain of the widest its nodes
+    and how many have every GPU free (what a multi-node job asking for one domain needs):
+    ``slurm-a block b1: 4 nodes, 3 idle; b2: 4 nodes, 4 idle``."""
+    notes = []
+    for c in inventory["clusters"]:
+        levels = [d["level"] for d in next((n["topology"] for n in c["nodes"] if n.get("topology")), [])]
+        if not levels:
+            continue
+        counts: dict[str, list[int]] = {}
+        for n in c["nodes"]:
+            domain = next((d["domain"] for d in n.get("topology") or [] if d["level"] == levels[0]), None)
+            entry = counts.setdefault(domain if domain is not None else "(none)", [0, 0])
+            entry[0] += 1
+            idle = n["capacity_gpu_equivalents"] > 0 and n["free_gpu_equivalents"] >= n["capacity_gpu_equivalents"]
+            entry[1] += int(idle)
+        per = "; ".join(
+            f"{escape(d)}: {total} node{'s' * (total != 1)}, {idle} idle" for d, (total, idle) in sorted(counts.items())
+        )
+        notes.append(f"{escape(c['name'])} {escape(levels[0])} {per}")
+    return notes

@@ -1,0 +1,75 @@
+"""`gpush inventory --topology` at a terminal's width: domains, islands, where each was read."""
+
+from rich.console import Console
+
+from broker.cli.inventory_tables import gpu_ranges, topology_notes, topology_tables
+
+
+def node(name, domains, topology, free=8.0, capacity=8.0):
+    return {
+        "name": name,
+        "topology": [{"level": level, "domain": domain} for level, domain in domains],
+        "gpu_topology": topology,
+        "free_gpu_equivalents": free,
+        "capacity_gpu_equivalents": capacity,
+    }
+
+
+PAIRS = {
+    "nvlink": [[0, 1], [2, 3], [4, 5], [6, 7]],
+    "pcie": [[0, 1, 2, 3], [4, 5, 6, 7]],
+    "socket": [[0, 1, 2, 3], [4, 5, 6, 7]],
+    "source": "nvml",
+}
+DGX = {"nvlink": [list(range(8))], "pcie": [], "socket": [list(range(8))], "source": "gres.conf"}
+LONE = {"nvlink": [[0], [1]], "pcie": [[0, 1]], "socket": [], "source": "nvml"}
+
+INVENTORY = {
+    "clusters": [
+        {
+            "name": "slurm-a",
+            "nodes": [
+                node("gpu-node-long-17", [("block", "b2")], DGX, free=0.0),
+                node("gpu-node-long-01", [("block", "b1")], PAIRS),
+                node("gpu-node-long-02", [("block", None)], None),
+            ],
+        },
+        {"name": "k8s-b", "nodes": [node("kube-01", [], LONE, capacity=2.0, free=2.0)]},
+    ]
+}
+
+
+def rendered(width=80):
+    console = Console(width=width, record=True, color_system=None)
+    for title, table in topology_tables(INVENTORY, width=width):
+        console.print(title)
+        console.print(table)
+    for note in topology_notes(INVENTORY):
+        console.print(note)
+    return console.export_text()
+
+
+def test_ranges():
+    assert gpu_ranges([3, 0, 1, 2]) == "0-3"
+    assert gpu_ranges([0, 2]) == "0,2"
+    assert gpu_ranges([0, 1, 4]) == "0-1,4"
+
+
+def test_each_node_shows_its_domain_islands_and_source_at_80_columns():
+    text = rendered()
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    row = next(line for line in lines if "gpu-node-long-01" in line)
+    assert "b1" in row and "0-1 2-3 4-5 6-7" in row and "nvml" in row and "8/8" in row
+    dgx = next(line for line in lines if "gpu-node-long-17" in line)
+    assert "0-7" in dgx and "gres.conf" in dgx and "0/8" in dgx
+    missing = next(line for line in lines if "gpu-node-long-02" in line)
+    assert "(none)" in missing and "[yellow]" not in missing and "?" in missing
+    lone = next(line for line in lines if "kube-01" in line)
+    assert " none " in lone and "0-1" in lone
+    assert "slurm-a: network levels block (widest first)" in lines and "k8s-b: no network levels" in lines
+
+
+def test_the_notes_count_idle_nodes_per_block():
+    notes = topology_notes(INVENTORY)
+    assert notes == ["slurm-a block (none): 1 node, 1 idle; b1: 1 node, 1 idle; b2: 1 node, 0 idle"]
