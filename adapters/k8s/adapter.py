@@ -47,6 +47,18 @@ caller may assume beyond the protocol's own guarantees:
   (adapters.k8s.informer: one list, then a watch), so a cycle does not list the whole
   cluster; ``informers=false`` lists every time instead, Nodes read within
   ``cache_seconds`` sharing one listing.
+- **Topology** (adapters.k8s.topology): with ``topology_levels`` (the network's levels, widest
+  first, each a node label, as Kueue's Topology names them) every inventory record carries its
+  node's domain at each level (None where the node lacks the label). Which device indexes are
+  free, and which GPUs NVLink joins, Kubernetes does not say through its API: records leave
+  ``free_gpus`` and ``gpu_topology`` None.
+- **Where Pods run.** A gang's ranks may run only on the gang's nodes, a one-node Job's Pods
+  only on its ``placement.node`` (required node affinity on the Nodes' names); an elastic job's
+  Deployment only prefers its node, since ``scale`` may need others. Which GPUs a Pod gets on
+  its node, Kubernetes gives the Pod no say in: the device plugin picks them (NVIDIA's picks
+  NVLink-aligned whole GPUs itself, in its GetPreferredAllocation). gpush's own choice
+  (``placement.gpus``) goes on the Pods as the annotation ``gpush.io/gpus``, for people to read,
+  and never as ``CUDA_VISIBLE_DEVICES``, which would contradict what the plugin allocated.
 - **Scale.** :meth:`KubernetesAdapter.scale` sets an elastic job's replicas through the
   Deployment's scale subresource; the broker decides whether the replicas fit.
 - **NodeFencing** (:class:`broker.core.adapter.NodeFencer`) cordons a node and notes the reason in

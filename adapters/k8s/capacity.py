@@ -133,6 +133,7 @@ class Capacity:
                 gpu_types=ctx.gpu_types,
                 expected_replicas=expected,
                 expected_from=source,
+                levels=ctx.settings.topology_levels,
             )
             for unit in found:
                 if unit.labels.get("product"):

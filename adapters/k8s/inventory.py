@@ -24,6 +24,14 @@ What callers may assume of :func:`node_units`:
 - **Drift**: a node whose advertised replicas differ from what the time-slicing
   ConfigMap says for it (``expected``) carries ``labels["drift"]``, as does one whose
   allocatable replicas disagree with its own labels (a device plugin not yet restarted).
+- **Topology** (broker.core.topology): every record of a node carries its ``topology``, the
+  node's domain at each of the cluster's ``topology_levels`` (adapters.k8s.topology), widest
+  first; a node without one of those labels has domain None at that level (the broker calls
+  that drift; these records only say it). ``free_gpus`` and ``gpu_topology`` stay None:
+  Kubernetes says through its API how many ``nvidia.com/gpu`` a node has free, not which
+  device indexes (the device plugin keeps that to itself, and picks them for each Pod), nor how
+  a node's GPUs are joined by NVLink (GPU Feature Discovery labels neither), so gpush does
+  not choose devices on Kubernetes.
 - **GPU models** come from ``nvidia.com/gpu.product`` (``-SHARED`` dropped), through
   the cluster's ``gpu_types`` and then gpush's own names; an unknown product keeps its
   label as the model, with the memory from ``nvidia.com/gpu.memory``.
@@ -34,7 +42,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from adapters.k8s import quantity
@@ -49,6 +57,7 @@ from adapters.k8s.render import (
     MIG_RESOURCE_PREFIX,
     model_of_product,
 )
+from adapters.k8s.topology import TopologyLevel, node_position
 from broker.core.adapter import CapacityUnit, Sharing
 from broker.core.gpus import MODELS, GpuModel, gpu_model
 
@@ -111,15 +120,18 @@ def node_units(
     gpu_types: Mapping[str, str] = {},  # noqa: B006 - read only
     expected_replicas: int | None = None,
     expected_from: str = "",
+    levels: Sequence[TopologyLevel] = (),
 ) -> list[CapacityUnit]:
     """The node's GPU units (see the module docstring). ``held``: GPU resources its Pods
-    hold; ``expected_replicas``: time-slicing replicas the ConfigMap gives it (None: unknown)."""
+    hold; ``expected_replicas``: time-slicing replicas the ConfigMap gives it (None: unknown);
+    ``levels``: the cluster's network levels, widest first."""
     meta = node.get("metadata") or {}
     name = str(meta.get("name") or "?")
     labels: Mapping[str, str] = meta.get("labels") or {}
     status = node.get("status") or {}
     allocatable = status.get("allocatable") or status.get("capacity") or {}
     unavailable = node_unavailable(node)
+    position = node_position(labels, levels)
     product = labels.get(GFD_PRODUCT)
     model = _model(product, gpu_types)
     memory_gb = float(model.memory_gb) if model else quantity.count(labels.get(GFD_MEMORY)) / 1024 or None
@@ -146,6 +158,7 @@ def node_units(
             capacity=capacity,
             allocated=capacity if unavailable else min(max(allocated, 0), capacity),
             labels={**base, **extra},
+            topology=position,
             **fields,
         )
 

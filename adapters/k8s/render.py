@@ -29,6 +29,17 @@ What callers may assume:
   1 on a MIG slice or a whole GPU). Device ids are never set: the device plugin
   chooses them, and a job that sets ``CUDA_VISIBLE_DEVICES`` or
   ``NVIDIA_VISIBLE_DEVICES`` itself is refused.
+- **Where it runs.** A one-node Job with a ``placement.node`` may run only on that node
+  (required node affinity on ``metadata.name``, as a gang's ranks on the gang's nodes), so
+  the cluster and gpush agree on the node gpush counted the job against. An elastic job's
+  Deployment only prefers it: ``gpush scale`` adds replicas later, and they may need other
+  nodes. Which GPUs of the node a Pod gets is not the Pod's to say: the device plugin picks
+  them at allocation (NVIDIA's, for whole GPUs without time-slicing replicas, asks
+  go-gpuallocator's best-effort policy, which keeps them on NVLink-joined GPUs where it can;
+  replicas it spreads over the GPUs). The device indexes gpush chose (``placement.gpus``, a
+  one-node job's) travel only as the annotation :data:`ANNOTATION_GPUS` (``0,1``), for people
+  to read: never as ``CUDA_VISIBLE_DEVICES``, which would name devices the plugin did not
+  give the container.
 - **A multi-node job (a gang, ``placement.nodes``)** is an Indexed Job
   (``completionMode: Indexed``, ``completions = parallelism`` = its nodes, ``backoffLimit``
   0) beside a headless Service of the same name (:func:`headless_service`) that gives each
@@ -78,6 +89,7 @@ ANNOTATION_NAME = f"{DOMAIN}/name"
 ANNOTATION_TENANT = f"{DOMAIN}/tenant"
 ANNOTATION_USER = f"{DOMAIN}/user"
 ANNOTATION_GPU_MEMORY = f"{DOMAIN}/gpu-memory-gb"
+ANNOTATION_GPUS = f"{DOMAIN}/gpus"  # the device indexes gpush chose on the node, for people to read
 
 # Labels GPU Feature Discovery (the GPU Operator's, or the device plugin's) sets on nodes.
 GFD_PRODUCT = "nvidia.com/gpu.product"  # "NVIDIA-A100-SXM4-40GB", "Tesla-T4-SHARED" when time-sliced
@@ -284,8 +296,9 @@ def _requirement(key: str, operator: str, values: Sequence[str] = ()) -> dict[st
     return out
 
 
-def node_affinity(placement: Placement, products: Sequence[str]) -> dict[str, Any] | None:
-    """Required node terms for the sharing mode and GPU model; the broker's node preferred."""
+def node_affinity(placement: Placement, products: Sequence[str], *, pin: bool = True) -> dict[str, Any] | None:
+    """Required node terms for the sharing mode and GPU model, and the placement's nodes by name:
+    a gang's, or a one-node job's ``node`` (required with ``pin``, else preferred)."""
     if placement.sharing == Sharing.K8S_TIMESLICE:
         terms = [
             [_requirement(GFD_SHARING, "In", ["time-slicing"])],
@@ -301,9 +314,10 @@ def node_affinity(placement: Placement, products: Sequence[str]) -> dict[str, An
         terms = []
     if terms and products:
         terms = [[*term, _requirement(GFD_PRODUCT, "In", products)] for term in terms]
-    if placement.gang:
-        # Only the gang's nodes, by name (the broker's names are the Nodes' metadata.name).
-        nodes = {"matchFields": [_requirement("metadata.name", "In", placement.nodes)]}
+    pinned = placement.nodes if placement.gang else ((placement.node,) if placement.node and pin else ())
+    if pinned:
+        # Only these nodes, by name (the broker's names are the Nodes' metadata.name).
+        nodes = {"matchFields": [_requirement("metadata.name", "In", pinned)]}
         selectors = [{"matchExpressions": term, **nodes} for term in terms] or [nodes]
         return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": selectors}}}
     affinity: dict[str, Any] = {}
@@ -315,7 +329,7 @@ def node_affinity(placement: Placement, products: Sequence[str]) -> dict[str, An
         affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
             {
                 "weight": 100,
-                "preference": {"matchExpressions": [_requirement("kubernetes.io/hostname", "In", [placement.node])]},
+                "preference": {"matchExpressions": [_requirement(HOSTNAME_LABEL, "In", [placement.node])]},
             }
         ]
     return {"nodeAffinity": affinity} if affinity else None
@@ -411,6 +425,8 @@ def annotations_for(spec: JobSpec, placement: Placement) -> dict[str, str]:
         out[ANNOTATION_USER] = spec.user
     if placement.gpu_memory_gb:
         out[ANNOTATION_GPU_MEMORY] = f"{placement.gpu_memory_gb:g}"
+    if placement.gpus and not placement.gang:  # a gang's ranks share one template: no one node's indexes
+        out[ANNOTATION_GPUS] = ",".join(str(i) for i in placement.gpus)
     return out
 
 
@@ -472,7 +488,7 @@ def pod_template(
         pod["priorityClassName"] = options.priority_class
     if options.node_selector:
         pod["nodeSelector"] = dict(options.node_selector)
-    affinity = node_affinity(placement, products)
+    affinity = node_affinity(placement, products, pin=spec.elastic is None)
     if placement.gang:
         affinity = {**(affinity or {}), "podAntiAffinity": gang_anti_affinity(job_id, options.tag)}
         pod["subdomain"] = object_name(options.tag, job_id)  # the headless Service: <name>-<rank>.<name>

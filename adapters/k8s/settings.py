@@ -11,6 +11,7 @@ from adapters.k8s.mig import DEFAULT_MIG_CONFIG
 from adapters.k8s.render import check_tag
 from adapters.k8s.tenancy import PER_TENANT, SHARED, check_namespace, check_pattern
 from adapters.k8s.timeslice import DEFAULT_CONFIG
+from adapters.k8s.topology import TopologyLevel, check_levels, levels_from
 from adapters.settings import key_value_pairs
 from broker.core.gpus import gpu_model
 
@@ -63,6 +64,12 @@ class KubernetesSettings(BaseModel):
     cache_seconds: float = Field(1.0, ge=0)
     informers: bool = Field(True, description="keep Nodes and Pods by watch instead of listing them each cycle")
     timeout: float = Field(30.0, gt=0)
+    topology_levels: list[TopologyLevel] = Field(
+        default_factory=list,
+        description="the network's levels, widest first, as Kueue's Topology names them: LEVEL=NODE_LABEL,... "
+        "(block=cloud.provider.com/topology-block,rack=cloud.provider.com/topology-rack); each node's domain at "
+        "a level is its label's value (adapters.k8s.topology)",
+    )
 
     @field_validator("tag")
     @classmethod
@@ -83,6 +90,16 @@ class KubernetesSettings(BaseModel):
     @classmethod
     def _known_models(cls, value: dict[str, str]) -> dict[str, str]:
         return {product: gpu_model(model).name for product, model in value.items()}
+
+    @field_validator("topology_levels", mode="before")
+    @classmethod
+    def _level_pairs(cls, value: Any) -> Any:
+        return levels_from(value)
+
+    @field_validator("topology_levels")
+    @classmethod
+    def _levels(cls, value: list[TopologyLevel]) -> list[TopologyLevel]:
+        return list(check_levels(value))
 
     @field_validator("tenant_namespaces", mode="before")
     @classmethod

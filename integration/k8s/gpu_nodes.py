@@ -40,6 +40,11 @@ What the real components do, and where the simulator follows them:
   ``mig_parted_layouts`` reads one config as per-GPU layouts and ``reconfigured`` gives the pool a
   node of it becomes, refusing profiles the product does not offer (``MIG_PROFILES``).
 
+- Network topology: a pool's ``topology`` gives each node its domain under label keys of the
+  test's choosing (``cloud.provider.com/topology-block``: ``b1``), as a cloud provider or
+  NVIDIA's Topograph labels real nodes; a node may lack one. ``kubernetes.io/hostname`` is the
+  node's name, as the kubelet sets it.
+
 Approximated: GPU memory and compute capability come from a small product table (unknown products
 need ``gpu_memory_mib``); MIG device memory is exact for the A100-40GB profiles of the GPU
 Operator's MIG example output and the profile's GB x 1024 MiB otherwise; multiprocessor and engine
@@ -92,6 +97,7 @@ MIG_CAPABLE = ("A100", "A30", "H100", "H200", "GH200", "B200")
 # other profiles get their name's GB x 1024.
 MIG_MEMORY_MIB = {"1g.5gb": 4864, "2g.10gb": 9984, "3g.20gb": 20096, "4g.20gb": 20096, "7g.40gb": 40192}
 
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 _MIG_PROFILE = re.compile(r"^(?P<g>[1-7])g\.(?P<gb>\d+)gb(?P<me>\+me)?$")
 
 
@@ -232,6 +238,10 @@ class GpuPool:
     pods: int = 110
     ephemeral_storage: str = "1Ti"
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Network topology as node labels (what a cloud provider or Topograph writes, what Kueue's
+    # Topology and gpush's topology_levels name): label key -> one domain per node, None where that
+    # node lacks the label; or one domain for every node of the pool.
+    topology: Mapping[str, str | None | tuple[str | None, ...]] = field(default_factory=dict)
     taints: tuple[Mapping[str, str], ...] = ()
     device_plugin_config: str | None = None
     # The nodes' names, one per node; default <name>-0, <name>-1... (names a Slurm cluster shares)
@@ -244,6 +254,7 @@ class GpuPool:
             raise ValueError(f"pool {self.name}: {len(self.names)} names for {self.count} nodes")
         if self.count < 0 or self.gpus_per_node < 0:
             raise ValueError(f"pool {self.name}: count and gpus_per_node must be >= 0")
+        object.__setattr__(self, "topology", self._per_node_topology())
         if self.replicas < 1:
             raise ValueError(f"pool {self.name}: replicas must be >= 1 (1 means no sharing)")
         if self.sharing not in ("time-slicing", "mps"):
@@ -273,6 +284,24 @@ class GpuPool:
                     f"pool {self.name}: mig_strategy single needs every GPU split into one profile; "
                     "use mixed for other layouts"
                 )
+
+    def _per_node_topology(self) -> dict[str, tuple[str | None, ...]]:
+        out = {}
+        for key, domains in dict(self.topology).items():
+            values = (domains,) * self.count if domains is None or isinstance(domains, str) else tuple(domains)
+            if len(values) != self.count:
+                raise ValueError(f"pool {self.name}: topology {key} has {len(values)} domains for {self.count} nodes")
+            bad = [v for v in values if v is not None and not _LABEL_VALUE.match(v)]
+            if bad:
+                raise ValueError(f"pool {self.name}: topology label {key}: {bad[0]!r} is not a label value")
+            if key in self.labels:
+                raise ValueError(f"pool {self.name}: {key} is in both labels and topology; give it in one")
+            out[key] = values
+        return out
+
+    def node_topology(self, index: int) -> dict[str, str]:
+        """The topology labels of the pool's ``index``-th node (those it has)."""
+        return {key: values[index] for key, values in self.topology.items() if values[index] is not None}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> GpuPool:
@@ -494,6 +523,7 @@ def node_manifest(
         POOL_LABEL: pool.name,
         **devices.labels,
         **dict(pool.labels),
+        **pool.node_topology(index),
     }
     if pool.device_plugin_config:
         labels[DEVICE_PLUGIN_CONFIG_LABEL] = pool.device_plugin_config
