@@ -139,7 +139,7 @@ class Placement:
     sharing: Sharing
     units: int
     gpu_equivalents: float  # physical GPU-equivalents the whole job holds
-    node: str | None = None  # the node the broker fitted it on (clusters may choose another)
+    node: str | None = None  # the node the broker fitted it on; jobs are pinned there (elastic: preferred)
     mig_profile: str | None = None
     gpu_model: str | None = None
     gpu_memory_gb: float | None = None  # the job's memory limit per unit (time-slicing, MPS)

@@ -664,6 +664,7 @@ function nodeCard(node, holders, findings) {
     h("header", {}, h("b", { text: node.name }),
       h("span", { class: "meta", text: `${gpus(node.free_gpu_equivalents)} of ${gpus(node.capacity_gpu_equivalents)} free · agent ${node.agent}` }),
       node.reserved_for ? h("span", { class: "meta reserved", text: ` · reserved for job ${node.reserved_for.job_id} until ~${clock(node.reserved_for.start_by)}` }) : null),
+    topologyLine(node),
     keys.map((key) => {
       const row = rows.get(key);
       const total = row.segments.reduce((s, x) => s + x.width, 0) || 1;
@@ -674,6 +675,31 @@ function nodeCard(node, holders, findings) {
     }),
     findings.length ? h("ul", { class: "findings" }, findings.map((f) =>
       h("li", { class: `sev-${f.severity}`, title: f.fix || "", text: `${f.severity}: ${f.what}` }))) : null);
+}
+
+// How close a node's GPUs and the node itself are (the same fields `gpush inventory
+// --topology` shows): its network domains, widest first, then its NVLink islands, PCIe
+// switches and sockets by device index, and where they were read. Nothing when unknown.
+function topologyLine(node) {
+  const ranges = (group) => {
+    const parts = [];
+    for (const i of [...group].sort((a, b) => a - b)) {
+      const last = parts[parts.length - 1];
+      if (last && last[1] === i - 1) last[1] = i; else parts.push([i, i]);
+    }
+    return parts.map(([a, b]) => (b > a ? `${a}-${b}` : `${a}`)).join(",");
+  };
+  const bits = (node.topology || []).map((d) => `${d.level} ${d.domain ?? "(none)"}`);
+  const t = node.gpu_topology;
+  if (t) {
+    const islands = (t.nvlink || []).filter((g) => g.length > 1);
+    if ((t.nvlink || []).length) bits.push(islands.length ? `NVLink ${islands.map(ranges).join(" ")}` : "no NVLink");
+    if ((t.pcie || []).length) bits.push(`PCIe ${t.pcie.map(ranges).join(" ")}`);
+    if ((t.socket || []).length) bits.push(`socket ${t.socket.map(ranges).join(" ")}`);
+    if (t.source) bits.push(`(${t.source})`);
+  }
+  if (!bits.length) return null;
+  return h("div", { class: "meta topology", "data-testid": "topology", text: bits.join(" · ") });
 }
 
 // Thousands of these on a large fleet: built directly, without h()'s generic attributes.
