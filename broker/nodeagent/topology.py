@@ -151,7 +151,7 @@ class _Reader:
 
     def _remote_type(self, handle: Any, link: int) -> int | None:
         """NVML_NVLINK_DEVICE_TYPE_*, or None where the driver cannot say (NOT_SUPPORTED,
-        FUNCTION_NOT_FOUND before R450) or reading failed."""
+        FUNCTION_NOT_FOUND on an older driver) or reading failed."""
         code = self.ask(self.library.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
         return code if isinstance(code, int) else None
 
