@@ -4,7 +4,7 @@
 
 1. Per GPU: ``nvmlDeviceGetNvLinkState(gpu, link)`` for links 0, 1, ... until NVML answers
    NVML_ERROR_INVALID_ARGUMENT (no such link) or NOT_SUPPORTED (no NVLink at all); for each
-   active link ``nvmlDeviceGetNvLinkRemoteDeviceType`` (GPU, NVSwitch, other) and
+   link that is not down (0): ``nvmlDeviceGetNvLinkRemoteDeviceType`` (GPU, NVSwitch, other) and
    ``nvmlDeviceGetNvLinkRemotePciInfo`` (``.busId``: which GPU of this node it reaches).
    A driver without the device-type call leaves the peer found by bus id: a GPU of this
    node, else a switch (on x86 the only other NVLink peer is an NVSwitch).
@@ -45,7 +45,7 @@ CPU_SET_WORDS = 16  # nvmlDeviceGetCpuAffinity's cpuSetSize: 16 x 64 bits, up to
 MAX_CPU_LIST = 1024  # characters, the report's bound; a longer list (no runs at all) is left out
 
 # pynvml's constants, spelled out so reading a recording needs no NVML.
-_FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED: an active link
+_INACTIVE = 0  # NVML_FEATURE_DISABLED / NVML_NVLINK_STATE_INACTIVE: a link that is down
 _DEVICE_TYPE_GPU, _DEVICE_TYPE_SWITCH = 0, 2  # NVML_NVLINK_DEVICE_TYPE_*
 TOPOLOGY_MULTIPLE = 20  # NVML_TOPOLOGY_MULTIPLE: behind PCIe switches, no host bridge crossed
 TOPOLOGY_NODE = 40  # NVML_TOPOLOGY_NODE: one NUMA node
@@ -129,8 +129,8 @@ class _Reader:
                 if getattr(exc, "value", None) in (_ERROR_INVALID_ARGUMENT, _ERROR_NOT_SUPPORTED):
                     break  # past the last link, or no NVLink at all
                 continue  # this link could not be read; the next may
-            if state != _FEATURE_ENABLED:
-                continue
+            if state == _INACTIVE:
+                continue  # down; newer drivers may answer 2 (asleep, still connected)
             remote = self.ask(lib.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
             bus = _text(getattr(remote, "busId", None))
             gpu = by_bus.get(normal_bus_id(bus)) if bus else None
