@@ -7,7 +7,7 @@
    link that is not down (0): ``nvmlDeviceGetNvLinkRemoteDeviceType`` (GPU, NVSwitch, other) and
    ``nvmlDeviceGetNvLinkRemotePciInfo`` (``.busId``: which GPU of this node it reaches).
    A driver without the device-type call leaves the peer found by bus id: a GPU of this
-   node, else a switch (on x86 the only other NVLink peer is an NVSwitch).
+   node, else taken for a switch (the other non-GPU peer NVML names is IBM POWER's NPU).
 2. Per GPU: ``nvmlDeviceGetNumaNodeId`` and ``nvmlDeviceGetCpuAffinity(gpu, 16)`` (the CPUs
    close to it, a bitmask of 16 64-bit words: up to 1,024 CPUs).
 3. Per pair of GPUs: ``nvmlDeviceGetTopologyCommonAncestor`` (NVML_TOPOLOGY_INTERNAL, SINGLE,
