@@ -14,12 +14,13 @@ A100-SXM4-80GB"), which broker.core.gpus maps to gpush's models.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from broker.core.clock import within_supported_years
 from broker.core.spec_values import not_a_bool
+from broker.core.topology import GPU_LEVELS, GpuTopology
 
 REPORT_VERSION = 1
 
@@ -33,6 +34,10 @@ Text = Annotated[str, Field(max_length=256)]
 MAX_GPUS = 64  # per node; the largest servers have 16
 MAX_MIG_INSTANCES = 64  # per GPU; NVML allows 7 (A100/H100)
 MAX_PROCESSES = 4096  # per GPU
+MAX_NVLINKS = 36  # per GPU: pynvml's NVML_NVLINK_MAX_LINKS (H100 and B200 have 18)
+GpuIndex = Annotated[Int, Field(ge=0, lt=MAX_GPUS)]
+# A Linux cpulist ("0-31,64-95"), as /sys and Slurm's Cores= write CPU sets.
+CpuList = Annotated[str, Field(max_length=1024, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")]
 
 
 class _Strict(BaseModel):
@@ -58,6 +63,15 @@ class GpuProcess(_Strict):
     mig_uuid: str | None = None  # the MIG instance it runs on, if any
 
 
+class NvLinkPeer(_Strict):
+    """What one GPU's active NVLink links reach, one record per peer (broker.nodeagent.topology)."""
+
+    kind: Literal["gpu", "switch", "other"]  # NVML_NVLINK_DEVICE_TYPE_GPU, _SWITCH, anything else
+    gpu: GpuIndex | None = None  # the peer GPU's index on this node (kind "gpu" only)
+    pci_bus_id: Text | None = None  # the peer's, as NVML gives it
+    links: Annotated[Int, Field(ge=1, le=MAX_NVLINKS)]  # active links to it
+
+
 class GpuReport(_Strict):
     index: Annotated[Int, Field(ge=0, lt=MAX_GPUS)]  # NVML's device index (what gres.conf File= orders by)
     uuid: Text | None = None  # "GPU-…"
@@ -70,6 +84,41 @@ class GpuReport(_Strict):
     mps: bool = False  # an MPS control daemon serves this GPU
     processes: list[GpuProcess] = Field(default_factory=list, max_length=MAX_PROCESSES)
     error: str | None = None  # what NVML said when reading this GPU failed (the rest still counts)
+    # Topology (None/empty: NVML did not say): the NUMA node, the CPUs close to it, its NVLink peers.
+    numa_node: Annotated[Int, Field(ge=0, le=4095)] | None = None
+    cpu_affinity: CpuList | None = None
+    nvlinks: list[NvLinkPeer] = Field(default_factory=list, max_length=MAX_NVLINKS)
+
+
+Group = Annotated[list[GpuIndex], Field(min_length=1, max_length=MAX_GPUS)]
+Groups = Annotated[list[Group], Field(max_length=MAX_GPUS)]
+
+
+class GpuGroups(_Strict):
+    """The node's GPUs grouped by closeness, as :class:`broker.core.topology.GpuTopology`
+    writes it (``to_dict``): each level's groups are disjoint lists of device indexes."""
+
+    nvlink: Groups = Field(default_factory=list)
+    pcie: Groups = Field(default_factory=list)
+    socket: Groups = Field(default_factory=list)
+    source: Literal["nvml"] = "nvml"
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> GpuGroups:
+        for level in GPU_LEVELS:
+            seen: set[int] = set()
+            for group in getattr(self, level):
+                twice = seen.intersection(group)
+                if twice or len(set(group)) < len(group):
+                    raise ValueError(
+                        f"{level}: GPU {min(twice or group)} is in more than one group; each GPU belongs "
+                        "to one group per level"
+                    )
+                seen.update(group)
+        return self
+
+    def gpu_topology(self) -> GpuTopology:
+        return GpuTopology.from_dict(self.model_dump())
 
 
 class MigRefusal(_Strict):
@@ -92,3 +141,5 @@ class NodeReport(_Strict):
     error: str | None = None  # NVML could not be read at all (no driver, no library)
     # Layouts asked for in the answer to the last report that the agent refused or failed to make.
     mig_refused: list[MigRefusal] = Field(default_factory=list, max_length=MAX_GPUS)
+    # How close the GPUs are, as NVML says (None: an agent before topology, or NVML said nothing).
+    topology: GpuGroups | None = None

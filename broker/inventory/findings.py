@@ -13,7 +13,7 @@ rules that share a kind (``gpu_claimed_twice``) in this order. Checks across hos
 GPU UUID on two hosts) and across a cluster (no agent at all, a cluster that did not
 answer) are reconcile's own steps.
 
-One module of about 670 lines, over the project's 600, on purpose: it is the list of
+One module of about 750 lines, over the project's 600, on purpose: it is the list of
 every host rule, each a short function with the docstring an operator reads when a
 finding surprises them, and reading them side by side in the order they run is the point
 (a new finding is a function and a line in :data:`HOST_RULES`, here, not a new module).
@@ -30,6 +30,7 @@ from functools import cache
 
 from broker.core.adapter import CapacityUnit, Sharing
 from broker.core.gpus import gpu_model, model_of_nvml_product
+from broker.core.topology import position_words
 from broker.inventory.hosts import Entry, Facts, Host, aware, physical_index
 from broker.inventory.view import CRITICAL, MIG_SHARING, WARNING, Finding, UnitRef, UnitView
 from broker.inventory.wording import (
@@ -40,6 +41,9 @@ from broker.inventory.wording import (
     drain_command,
     fix_config,
     gpus_text,
+    gres_links_lines,
+    groups_text,
+    network_level_fix,
     resource_name,
     type_key,
     units_text,
@@ -648,6 +652,80 @@ def processes_outside_scheduler(ctx: HostContext) -> Iterator[Finding]:
     )
 
 
+# -- topology: warnings, never breaking (placement works, only less tight) -----------------
+
+
+def nvlink_islands_differ(ctx: HostContext) -> Iterator[Finding]:
+    """gres.conf's ``Links=`` join other GPUs by NVLink than NVML sees. gpush places by
+    NVML's islands, but Slurm picks GPUs by ``Links=`` for jobs gpush does not place (and
+    for GPUs gpush leaves it to choose): a job asking for close GPUs gets GPUs that talk
+    over PCIe, several times slower. Compared over the GPUs both name."""
+    facts = ctx.facts
+    if facts is None or facts.report.topology is None:
+        return
+    nvml = facts.report.topology.gpu_topology()
+    for entry in ctx.entries:
+        said = next((v.unit.gpu_topology for v in entry.views if v.unit.gpu_topology is not None), None)
+        if said is None or said.source != "gres.conf" or not said.nvlink:
+            continue
+        common = {i for g in said.nvlink for i in g} & {i for g in nvml.nvlink for i in g}
+        ours, theirs = _island_of(said.nvlink, common), _island_of(nvml.nvlink, common)
+        differ = sorted(i for i in common if ours[i] != theirs[i])
+        if not differ:
+            continue
+        node = entry.node
+        gres = next((v.unit.labels.get("gres") for v in entry.views if v.unit.labels.get("gres")), "")
+        gres_type = gres.split(":")[1] if gres.count(":") == 2 else None
+        lines = gres_links_lines(node, facts.report, gres_type)
+        yield Finding(
+            "nvlink_islands_differ",
+            WARNING,
+            entry.cluster.name,
+            node,
+            f"on {node} gres.conf's Links= make NVLink islands {groups_text(_multi(said.nvlink))} while NVML "
+            f"sees {groups_text(_multi(nvml.nvlink))} ({gpus_text(differ)} differ)",
+            "Slurm keeps a job's GPUs together by Links=: where they are wrong, GPUs it thinks close talk over "
+            "PCIe, and jobs it places itself run slower; gpush places by what NVML sees",
+            f"write Links= as NVML sees them in gres.conf on {node} (the other keys of each line as they are): "
+            + "; ".join(f"`{line}`" for line in lines)
+            + ", then restart slurmd there and `scontrol reconfigure`",
+        )
+
+
+def _island_of(groups: tuple[tuple[int, ...], ...], common: set[int]) -> dict[int, frozenset[int]]:
+    return {i: frozenset(g) & common for g in groups for i in g if i in common}
+
+
+def _multi(groups: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
+    """The islands of more than one GPU (those of one say nothing)."""
+    return [g for g in groups if len(g) > 1]
+
+
+def network_level_missing(ctx: HostContext) -> Iterator[Finding]:
+    """The cluster names a network level (a Slurm block or switch, a Kubernetes node label)
+    that this node has no domain at. Placement (broker.core.topology.choose_nodes) counts the
+    node as a domain of its own at that level: a job that requires its nodes within one domain
+    of the level never gets it, and one that prefers that takes it after every node that has
+    one. Needs no agent."""
+    for entry in ctx.entries:
+        position = next((v.unit.topology for v in entry.views if v.unit.topology), ())
+        missing = [level for level, domain in position if domain is None]
+        if not missing:
+            continue
+        node, kind = entry.node, entry.cluster.kind
+        yield Finding(
+            "network_level_missing",
+            WARNING,
+            entry.cluster.name,
+            node,
+            f"{node} has no {' and no '.join(missing)} in {entry.cluster.name}'s network topology "
+            f"({position_words(position)})",
+            "placement counts it as a domain of its own: jobs that require their nodes in one domain of that "
+            "level never get it, jobs that prefer it take it last",
+            "; ".join(network_level_fix(kind, node, level, position) for level in missing),
+        )
+
+
 HOST_RULES: list[Rule] = [
     # The adapters' own word, agent or not.
     timeslice_drift,
@@ -672,4 +750,6 @@ HOST_RULES: list[Rule] = [
     mig_instance_without_compute_instance,
     gpu_model_mismatch,
     processes_outside_scheduler,
+    nvlink_islands_differ,
+    network_level_missing,
 ]

@@ -34,6 +34,11 @@ What callers may assume:
   kinds a critical finding names in ``breaks`` are the ones :func:`mark_broken` marks,
   and only on that cluster and node. ``warning``: capacity wasted or a config that will
   bite later. ``info``: worth knowing.
+- **NVML says how close the GPUs are.** A fresh report's GPU groups (NVLink islands, PCIe
+  switches, sockets: broker.nodeagent.topology) replace what the cluster says (gres.conf
+  ``Links=``) on every unit of that node and in its view (:attr:`Inventory.gpu_topologies`),
+  after the rules compared the two; a Kubernetes node's are renumbered to the device
+  plugin's indexes. Topology findings are warnings: nothing is broken by them.
 - **Fast.** Every step is a dict lookup per node, unit or GPU: 10,000 nodes and 80,000
   GPUs reconcile in well under two seconds (integration/bench/inventory.py).
 
@@ -47,6 +52,7 @@ broker.inventory.hosts; the per-host finding rules are broker.inventory.findings
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections import Counter, defaultdict
 from collections.abc import Mapping
@@ -254,7 +260,8 @@ def _reconcile(
 
     findings.sort(key=Finding.sort_key)
     _apply(findings, hosts, node_views)
-    return Inventory(now, cluster_views, unscheduled_views, findings)
+    topologies = _nvml_topology(hosts, node_views)
+    return Inventory(now, cluster_views, unscheduled_views, findings, topologies)
 
 
 def _cluster_topology(views: list[UnitView]) -> tuple[GpuTopology | None, Position]:
@@ -277,7 +284,45 @@ def _report_view(report: NodeReport, now: datetime, stale_after: timedelta) -> N
         driver_version=report.driver_version,
     )
     nv.gpus = [GpuView(g.index, g, fresh) for g in sorted(report.gpus, key=lambda g: g.index)]
+    if fresh and report.topology is not None:
+        nv.gpu_topology = report.topology.gpu_topology()
     return nv
+
+
+def _nvml_topology(
+    hosts: Mapping[str, Host], node_views: Mapping[tuple[str, str], NodeView]
+) -> dict[tuple[str, str], GpuTopology]:
+    """The GPU groups a fresh agent report read through NVML replace what the cluster says
+    (gres.conf) on every node of its host, in the view and on the units (after the rules,
+    which compare the two). A Kubernetes node's GPU indexes are the device plugin's: its
+    groups are renumbered to them."""
+    out: dict[tuple[str, str], GpuTopology] = {}
+    for host in hosts.values():
+        facts = host.facts
+        if facts is None or facts.report.topology is None:
+            continue
+        nvml = facts.report.topology.gpu_topology()
+        for entry in host.entries:
+            mine = nvml
+            if entry.cluster.kind == "k8s" and facts.k8s_index is not None:
+                mine = renumbered(nvml, facts.k8s_index)
+            out[(entry.cluster.name, entry.node)] = mine
+            node_views[(entry.cluster.name, entry.node)].gpu_topology = mine
+            for view in entry.views:
+                if view.unit.gpu_topology != mine:
+                    view.unit = dataclasses.replace(view.unit, gpu_topology=mine)
+    return out
+
+
+def renumbered(topology: GpuTopology, order: list[int]) -> GpuTopology:
+    """``topology`` over the GPUs ``order`` lists (by NVML index), each renamed to its position there."""
+    position = {nvml: i for i, nvml in enumerate(order)}
+
+    def level(groups: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        kept = (tuple(position[i] for i in g if i in position) for g in groups)
+        return tuple(g for g in kept if g)
+
+    return GpuTopology(level(topology.nvlink), level(topology.pcie), level(topology.socket), topology.source)
 
 
 def _check_uuids(hosts: Mapping[str, Host], reports: Mapping[str, NodeReport], findings: list[Finding]) -> None:

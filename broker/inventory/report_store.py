@@ -21,9 +21,10 @@ from broker.core import metrics
 from broker.core.adapter import AdapterError, CapacityUnit
 from broker.core.clusters import AdapterPool, ClusterInfo, list_clusters
 from broker.core.models import NodeReport as NodeReportRow
+from broker.core.topology import GpuTopology
 from broker.inventory.agent_report import NodeReport
 from broker.inventory.reconcile import DEFAULT_STALE_AFTER, reconcile
-from broker.inventory.view import ClusterInventory, Finding, Inventory, mark_broken
+from broker.inventory.view import ClusterInventory, Finding, Inventory, mark_broken, with_gpu_topology
 
 
 def facts_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -116,7 +117,8 @@ class DriftWatch:
     or a node's agent appeared or went, at most every ``soonest`` seconds, and at least
     every ``refresh`` seconds (the clusters' own view and the reports' age change too);
     in between the last findings mark the fresh units broken (:func:`mark_broken` is a
-    lookup per node). Without any report there is nothing to reconcile and nothing is
+    lookup per node) and the last NVML readings set their ``gpu_topology``
+    (:func:`with_gpu_topology`, the same lookup). Without any report there is nothing to reconcile and nothing is
     marked: a fleet without agents schedules as it always did.
     """
 
@@ -132,6 +134,7 @@ class DriftWatch:
         self._stamp: tuple[int, datetime | None] | None = None
         self._at: datetime | None = None
         self._findings: list[Finding] = []
+        self._topologies: dict[tuple[str, str], GpuTopology] = {}
 
     def apply(
         self,
@@ -141,10 +144,11 @@ class DriftWatch:
         *,
         now: datetime,
     ) -> dict[str, list[CapacityUnit]]:
-        """``inventories`` (cluster -> units) with the units critical findings break marked."""
+        """``inventories`` (cluster -> units) with the units critical findings break marked, and
+        each unit's ``gpu_topology`` the one its node's agent read through NVML, where one did."""
         count, newest = session.execute(select(func.count(), func.max(NodeReportRow.changed_at))).one()
         if not count:
-            self._stamp, self._findings = None, []
+            self._stamp, self._findings, self._topologies = None, [], {}
             return dict(inventories)
         stamp = (count, newest)
         since = None if self._at is None else now - self._at
@@ -156,7 +160,9 @@ class DriftWatch:
             }
             inventory = reconcile(sources, load_reports(session), now=now, stale_after=self.stale_after)
             self._findings, self._stamp, self._at = inventory.findings, stamp, now
+            self._topologies = inventory.gpu_topologies
             metrics.observe_findings(self._findings)
+        placed = {name: with_gpu_topology(units, self._topologies) for name, units in inventories.items()}
         if not any(f.breaks for f in self._findings):
-            return dict(inventories)
-        return {name: mark_broken(units, self._findings) for name, units in inventories.items()}
+            return placed
+        return {name: mark_broken(units, self._findings) for name, units in placed.items()}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -139,6 +139,23 @@ def mark_broken(units: Iterable[CapacityUnit], findings: Iterable[Finding]) -> l
         if unit.sharing is Sharing.SLURM_MPS and any(f.kind == "mps_on_mig_gpu" for f in hits):
             changes["in_mig_mode"] = True
         out.append(dataclasses.replace(unit, **changes))
+    return out
+
+
+def with_gpu_topology(
+    units: Iterable[CapacityUnit], topologies: Mapping[tuple[str, str], GpuTopology]
+) -> list[CapacityUnit]:
+    """``units`` with ``gpu_topology`` set to the one an agent read through NVML on their
+    (cluster, node) (what the hardware is, over what gres.conf says), so placement reads a
+    node's GPU groups from one place; the others unchanged (the same objects)."""
+    if not topologies:
+        return list(units)
+    out: list[CapacityUnit] = []
+    for unit in units:
+        found = topologies.get((unit.cluster, unit.node))
+        out.append(
+            unit if found is None or found == unit.gpu_topology else dataclasses.replace(unit, gpu_topology=found)
+        )
     return out
 
 
@@ -278,6 +295,10 @@ class GpuView:
             # What NVML sees, whether or not a cluster offers it: slices list only what
             # clusters offer, so an unscheduled node or a re-cut GPU shows its instances here.
             "mig_instances": [m.model_dump(mode="json") for m in self.report.mig_instances] if self.report else [],
+            # Where it sits (the agent's NVML reading; None/[]: not read): NUMA node, close CPUs, NVLink peers.
+            "numa_node": self.report.numa_node if self.report else None,
+            "cpu_affinity": self.report.cpu_affinity if self.report else None,
+            "nvlinks": [p.model_dump(mode="json") for p in self.report.nvlinks] if self.report else [],
         }
 
 
@@ -443,6 +464,8 @@ class Inventory:
     clusters: list[ClusterView]
     unscheduled: list[NodeView]  # nodes an agent reports that no cluster lists
     findings: list[Finding]
+    # (cluster, node) -> the GPU groups a fresh agent report read through NVML (what units carry)
+    gpu_topologies: dict[tuple[str, str], GpuTopology] = field(default_factory=dict)
 
     def add(self, findings: Iterable[Finding]) -> None:
         """Findings from beyond the reconciliation (a MIG change that failed): listed among

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from broker.core.adapter import CapacityUnit, Sharing
+from broker.core.topology import Position
+from broker.inventory.agent_report import NodeReport
 from broker.inventory.view import MIG_SHARING
 
 DEVICE_PLUGIN_RESTART = (
@@ -134,3 +136,70 @@ def type_key(unit: CapacityUnit) -> str:
     if len(parts) == 3:
         return parts[1]
     return unit.labels.get("product", unit.mig_profile or unit.gpu_model)
+
+
+def groups_text(groups: Iterable[Iterable[int]]) -> str:
+    """ "0-1, 2-3" for the groups (0,1) and (2,3); "0+2" for (0,2); a group of one is its index."""
+    return ", ".join(_span(g) for g in groups) or "none"
+
+
+def _span(group: Iterable[int]) -> str:
+    """ "3", "0-3" (a run), "0+3" (not one)."""
+    members = sorted(set(group))
+    if len(members) == 1:
+        return str(members[0])
+    if members == list(range(members[0], members[-1] + 1)):
+        return f"{members[0]}-{members[-1]}"
+    return "+".join(str(i) for i in members)
+
+
+def gres_links_lines(node: str, report: NodeReport, gres_type: str | None) -> list[str]:
+    """gres.conf lines, one per GPU of ``report``, whose ``Links=`` say what NVML sees: per other
+    GPU of the node, in index order, the number of NVLink links to it, -1 for the GPU itself,
+    0 for none. GPUs joined through NVSwitches count the GPU's links to the switches for each
+    GPU of its island (every one of them is reached over those links)."""
+    indexes = sorted(g.index for g in report.gpus)
+    islands = {i: set(g) for g in (report.topology.nvlink if report.topology else ()) for i in g}
+    counts: dict[int, dict[int, int]] = {i: {} for i in indexes}
+    for gpu in report.gpus:
+        for peer in gpu.nvlinks:
+            if peer.kind == "gpu" and peer.gpu is not None:
+                counts[gpu.index][peer.gpu] = counts[gpu.index].get(peer.gpu, 0) + peer.links
+            elif peer.kind == "switch":
+                for other in islands.get(gpu.index, ()):
+                    if other != gpu.index:
+                        counts[gpu.index][other] = counts[gpu.index].get(other, 0) + peer.links
+    kind = f" Type={gres_type}" if gres_type else ""
+    lines = []
+    for i in indexes:
+        links = ",".join("-1" if j == i else str(counts[i].get(j, 0)) for j in indexes)
+        lines.append(f"NodeName={node} Name=gpu{kind} File=/dev/nvidia{i} Links={links}")
+    return lines
+
+
+def network_level_fix(kind: str, node: str, level: str, position: Position) -> str:
+    """How to give ``node`` a domain at network ``level`` of its cluster: the topology.conf
+    line for Slurm (topology/block: ``BlockName``; topology/tree: ``SwitchName``, the leaf
+    ``switch`` listing nodes, the levels above it, ``switch2`` ..., listing switches), the
+    node label for Kubernetes (the level's name is the label key when it is one)."""
+    if kind == "slurm":
+        if level == "block":
+            line = f"BlockName=<block> Nodes=<its nodes>,{node}"
+        elif level == "switch":
+            line = f"SwitchName=<leaf switch> Nodes=<its nodes>,{node}"
+        else:
+            below = _level_below(level, position)
+            line = f"SwitchName=<{level} switch> Switches=<its switches>,{below or '<the switch below it>'}"
+        return f"add to topology.conf: `{line}`, then `scontrol reconfigure`"
+    if kind == "k8s":
+        key = level if ("/" in level or "." in level) else f"<the node label of level {level}>"
+        return f"`kubectl label node {node} {key}=<{level.rsplit('/', 1)[-1]} name>`"
+    return f"give {node} a {level} in the simulated cluster's fleet file"
+
+
+def _level_below(level: str, position: Position) -> str | None:
+    """The node's domain one level narrower than ``level`` (its switch under a ``switch2``)."""
+    names = [name for name, _ in position]
+    if level not in names or names.index(level) + 1 >= len(names):
+        return None
+    return position[names.index(level) + 1][1]

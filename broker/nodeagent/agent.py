@@ -21,6 +21,9 @@ MPS. NVML has no "MPS daemon serves this GPU" flag, so the agent infers it:
    guide (and Slurm's MPS setup) puts MPS GPUs in. This check is passed in
    (``mps_control``): run_agent uses :func:`mps_control_pipe`; tests pass their own.
 
+Topology (broker.nodeagent.topology): after the GPUs, how close they are (NVLink peers,
+PCIe, NUMA node and CPUs) for the GPUs NVML could read; errors there leave it unknown.
+
 Process names come from NVML (``nvmlSystemGetProcessName``, so recordings carry them);
 when NVML cannot name a process (another PID namespace) the injected
 ``process_name`` reader is asked; run_agent reads ``/proc/<pid>/comm``.
@@ -52,6 +55,7 @@ from broker.nodeagent.nvml import (
     error_name,
     import_pynvml,
 )
+from broker.nodeagent.topology import read_topology
 
 log = logging.getLogger("gpush.agent")
 
@@ -135,12 +139,24 @@ def collect(
         except pynvml.NVMLError as exc:
             return NodeReport(**base, error=f"NVML could not count the GPUs: {_describe(exc)}")
         reader = _GpuReader(library, pynvml.NVMLError, process_name, mps_control)
-        return NodeReport(
-            **base,
-            driver_version=reader.optional(library.nvmlSystemGetDriverVersion),
-            cuda_version=_maybe(reader.optional(library.nvmlSystemGetCudaDriverVersion), _cuda_version),
-            gpus=[reader.read(index) for index in range(count)],
+        driver = reader.optional(library.nvmlSystemGetDriverVersion)
+        cuda = _maybe(reader.optional(library.nvmlSystemGetCudaDriverVersion), _cuda_version)
+        gpus = [reader.read(index) for index in range(count)]
+        readable = [g for g in gpus if g.error is None]
+        found = read_topology(
+            library, [g.index for g in readable], {g.index: g.pci_bus_id for g in readable}, pynvml.NVMLError
         )
+        gpus = [
+            g.model_copy(
+                update={
+                    "numa_node": found.numa_node.get(g.index),
+                    "cpu_affinity": found.cpu_affinity.get(g.index),
+                    "nvlinks": found.nvlinks.get(g.index, []),
+                }
+            )
+            for g in gpus
+        ]
+        return NodeReport(**base, driver_version=driver, cuda_version=cuda, gpus=gpus, topology=found.groups)
     finally:
         try:
             library.nvmlShutdown()

@@ -102,6 +102,13 @@ class NvmlLibrary(Protocol):
     # each: .pid, .usedGpuMemory (bytes or None), .gpuInstanceId, .computeInstanceId
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
     def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
+    # Topology (broker.nodeagent.topology)
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int: ...  # NVML_FEATURE_ENABLED: active
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int: ...  # NVML_NVLINK_DEVICE_TYPE_*
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> Any: ...  # .busId (C: ..._v2)
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int: ...
+    def nvmlDeviceGetCpuAffinity(self, handle: Any, cpu_set_size: int) -> Any: ...  # 64-bit words
+    def nvmlDeviceGetTopologyCommonAncestor(self, handle1: Any, handle2: Any) -> int: ...  # NVML_TOPOLOGY_*
 
 
 def import_pynvml() -> Any:
@@ -218,7 +225,7 @@ def _encode(value: Any) -> Any:
         return value
     if isinstance(value, bytes):
         return value.decode()
-    if isinstance(value, list | tuple):
+    if isinstance(value, list | tuple | ctypes.Array):  # an array: nvmlDeviceGetCpuAffinity's bitmask
         return [_encode(v) for v in value]
     if isinstance(value, ctypes.Structure):
         fields = {}

@@ -138,6 +138,19 @@ class FakeNvml:
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
+    # Topology is not modelled: NVML answers as on a GPU that cannot say (no NVLink, no affinity).
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
+
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+        raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
+
+    def nvmlDeviceGetCpuAffinity(self, handle: Any, words: int) -> list[int]:
+        raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: Any, b: Any) -> int:
+        raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
+
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
         if not 0 <= index < len(self.gpus):
             raise nvml_error("NVML_ERROR_INVALID_ARGUMENT")

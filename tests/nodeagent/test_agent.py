@@ -86,6 +86,7 @@ EXPECTED = {
         [(A40, 40960, True, True, ["1g.5gb"] * 7, False), (A40, 40960, True, True, ["3g.20gb"] * 2, False)],
     ),
     "gpu01": ("550.54.15", "12.4", [(A40, 40960, *WHOLE)] * 2),
+    "a100-pcie-nvlink-pairs": ("550.54.15", "12.4", [("NVIDIA A100 80GB PCIe", 81920, *WHOLE)] * 8),
 }
 
 

@@ -77,6 +77,7 @@ PRODUCTS = {  # NVML name -> (memory MiB, PCI device id, MIG profiles or None)
     "NVIDIA H100 80GB HBM3": (81559, 0x233010DE, H100_80),
     "NVIDIA H200": (143771, 0x233510DE, H200),
     "Tesla T4": (15360, 0x1EB810DE, None),
+    "NVIDIA A100 80GB PCIe": (81920, 0x20B510DE, A100_80),
 }
 
 
@@ -110,6 +111,8 @@ class Gpu:
     processes: list[Proc] = field(default_factory=list)
     compute_mode: int = 0
     lost: bool = False
+    socket: int = 0  # its CPU socket, one NUMA node each (nvmlDeviceGetNumaNodeId, its CPUs' affinity)
+    pcie_switch: int | None = None  # GPUs of one PCIe switch; None: a root port of its own
 
 
 @dataclass
@@ -122,6 +125,14 @@ class Machine:
     gpus: list[Gpu]
     init_error: str | None = None
     same_gpus_as: str | None = None  # another file of the same machine: its GPUs keep their UUIDs
+    # NVLink: "none" (NOT_SUPPORTED), "inactive" (links, none up), "switch" (every link to an NVSwitch
+    # chip, links spread over ``switch_chips``), "pairs" (bridges: GPU 2k with 2k+1), "mesh" (every
+    # GPU to every other, links shared evenly); ``links`` per GPU.
+    nvlink: str = "none"
+    links: int = 0
+    switch_chips: int = 0
+    cpus_per_socket: int = 64
+    numa_supported: bool = True  # False: nvmlDeviceGetNumaNodeId answers NOT_SUPPORTED
 
 
 def _err(name: str) -> pynvml.NVMLError:
@@ -268,6 +279,51 @@ class SpecLibrary:
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         return self._procs(h, mps=False)
 
+    # -- topology
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        if self.m.nvlink == "none":
+            raise _err("NVML_ERROR_NOT_SUPPORTED")
+        if link >= self.m.links:
+            raise _err("NVML_ERROR_INVALID_ARGUMENT")
+        return 0 if self.m.nvlink == "inactive" else 1
+
+    def _peer(self, index: int, link: int) -> int | None:
+        """The GPU a link reaches (None: an NVSwitch chip)."""
+        if self.m.nvlink == "pairs":
+            return index ^ 1
+        if self.m.nvlink == "mesh":
+            others = [i for i in range(len(self.m.gpus)) if i != index]
+            return others[link // (self.m.links // len(others))]
+        return None
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
+        return 2 if self._peer(h[1], link) is None else 0  # NVML_NVLINK_DEVICE_TYPE_SWITCH / _GPU
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
+        peer = self._peer(h[1], link)
+        if peer is None:  # the NVSwitch chips' own bus ids
+            return S(busId=f"00000000:{0xC0 + link % self.m.switch_chips:02X}:00.0")
+        return S(busId=f"00000000:{self.m.gpus[peer].bus:02X}:00.0")
+
+    def nvmlDeviceGetNumaNodeId(self, h):
+        if not self.m.numa_supported:
+            raise _err("NVML_ERROR_NOT_SUPPORTED")
+        return self.m.gpus[h[1]].socket
+
+    def nvmlDeviceGetCpuAffinity(self, h, words):
+        first = self.m.gpus[h[1]].socket * self.m.cpus_per_socket
+        mask = [0] * words
+        for cpu in range(first, first + self.m.cpus_per_socket):
+            mask[cpu // 64] |= 1 << (cpu % 64)
+        return mask
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, h1, h2):
+        a, b = self.m.gpus[h1[1]], self.m.gpus[h2[1]]
+        if a.pcie_switch is not None and a.pcie_switch == b.pcie_switch:
+            return 10  # NVML_TOPOLOGY_SINGLE
+        return 40 if a.socket == b.socket else 50  # NVML_TOPOLOGY_NODE, NVML_TOPOLOGY_SYSTEM
+
     def nvmlDeviceGetMPSComputeRunningProcesses(self, h):
         return self._procs(h, mps=True)
 
@@ -279,13 +335,30 @@ def mig(*layout: tuple[str, int], pending: int = 1, no_ci: tuple[int, ...] = ())
 
 DGX_A100_BUS = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
 DGX_H100_BUS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
-A40, A80, H100, H200N, T4 = (
+PCIE_SERVER_BUS = (0x1B, 0x1C, 0x3D, 0x3E, 0x9B, 0x9C, 0xBD, 0xBE)
+A40, A80, H100, H200N, T4, A80P = (
     "NVIDIA A100-SXM4-40GB",
     "NVIDIA A100-SXM4-80GB",
     "NVIDIA H100 80GB HBM3",
     "NVIDIA H200",
     "Tesla T4",
+    "NVIDIA A100 80GB PCIe",
 )
+
+
+def placed(gpus: list[Gpu], per_socket: int, per_switch: int | None = None) -> list[Gpu]:
+    """``gpus`` with GPU i on socket i // per_socket and PCIe switch i // per_switch (None: none shared)."""
+    for i, gpu in enumerate(gpus):
+        gpu.socket = i // per_socket
+        gpu.pcie_switch = None if per_switch is None else i // per_switch
+    return gpus
+
+
+# NVSwitch nodes: every NVLink of a GPU ends at a switch chip (DGX A100: 12 links over 6 chips;
+# DGX/HGX H100 and H200: 18 over 4), so all eight GPUs are one island.
+DGX_A100_LINKS = {"nvlink": "switch", "links": 12, "switch_chips": 6}
+DGX_H100_LINKS = {"nvlink": "switch", "links": 18, "switch_chips": 4}
+PAIR_LINKS = {"nvlink": "pairs", "links": 12}  # A100: 12 NVLink links, all to its partner
 
 
 def seven(profile: str) -> dict[str, Any]:
@@ -298,63 +371,93 @@ MACHINES = [
         "dgxa100-01",
         "DGX A100 (8x A100-SXM4-40GB): GPU 0 mixed MIG 2g.10gb+1g.5gb+1g.5gb+3g.20gb, GPU 1 7x 1g.5gb, "
         "GPU 2 one 7g.40gb, GPU 3 MIG on with no instances yet, GPUs 4-7 whole (GPU 6 runs a process "
-        "from another PID namespace that NVML cannot name)",
+        "from another PID namespace that NVML cannot name). Topology (synthetic): NVSwitch, 12 links per GPU "
+        "over 6 switch chips (one island of 8); GPU pairs 0-1, 2-3, 4-5, 6-7 behind one PCIe switch each; "
+        "GPUs 0-3 on socket 0, 4-7 on socket 1",
         "550.54.15",
         12040,
-        [
-            Gpu(
-                A40,
-                DGX_A100_BUS[0],
-                **mig(("2g.10gb", 0), ("1g.5gb", 2), ("1g.5gb", 3), ("3g.20gb", 4)),
-                processes=[Proc(41022, 12034, "/usr/bin/python3", on=3), Proc(41187, 3012, "python3", on=1)],
-            ),
-            Gpu(A40, DGX_A100_BUS[1], **seven("1g.5gb"), processes=[Proc(52210, 4100, "/opt/conda/bin/python", on=0)]),
-            Gpu(A40, DGX_A100_BUS[2], **mig(("7g.40gb", 0)), processes=[Proc(60001, 30210, "torchrun", on=0)]),
-            Gpu(A40, DGX_A100_BUS[3], mig=(1, 1)),
-            Gpu(A40, DGX_A100_BUS[4], processes=[Proc(38115, 38012, "/usr/bin/python3")]),
-            Gpu(A40, DGX_A100_BUS[5]),
-            Gpu(A40, DGX_A100_BUS[6], processes=[Proc(1733, 20480, None)]),
-            Gpu(A40, DGX_A100_BUS[7]),
-        ],
+        placed(
+            [
+                Gpu(
+                    A40,
+                    DGX_A100_BUS[0],
+                    **mig(("2g.10gb", 0), ("1g.5gb", 2), ("1g.5gb", 3), ("3g.20gb", 4)),
+                    processes=[Proc(41022, 12034, "/usr/bin/python3", on=3), Proc(41187, 3012, "python3", on=1)],
+                ),
+                Gpu(
+                    A40,
+                    DGX_A100_BUS[1],
+                    **seven("1g.5gb"),
+                    processes=[Proc(52210, 4100, "/opt/conda/bin/python", on=0)],
+                ),
+                Gpu(A40, DGX_A100_BUS[2], **mig(("7g.40gb", 0)), processes=[Proc(60001, 30210, "torchrun", on=0)]),
+                Gpu(A40, DGX_A100_BUS[3], mig=(1, 1)),
+                Gpu(A40, DGX_A100_BUS[4], processes=[Proc(38115, 38012, "/usr/bin/python3")]),
+                Gpu(A40, DGX_A100_BUS[5]),
+                Gpu(A40, DGX_A100_BUS[6], processes=[Proc(1733, 20480, None)]),
+                Gpu(A40, DGX_A100_BUS[7]),
+            ],
+            4,
+            2,
+        ),
+        **DGX_A100_LINKS,
     ),
     Machine(
         "a100-80gb.json",
         "a100-80-01",
         "HGX A100 4-GPU (A100-SXM4-80GB): GPU 0 2x 3g.40gb, GPU 1 4g.40gb (GPU instance without a "
-        "compute instance) + 2g.20gb + 1g.10gb, GPUs 2-3 whole",
+        "compute instance) + 2g.20gb + 1g.10gb, GPUs 2-3 whole. Topology (synthetic): NVLink between every "
+        "two GPUs (4 of each GPU's 12 links to each other GPU), GPUs 0-1 on socket 0, 2-3 on socket 1",
         "535.129.03",
         12020,
-        [
-            Gpu(A80, 0x01, **mig(("3g.40gb", 0), ("3g.40gb", 4)), processes=[Proc(7021, 30500, "python3", on=1)]),
-            Gpu(A80, 0x41, **mig(("4g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6), no_ci=(0,))),
-            Gpu(A80, 0x81, processes=[Proc(9950, 61200, "python3")]),
-            Gpu(A80, 0xC1),
-        ],
+        placed(
+            [
+                Gpu(A80, 0x01, **mig(("3g.40gb", 0), ("3g.40gb", 4)), processes=[Proc(7021, 30500, "python3", on=1)]),
+                Gpu(A80, 0x41, **mig(("4g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6), no_ci=(0,))),
+                Gpu(A80, 0x81, processes=[Proc(9950, 61200, "python3")]),
+                Gpu(A80, 0xC1),
+            ],
+            2,
+        ),
+        nvlink="mesh",
+        links=12,
     ),
     Machine(
         "h100-80gb-dgx.json",
         "dgxh100-01",
-        "DGX H100 (8x H100 80GB HBM3): GPU 0 7x 1g.10gb (GPU instances 7-13), GPUs 1-7 whole",
+        "DGX H100 (8x H100 80GB HBM3): GPU 0 7x 1g.10gb (GPU instances 7-13), GPUs 1-7 whole. Topology "
+        "(synthetic): NVSwitch, 18 links per GPU over 4 switch chips (one island of 8); each GPU behind a PCIe "
+        "switch of its own; GPUs 0-3 on socket 0, 4-7 on socket 1",
         "535.183.01",
         12020,
-        [
-            Gpu(H100, DGX_H100_BUS[0], **seven("1g.10gb"), processes=[Proc(88120, 8200, "python3", on=2)]),
-            *[Gpu(H100, b) for b in DGX_H100_BUS[1:4]],
-            Gpu(H100, DGX_H100_BUS[4], processes=[Proc(90311, 79000, "python3")]),
-            *[Gpu(H100, b) for b in DGX_H100_BUS[5:]],
-        ],
+        placed(
+            [
+                Gpu(H100, DGX_H100_BUS[0], **seven("1g.10gb"), processes=[Proc(88120, 8200, "python3", on=2)]),
+                *[Gpu(H100, b) for b in DGX_H100_BUS[1:4]],
+                Gpu(H100, DGX_H100_BUS[4], processes=[Proc(90311, 79000, "python3")]),
+                *[Gpu(H100, b) for b in DGX_H100_BUS[5:]],
+            ],
+            4,
+        ),
+        **DGX_H100_LINKS,
+        cpus_per_socket=56,
     ),
     Machine(
         "h200.json",
         "h200-01",
-        "HGX H200 (8x H200 141 GB): GPU 0 MIG 2g.35gb+1g.18gb+1g.18gb+3g.71gb, GPU 1 7x 1g.18gb, GPUs 2-7 whole",
+        "HGX H200 (8x H200 141 GB): GPU 0 MIG 2g.35gb+1g.18gb+1g.18gb+3g.71gb, GPU 1 7x 1g.18gb, GPUs 2-7 whole. "
+        "Topology (synthetic): NVSwitch, 18 links per GPU (one island of 8); GPUs 0-3 on socket 0, 4-7 on socket 1",
         "550.90.07",
         12040,
-        [
-            Gpu(H200N, DGX_H100_BUS[0], **mig(("2g.35gb", 0), ("1g.18gb", 2), ("1g.18gb", 3), ("3g.71gb", 4))),
-            Gpu(H200N, DGX_H100_BUS[1], **seven("1g.18gb")),
-            *[Gpu(H200N, b) for b in DGX_H100_BUS[2:]],
-        ],
+        placed(
+            [
+                Gpu(H200N, DGX_H100_BUS[0], **mig(("2g.35gb", 0), ("1g.18gb", 2), ("1g.18gb", 3), ("3g.71gb", 4))),
+                Gpu(H200N, DGX_H100_BUS[1], **seven("1g.18gb")),
+                *[Gpu(H200N, b) for b in DGX_H100_BUS[2:]],
+            ],
+            4,
+        ),
+        **DGX_H100_LINKS,
     ),
     Machine(
         "mig-pending.json",
@@ -363,6 +466,7 @@ MACHINES = [
         "535.129.03",
         12020,
         [Gpu(A80, 0x01, mig=(0, 1)), Gpu(A80, 0x41, **mig(("7g.80gb", 0), pending=0))],
+        **PAIR_LINKS,
     ),
     Machine(
         "mps01.json",
@@ -383,6 +487,8 @@ MACHINES = [
                 ],
             )
         ],
+        nvlink="inactive",
+        links=12,
     ),
     Machine(
         "gpu-lost.json",
@@ -396,20 +502,28 @@ MACHINES = [
             Gpu(H100, DGX_H100_BUS[2], lost=True),
             Gpu(H100, DGX_H100_BUS[3]),
         ],
+        **DGX_H100_LINKS,
     ),
     Machine(
         "t4.json",
         "t4-01",
         "4x Tesla T4 (not MIG-capable: nvmlDeviceGetMigMode raises NVML_ERROR_NOT_SUPPORTED); GPU 3 idle "
-        "in EXCLUSIVE_PROCESS mode",
+        "in EXCLUSIVE_PROCESS mode. Topology (synthetic): no NVLink (nvmlDeviceGetNvLinkState raises "
+        "NVML_ERROR_NOT_SUPPORTED), each GPU on a root port of its own, GPUs 0-1 on socket 0 and 2-3 on socket 1; "
+        "nvmlDeviceGetNumaNodeId raises NVML_ERROR_NOT_SUPPORTED",
         "535.161.08",
         12020,
-        [
-            Gpu(T4, 0x3B, mig=None, processes=[Proc(1201, 7800, "python3")]),
-            Gpu(T4, 0x5E, mig=None),
-            Gpu(T4, 0x86, mig=None),
-            Gpu(T4, 0xAF, mig=None, compute_mode=3),
-        ],
+        placed(
+            [
+                Gpu(T4, 0x3B, mig=None, processes=[Proc(1201, 7800, "python3")]),
+                Gpu(T4, 0x5E, mig=None),
+                Gpu(T4, 0x86, mig=None),
+                Gpu(T4, 0xAF, mig=None, compute_mode=3),
+            ],
+            2,
+        ),
+        cpus_per_socket=20,
+        numa_supported=False,
     ),
     Machine(
         "mig01.json",
@@ -419,6 +533,7 @@ MACHINES = [
         "550.54.15",
         12040,
         [Gpu(A40, 0x07, **seven("1g.5gb")), Gpu(A40, 0x0F, **mig(("3g.20gb", 0), ("3g.20gb", 4)))],
+        **PAIR_LINKS,
     ),
     Machine(
         "mig01-repartitioned.json",
@@ -429,6 +544,7 @@ MACHINES = [
         12040,
         [Gpu(A40, 0x07, **seven("1g.5gb")), Gpu(A40, 0x0F, **mig(("2g.10gb", 0), ("2g.10gb", 2), ("2g.10gb", 4)))],
         same_gpus_as="mig01.json",
+        **PAIR_LINKS,
     ),
     Machine(
         "mig01-mixed.json",
@@ -441,6 +557,7 @@ MACHINES = [
             Gpu(A40, 0x0F, **mig(("3g.20gb", 0), ("3g.20gb", 4))),
         ],
         same_gpus_as="mig01.json",
+        **PAIR_LINKS,
     ),
     Machine(
         "gpu01.json",
@@ -449,6 +566,18 @@ MACHINES = [
         "550.54.15",
         12040,
         [Gpu(A40, 0x07), Gpu(A40, 0x0F)],
+        **PAIR_LINKS,
+    ),
+    Machine(
+        "a100-pcie-nvlink-pairs.json",
+        "a100pcie-01",
+        "PCIe server, 8x A100 80GB PCIe, all whole and idle. Topology (synthetic): NVLink bridges join GPU pairs "
+        "0-1, 2-3, 4-5, 6-7 (3 bridges, 12 links per pair); two PCIe switches per socket, each holding one "
+        "bridged pair; GPUs 0-3 on socket 0, 4-7 on socket 1",
+        "550.54.15",
+        12040,
+        placed([Gpu(A80P, b) for b in PCIE_SERVER_BUS], 4, 2),
+        **PAIR_LINKS,
     ),
     Machine(
         "no-driver.json",
