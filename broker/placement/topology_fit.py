@@ -79,7 +79,7 @@ def take_gpus(slot: Slot, units: int, named: Iterable[int] = ()) -> tuple[int, .
     free = slot.free_gpus
     if free is None:
         return ()
-    named = tuple(named)
+    named = tuple(named or ())
     if named and len(named) == units and set(named) <= set(free):
         chosen = named
     else:
@@ -149,7 +149,7 @@ def closest(
                 continue
             key = (late, rank, *entry)
             if best is None or key < best[0]:
-                best = (key, entry[-1], gpus if slot.free_gpus is not None else ())
+                best = (key, entry[-1], (gpus or ()) if slot.free_gpus is not None else ())
             if rank == 0:
                 break  # the first on one island in best-fit order is this shape's best
     return best
