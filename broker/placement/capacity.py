@@ -513,9 +513,9 @@ class CapacityView:
         if not shapes:
             return NoFit(f"{cluster} has no {gpu_model} GPUs offering {sharing.value}", never=True)
         of = f" of {shapes[0].model_name}" if model else ""
-        level, required = ask_of(spec)
-        if required and level not in GPU_LEVELS and level not in group.levels:
-            return NoFit(unknown_level(level, cluster, group.levels), never=True)
+        ask = spec.topology
+        if ask is not None and ask.mode == "required" and ask.level not in GPU_LEVELS + tuple(group.levels):
+            return NoFit(unknown_level(ask.level, cluster, group.levels), never=True)
         if spec.nodes > 1:
             return self._fit_gang(spec, cluster, sharing, group, shapes, model, partition)
         if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG):
@@ -547,8 +547,9 @@ class CapacityView:
                 + per,
                 never=True,
             )
-        level, required = ask_of(spec)
-        limit = GPU_LEVELS.index(level) if required and level in GPU_LEVELS else None
+        ask = spec.topology
+        level = ask.level if ask is not None and ask.mode == "required" else None
+        limit = GPU_LEVELS.index(level) if level in GPU_LEVELS else None
         fit = self._take_best(spec, cluster, sharing, group, able, spec.gpus, None, model, what, partition, limit)
         if limit is not None and isinstance(fit, NoFit) and not fit.never:
             now, ever = most_in_group(group, able, level)
@@ -941,9 +942,8 @@ class CapacityView:
         replicas = replicas_of(spec)
         need = units * replicas
         spoken_for = self._spoken_for(cluster, able) if model is None and self.pinned else frozenset()
-        topology = (
-            sharing in WHOLE and replicas == 1 and (limit is not None or (units > 1 and any(s.topology for s in able)))
-        )
+        # Cheap for a fleet that reports no topology: one flag per cluster and mode.
+        topology = replicas == 1 and (limit is not None or (units > 1 and group.topology and sharing in WHOLE))
         if topology:
             # The closest GPUs first, then best fit (broker.placement.topology_fit).
             found = closest(group, able, units, spoken_for, limit)

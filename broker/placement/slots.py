@@ -191,6 +191,7 @@ class SlotGroup:
         "fragmentation",
         "able",
         "levels",
+        "topology",
     )
 
     def __init__(self, slots: list[Slot], sharing: Sharing, workload: WorkloadDistribution | None):
@@ -261,6 +262,7 @@ class SlotGroup:
         self.able: dict[tuple, tuple] = {}
         # The network levels its units' positions name, widest first (broker.core.topology).
         self.levels = levels_of(slot.unit.topology for slot in slots)
+        self.topology = any(shape.topology for shape in self.shapes.values())  # a fit may look at it
 
     def shapes_of(self, model: str | None) -> list[Shape]:
         return self.by_model.get(model, [])

@@ -35,7 +35,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 
 from broker.core.adapter import CapacityUnit, Sharing
-from broker.core.topology import GPU_LEVEL_WORDS, GPU_LEVELS, choose_gpus, most_in_one
+from broker.core.topology import GPU_LEVEL_WORDS, GPU_LEVELS, GpuTopology, choose_gpus, most_in_one
 from broker.placement.slots import Shape, Slot, SlotGroup
 
 CANDIDATES = 32  # best-fit nodes per shape a one-node job's topology is scored on
@@ -83,7 +83,7 @@ def take_gpus(slot: Slot, units: int, named: Iterable[int] = ()) -> tuple[int, .
     if named and len(named) == units and set(named) <= set(free):
         chosen = named
     else:
-        chosen = choose_gpus(slot.unit.gpu_topology, free, min(units, len(free))) or ()
+        chosen = _choose(slot.unit.gpu_topology, free, min(units, len(free)))[1] or ()
     gone = set(chosen)
     slot.free_gpus = tuple(g for g in free if g not in gone)
     return tuple(chosen)
@@ -114,6 +114,24 @@ def strip_topology(units: Iterable[CapacityUnit]) -> list[CapacityUnit]:
 # -- one node ------------------------------------------------------------------------
 
 
+# (topology, free GPUs, count) -> (rank, GPUs): nodes of one kind repeat few free sets, so a
+# cycle's fits mostly find theirs here (cleared when it grows past CHOSEN_MAX).
+_chosen: dict[tuple, tuple[int, tuple[int, ...] | None]] = {}
+CHOSEN_MAX = 65_536
+
+
+def _choose(topology: GpuTopology | None, free: tuple[int, ...], units: int) -> tuple[int, tuple[int, ...] | None]:
+    key = (topology, free, units)
+    found = _chosen.get(key)
+    if found is None:
+        gpus = choose_gpus(topology, free, units)
+        rank = UNKNOWN if gpus is None or topology is None else topology.closeness(gpus)
+        if len(_chosen) >= CHOSEN_MAX:
+            _chosen.clear()
+        found = _chosen[key] = (rank, gpus)
+    return found
+
+
 def rank_of(slot: Slot, units: int) -> tuple[int, tuple[int, ...] | None]:
     """(closeness rank, the GPUs choose_gpus picks) of ``units`` GPUs on ``slot``'s node;
     (:data:`UNKNOWN`, None) when its free GPUs or topology are unknown."""
@@ -121,10 +139,7 @@ def rank_of(slot: Slot, units: int) -> tuple[int, tuple[int, ...] | None]:
     free = known_free(slot)
     if free is None or topology is None or not topology.known:
         return UNKNOWN, None
-    gpus = choose_gpus(topology, free, units)
-    if gpus is None:
-        return UNKNOWN, None
-    return topology.closeness(gpus), gpus
+    return _choose(topology, free, units)
 
 
 def closest(
