@@ -822,6 +822,11 @@ class CapacityView:
         if best is None and required and net is not None and most_ever >= n:
             reason, never = gang_domain_reason(n, net, cluster, what, list(now_at.items()), ever_at)
             return NoFit(reason, never=never, waiting_for=None if never else (cluster, sharing.value, profile, model))
+        if best is None and gpu_limit is not None and most_ever >= n:
+            # Each rank's GPUs in one group of the level: held when no node's topology could.
+            _now, ever_in_one = most_in_group(group, [s for members in kinds.values() for s in members], level)
+            if ever_in_one < units:
+                return NoFit(gpu_level_reason(level, units, cluster, 0, ever_in_one)[0], never=True)
         if best is None:
             if most_ever < n:
                 return NoFit(

@@ -107,8 +107,8 @@ class Shape:
         self.order: list[tuple] = []
         self.free = 0
         self.total = 0
-        # Whether a unit of this shape says how its GPUs are grouped, or which are free:
-        # only then does a fit look at the topology (broker.placement.topology_fit).
+        # Whether a unit of this shape says how its GPUs are grouped: only then does a
+        # multi-GPU fit look at the topology (broker.placement.topology_fit).
         self.topology = False
 
     def first_with(self, need: int, slots: list[Slot], ok: Callable[[Slot], bool] | None = None) -> tuple | None:
@@ -249,7 +249,7 @@ class SlotGroup:
                     shape.order.append((slot.free, self.node_free[k], k))
             shape.free += slot.free
             shape.total += unit.capacity
-            if (unit.gpu_topology is not None and unit.gpu_topology.known) or slot.free_gpus is not None:
+            if unit.gpu_topology is not None and unit.gpu_topology.known:
                 shape.topology = True
             self.by_node[unit.node].append(position)
             if unit.mig_profile:

@@ -238,6 +238,19 @@ def test_a_gangs_ranks_take_gpus_off_each_nodes_free_set():
     assert free_gpus(view) == {"a-1": (), "a-2": ()}
 
 
+def test_a_gang_whose_ranks_require_one_island_takes_only_nodes_with_one_free_or_is_held():
+    ask = {"gpus": 4, "nodes": 2, "topology": {"level": "nvlink", "mode": "required"}}
+    # Two NVSwitch nodes with 4 free each, and one of NVLink pairs that best fit would take first.
+    units = [node("s1", free=(0, 1, 2, 3), topology=SWITCH), node("s2", free=(4, 5, 6, 7), topology=SWITCH)]
+    units.append(node("p1", free=(0, 1, 2, 3)))  # no island of 4
+    assert fit(view_of(*units), **ask).placement.nodes == ("s1", "s2")
+    held = fit(view_of(node("p1"), node("p2")), **ask)
+    assert held.never
+    assert (
+        held.reason == "needs 4 GPUs in one NVLink island; no node of slurm-a has an NVLink island of more than 2 GPUs"
+    )
+
+
 # -- reservations and preemption fit through the same rules --------------------------------
 
 
