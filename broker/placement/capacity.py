@@ -178,6 +178,9 @@ class CapacityView:
     # node), and the nodes of each placement whose replicas went to several nodes.
     _replicas: dict[tuple, list[tuple[int, int]]] = field(default_factory=dict, repr=False, compare=False)
     _spread: dict[Placement, list[list[str]]] = field(default_factory=dict, repr=False, compare=False)
+    # The whole GPUs each rank of a gang this view fitted took, by (placement, node): a gang's
+    # placement names none (its cluster picks), yet undo must give back exactly those.
+    _rank_gpus: dict[tuple[Placement, str], tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
     # Units marked broken (a drift finding, or the adapter), by cluster: never placed on.
     # A job only they could hold waits for the repair instead of being held for good,
     # so ``_mended`` (the same inventory, nothing broken; made on first need) is fitted too.
@@ -297,7 +300,8 @@ class CapacityView:
         on each of its nodes."""
         if placement.gang:
             for rank in _ranks(placement):
-                self.give_back(rank)
+                gpus = self._rank_gpus.pop((placement, rank.node), ())
+                self.give_back(replace(rank, gpus=gpus) if len(gpus) == rank.units else rank)
             return
         sharing = Sharing(placement.sharing)
         group = self._group(placement.cluster, sharing)
@@ -842,28 +846,31 @@ class CapacityView:
             )
         _left, picks, profile = best
         shares = []
+        taken: dict[str, tuple[int, ...]] = {}
         for free, _node, position in picks:
-            if group.slots[position].free_gpus is not None:
-                take_gpus(group.slots[position], units)  # the GPUs its cluster picks
+            slot = group.slots[position]
+            if slot.free_gpus is not None:
+                taken[slot.unit.node] = take_gpus(slot, units)  # the GPUs its cluster picks
             group.set_free(position, free - units)
-            shares.append((units, group.slots[position].unit.gpu_equivalent))
+            shares.append((units, slot.unit.gpu_equivalent))
         first = group.slots[picks[0][-1]].unit
         # Rank 0 on the first node in inventory order: the rendezvous host is stable for a given fit.
         nodes = tuple(group.slots[p].unit.node for p in sorted(position for *_, position in picks))
-        return Fit(
-            Placement(
-                cluster=cluster,
-                sharing=sharing,
-                units=units,
-                gpu_equivalents=held(shares),
-                node=nodes[0],
-                mig_profile=profile,
-                gpu_model=first.gpu_model,
-                gpu_memory_gb=spec.gpu_memory_gb,
-                partition=partition,
-                nodes=nodes,
-            )
+        placement = Placement(
+            cluster=cluster,
+            sharing=sharing,
+            units=units,
+            gpu_equivalents=held(shares),
+            node=nodes[0],
+            mig_profile=profile,
+            gpu_model=first.gpu_model,
+            gpu_memory_gb=spec.gpu_memory_gb,
+            partition=partition,
+            nodes=nodes,
         )
+        for node, gpus in taken.items():  # so that undo gives back exactly these
+            self._rank_gpus[(placement, node)] = gpus
+        return Fit(placement)
 
     # -- shared GPUs: FGD over a bounded candidate set ----------------------------------
 

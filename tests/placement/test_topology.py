@@ -232,10 +232,16 @@ def test_a_gang_level_the_cluster_does_not_have_is_held_saying_it_has_none():
     assert outcome.never and "which slurm-a does not have" in outcome.reason and "no network levels" in outcome.reason
 
 
-def test_a_gangs_ranks_take_gpus_off_each_nodes_free_set():
+def test_a_gangs_ranks_take_gpus_off_each_nodes_free_set_and_undo_returns_exactly_those():
     view = view_of(*blocks({"a": 2}, busy={"a-1": 4, "a-2": 4}))
     fit(view, gpus=4, nodes=2)
     assert free_gpus(view) == {"a-1": (), "a-2": ()}
+    # Free: the pairs 2-3 and 6-7; each rank takes the pair of lowest index, as its cluster would.
+    view = view_of(node("p1", free=(2, 3, 6, 7), block="x"), node("p2", free=(2, 3, 6, 7), block="x"))
+    taken = fit(view, gpus=2, nodes=2)
+    assert free_gpus(view) == {"p1": (6, 7), "p2": (6, 7)}
+    view.undo(taken)
+    assert free_gpus(view) == {"p1": (2, 3, 6, 7), "p2": (2, 3, 6, 7)}
 
 
 def test_a_gang_whose_ranks_require_one_island_takes_only_nodes_with_one_free_or_is_held():

@@ -112,3 +112,15 @@ def test_gpush_simulate_places_a_gang_in_one_block_and_blind_to_topology_it_spre
         gang = next(j for j in result.jobs if j.name == "g")
         nodes[aware] = tuple(gang.placement["nodes"])
     assert nodes == {True: ("n-03", "n-04"), False: ("n-02", "n-03")}
+
+
+def test_a_reloaded_simulated_cluster_keeps_the_gpus_its_running_jobs_were_named(tmp_path):
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(FLEET)
+    config = {"fleet": str(fleet_file), "state_file": str(tmp_path / "slurm-a.json")}
+    clock = VirtualClock()
+    first = SimulatedCluster("slurm-a", config, clock=clock)
+    named = Placement("slurm-a", Sharing.SLURM_EXCLUSIVE, 2, 2.0, node="n-02", gpu_model=A100, gpus=(6, 7))
+    first.submit(1, spec(duration=600, gpus=2), named)
+    again = SimulatedCluster("slurm-a", config, clock=clock)
+    assert whole_units(again)["n-02"].free_gpus == (0, 1, 2, 3, 4, 5)
