@@ -15,7 +15,7 @@ QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 help:
 	@echo "make demo     first look: embedded broker (SQLite), example jobs, list"
 	@echo "make test     everything CI runs: fast tests (SQLite) + integration (PostgreSQL)"
-	@echo "make bench    submissions, scheduling at scale, placement quality, Slurm (and gangs on it), Kubernetes, inventory, Ray, CLI"
+	@echo "make bench    submissions, scheduling at scale, placement quality, topology, Slurm (and gangs on it), Kubernetes, inventory, Ray, CLI"
 
 venv: $(STAMP)
 
@@ -79,6 +79,7 @@ bench: venv postgres slurm browser
 	$(BIN)/python integration/bench/submit.py --json bench-results.json
 	$(BIN)/python integration/bench/schedule.py --million --json bench-schedule.json
 	$(BIN)/python integration/bench/placement.py --json bench-placement.json
+	$(BIN)/python integration/bench/topology.py --json bench-topology.json
 	$(BIN)/python integration/bench/slurm.py --jobs 1000 --rounds 3 --json bench-slurm.json
 	$(BIN)/python integration/bench/gangs_slurm.py --json bench-gangs-slurm.json
 	$(BIN)/python integration/bench/k8s.py --rounds 3 --json bench-k8s.json

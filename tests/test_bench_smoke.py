@@ -48,6 +48,17 @@ def test_the_placement_bench_runs(tmp_path):
         assert result["replay"][name]["placed"] > 0
 
 
+def test_the_topology_bench_runs(tmp_path):
+    result = run_bench("topology", tmp_path / "topology.json")
+    assert result["smoke"] is True and result["jobs"] > 0
+    aware, blind = result["runs"]["topology-aware"], result["runs"]["blind"]
+    for row in (aware, blind):
+        assert row["multi_gpu_jobs"] > 0 and row["gangs_started"] > 0
+        assert 0 < row["allocation"] <= 1 and row["wait"]["all"]["p95"] is not None
+    # Topology-aware placement puts every gang of the smoke run on the fewest blocks; blind does not.
+    assert aware["gang_share"] == 1.0 and blind["gang_share"] < 1.0
+
+
 def test_the_policy_bench_runs(tmp_path):
     result = run_bench("policy", tmp_path / "policy.json")
     (size,) = result["results"]

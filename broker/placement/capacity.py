@@ -18,6 +18,12 @@ are taken whole or not at all. What callers may assume:
   (:attr:`CapacityView.pinned`, from :class:`broker.placement.decision.CycleDecisions`):
   it goes there only when no other model has room, so work that can run anywhere does
   not fill the GPUs that pinned work can only get there.
+- **Topology** (issue 35; the rules in :mod:`broker.placement.topology_fit`). A one-node
+  whole-GPU job goes to the node whose free GPUs are closest (NVLink island, PCIe switch,
+  socket), then best fit; a unit that says which GPUs are free gets them named in
+  ``Placement.gpus`` and its free set (``Slot.free_gpus``) follows every take and give
+  back. A gang's nodes are in one network domain when one has room, else the fewest. A
+  job's ``topology`` ask that is required waits for it, or is held when it can never be.
 - **MPS shares and time-slice replicas: per physical GPU, fragmentation-aware.** A
   share or a replica lives on one GPU, so an inventory that reports these modes per
   GPU (``CapacityUnit.gpus`` of one index) is fitted per GPU, and the placement names
@@ -88,6 +94,7 @@ from broker.accounting.equivalents import held
 from broker.core.adapter import CapacityUnit, Placement, Sharing
 from broker.core.gpus import gpu_model
 from broker.core.schemas import JobSpec
+from broker.core.topology import GPU_LEVELS, choose_nodes, domain_of
 from broker.placement.fgd import MILLI, WorkloadDistribution
 from broker.placement.slots import (
     MEMORY_SLACK,
@@ -98,6 +105,19 @@ from broker.placement.slots import (
     canonical_model,
     fgd_gpu,
     fgd_gpu_on_node,
+)
+from broker.placement.topology_fit import (
+    WHOLE,
+    ask_of,
+    closest,
+    gang_domain_reason,
+    gpu_level_reason,
+    initial_free_gpus,
+    most_in_group,
+    rank_of,
+    return_gpus,
+    take_gpus,
+    unknown_level,
 )
 
 
@@ -158,6 +178,9 @@ class CapacityView:
     # node), and the nodes of each placement whose replicas went to several nodes.
     _replicas: dict[tuple, list[tuple[int, int]]] = field(default_factory=dict, repr=False, compare=False)
     _spread: dict[Placement, list[list[str]]] = field(default_factory=dict, repr=False, compare=False)
+    # The whole GPUs each rank of a gang this view fitted took, by (placement, node): a gang's
+    # placement names none (its cluster picks), yet undo must give back exactly those.
+    _rank_gpus: dict[tuple[Placement, str], tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
     # Units marked broken (a drift finding, or the adapter), by cluster: never placed on.
     # A job only they could hold waits for the repair instead of being held for good,
     # so ``_mended`` (the same inventory, nothing broken; made on first need) is fitted too.
@@ -211,7 +234,7 @@ class CapacityView:
             memory_free = _timeslice_memory_free(live, running)
             by_sharing: dict[Sharing, list[Slot]] = defaultdict(list)
             for unit, memory in zip(live, memory_free, strict=True):
-                by_sharing[unit.sharing].append(Slot(unit, unit.free, memory))
+                by_sharing[unit.sharing].append(Slot(unit, unit.free, memory, initial_free_gpus(unit)))
                 if unit.labels.get("unavailable") and unit.capacity > 0:
                     key = (cluster, unit.sharing, unit.mig_profile)
                     view.closed.setdefault(key, {})[unit.node] = unit.labels["unavailable"]
@@ -261,6 +284,8 @@ class CapacityView:
             position = self._slot_for(group, placement, gpu, units, refund=False)
             if position is not None:
                 slot = group.slots[position]
+                if slot.free_gpus is not None:
+                    take_gpus(slot, min(units, slot.free), placement.gpus)
                 group.set_free(position, max(slot.free - units, 0))
                 if slot.memory_free_gb is not None and placement.gpu_memory_gb:
                     slot.memory_free_gb -= placement.gpu_memory_gb * units
@@ -275,7 +300,8 @@ class CapacityView:
         on each of its nodes."""
         if placement.gang:
             for rank in _ranks(placement):
-                self.give_back(rank)
+                gpus = self._rank_gpus.pop((placement, rank.node), ())
+                self.give_back(replace(rank, gpus=gpus) if len(gpus) == rank.units else rank)
             return
         sharing = Sharing(placement.sharing)
         group = self._group(placement.cluster, sharing)
@@ -301,6 +327,9 @@ class CapacityView:
         for gpu, units in _charges(placement):
             position = self._slot_for(group, placement, gpu, units, refund=True)
             if position is not None:
+                slot = group.slots[position]
+                if slot.free_gpus is not None:
+                    return_gpus(slot, min(units, slot.unit.capacity - slot.free), placement.gpus)
                 self._refund(group, position, units, memory * units)
 
     def _slots(self, cluster: str, sharing: Sharing) -> list[Slot]:
@@ -427,6 +456,21 @@ class CapacityView:
                 found[slot.unit.node] = (min(first, position), max(free, slot.free))
         return {node: free for node, (_, free) in sorted(found.items(), key=lambda item: item[1][0])}
 
+    def gang_domains(self, spec: JobSpec, route) -> dict[str, str] | None:
+        """For a multi-node ``spec`` that requires one domain of a network level its route's
+        cluster has, each node's domain at that level (a node with none is left out), so a
+        reservation holds nodes of one domain; None for any other job."""
+        level, required = ask_of(spec)
+        group = self._group(route.cluster, Sharing(route.sharing))
+        if not required or group is None or level not in group.levels:
+            return None
+        out = {}
+        for slot in group.slots:
+            domain = domain_of(slot.unit.topology, level)
+            if domain is not None:
+                out[slot.unit.node] = domain
+        return out
+
     def _wait_for_repair(self, spec, cluster, sharing, partition, gpu_model) -> NoFit | None:
         """Why the job waits when the broken units of ``cluster`` could hold it; None if not even they could."""
         if self._mended is None:
@@ -473,6 +517,9 @@ class CapacityView:
         if not shapes:
             return NoFit(f"{cluster} has no {gpu_model} GPUs offering {sharing.value}", never=True)
         of = f" of {shapes[0].model_name}" if model else ""
+        ask = spec.topology
+        if ask is not None and ask.mode == "required" and ask.level not in GPU_LEVELS + tuple(group.levels):
+            return NoFit(unknown_level(ask.level, cluster, group.levels), never=True)
         if spec.nodes > 1:
             return self._fit_gang(spec, cluster, sharing, group, shapes, model, partition)
         if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG):
@@ -504,7 +551,15 @@ class CapacityView:
                 + per,
                 never=True,
             )
-        return self._take_best(spec, cluster, sharing, group, able, spec.gpus, None, model, what, partition)
+        ask = spec.topology
+        level = ask.level if ask is not None and ask.mode == "required" else None
+        limit = GPU_LEVELS.index(level) if level in GPU_LEVELS else None
+        fit = self._take_best(spec, cluster, sharing, group, able, spec.gpus, None, model, what, partition, limit)
+        if limit is not None and isinstance(fit, NoFit) and not fit.never:
+            now, ever = most_in_group(group, able, level)
+            reason, never = gpu_level_reason(level, spec.gpus, cluster, now, ever)
+            fit = NoFit(reason, never=never, waiting_for=None if never else fit.waiting_for)
+        return fit
 
     def _fit_mig(self, spec, cluster, sharing, group: SlotGroup, shapes, model, of, partition) -> Fit | NoFit:
         memory = spec.gpu_memory_gb or 0
@@ -716,7 +771,15 @@ class CapacityView:
         # A MIG gang takes the smallest profile that has room on enough nodes, as a one-node
         # job does (_fit_mig); best fit (the least left free) only among kinds of one size.
         size = {profile: rank for rank, profile in enumerate(dict.fromkeys(prof for _m, prof in kinds))}
-        best = None  # ((profile rank, free left on the chosen nodes), picks, profile)
+        # Topology (broker.placement.topology_fit): the nodes as close as the network allows,
+        # within one domain of the level the job asks when it requires one.
+        level, required = ask_of(spec)
+        net = level if level is not None and level in group.levels else None
+        gpu_limit = GPU_LEVELS.index(level) if required and level in GPU_LEVELS and not mig else None
+        apart = bool(group.levels)
+        ever_at: dict[str, tuple] = {}  # node -> its position, of nodes that could ever hold a rank
+        now_at: dict[str, tuple] = {}  # the same, of nodes with room now
+        best = None  # ((profile rank, domains, free left on the chosen nodes), picks, profile)
         most_ever = most_now = 0
         first_named = None
         for (_model, profile), members in kinds.items():
@@ -729,13 +792,29 @@ class CapacityView:
                         ever.add(node)
                     if entry[0] >= units and (node not in now or entry < now[node]):
                         now[node] = entry
+            if gpu_limit is not None:
+                now = {node: e for node, e in now.items() if rank_of(group.slots[e[-1]], units)[0] <= gpu_limit}
             if len(ever) > most_ever or first_named is None:
                 first_named = (members[0], profile)
             most_ever = max(most_ever, len(ever))
             most_now = max(most_now, min(len(now), len(ever)))
+            if apart:
+                for node in ever:
+                    ever_at.setdefault(node, group.slots[group.by_node[node][0]].unit.topology)
+                for node, entry in now.items():
+                    now_at.setdefault(node, group.slots[entry[-1]].unit.topology)
             if len(now) >= n:
-                picks = sorted(now.values())[:n]
-                left = (size[profile], sum(free - units for free, *_ in picks))
+                candidates = sorted(now.values())
+                domains = 0
+                if apart:
+                    at = {entry: group.slots[entry[-1]].unit.topology for entry in candidates}
+                    choice = choose_nodes(candidates, n, at, level=net, required=required and net is not None)
+                    if choice is None:
+                        continue
+                    picks, domains = list(choice.nodes), choice.domains
+                else:
+                    picks = candidates[:n]
+                left = (size[profile], domains, sum(free - units for free, *_ in picks))
                 if best is None or left < best[0]:
                     best = (left, picks, profile)
         shape, profile = first_named if first_named else (shapes[0], None)
@@ -744,6 +823,14 @@ class CapacityView:
             if profile
             else f"{units} free {shape.model_name}{'s' * (units != 1)}"
         ) + (f" of {memory:g} GB" if memory and not profile else "")
+        if best is None and required and net is not None and most_ever >= n:
+            reason, never = gang_domain_reason(n, net, cluster, what, list(now_at.items()), ever_at)
+            return NoFit(reason, never=never, waiting_for=None if never else (cluster, sharing.value, profile, model))
+        if best is None and gpu_limit is not None and most_ever >= n:
+            # Each rank's GPUs in one group of the level: held when no node's topology could.
+            _now, ever_in_one = most_in_group(group, [s for members in kinds.values() for s in members], level)
+            if ever_in_one < units:
+                return NoFit(gpu_level_reason(level, units, cluster, 0, ever_in_one)[0], never=True)
         if best is None:
             if most_ever < n:
                 return NoFit(
@@ -759,26 +846,31 @@ class CapacityView:
             )
         _left, picks, profile = best
         shares = []
+        taken: dict[str, tuple[int, ...]] = {}
         for free, _node, position in picks:
+            slot = group.slots[position]
+            if slot.free_gpus is not None:
+                taken[slot.unit.node] = take_gpus(slot, units)  # the GPUs its cluster picks
             group.set_free(position, free - units)
-            shares.append((units, group.slots[position].unit.gpu_equivalent))
+            shares.append((units, slot.unit.gpu_equivalent))
         first = group.slots[picks[0][-1]].unit
         # Rank 0 on the first node in inventory order: the rendezvous host is stable for a given fit.
         nodes = tuple(group.slots[p].unit.node for p in sorted(position for *_, position in picks))
-        return Fit(
-            Placement(
-                cluster=cluster,
-                sharing=sharing,
-                units=units,
-                gpu_equivalents=held(shares),
-                node=nodes[0],
-                mig_profile=profile,
-                gpu_model=first.gpu_model,
-                gpu_memory_gb=spec.gpu_memory_gb,
-                partition=partition,
-                nodes=nodes,
-            )
+        placement = Placement(
+            cluster=cluster,
+            sharing=sharing,
+            units=units,
+            gpu_equivalents=held(shares),
+            node=nodes[0],
+            mig_profile=profile,
+            gpu_model=first.gpu_model,
+            gpu_memory_gb=spec.gpu_memory_gb,
+            partition=partition,
+            nodes=nodes,
         )
+        for node, gpus in taken.items():  # so that undo gives back exactly these
+            self._rank_gpus[(placement, node)] = gpus
+        return Fit(placement)
 
     # -- shared GPUs: FGD over a bounded candidate set ----------------------------------
 
@@ -857,13 +949,21 @@ class CapacityView:
     # -- helpers -------------------------------------------------------------------
 
     def _take_best(
-        self, spec, cluster, sharing, group: SlotGroup, able, units, profile, model, what, partition
+        self, spec, cluster, sharing, group: SlotGroup, able, units, profile, model, what, partition, limit=None
     ) -> Fit | NoFit:
         replicas = replicas_of(spec)
         need = units * replicas
         spoken_for = self._spoken_for(cluster, able) if model is None and self.pinned else frozenset()
+        # Cheap for a fleet that reports no topology: one flag per cluster and mode.
+        topology = replicas == 1 and (limit is not None or (units > 1 and group.topology and sharing in WHOLE))
+        if topology:
+            # The closest GPUs first, then best fit (broker.placement.topology_fit).
+            found = closest(group, able, units, spoken_for, limit)
+            if found is not None:
+                _key, position, gpus = found
+                return self._commit(spec, cluster, sharing, group, position, units, profile, 1, partition, gpus)
         best = None
-        for shape in able:
+        for shape in able if not topology else ():
             entry = shape.first_with(need, group.slots)
             if entry is None:
                 continue
@@ -892,8 +992,12 @@ class CapacityView:
             name for name, units in free.items() if self.pinned.get((cluster, canonical_model(name)), 0) >= units
         )
 
-    def _commit(self, spec, cluster, sharing, group: SlotGroup, position, units, profile, replicas, partition) -> Fit:
+    def _commit(
+        self, spec, cluster, sharing, group: SlotGroup, position, units, profile, replicas, partition, gpus=()
+    ) -> Fit:
         slot = group.slots[position]
+        # Whole GPUs whose free ones are known: the placement names those taken (one replica).
+        taken = take_gpus(slot, units * replicas, gpus) if slot.free_gpus is not None else ()
         group.set_free(position, slot.free - units * replicas)
         unit = slot.unit
         return Fit(
@@ -908,6 +1012,7 @@ class CapacityView:
                 gpu_memory_gb=spec.gpu_memory_gb,
                 replicas=replicas,
                 partition=partition,
+                gpus=taken if replicas == 1 else (),
             )
         )
 

@@ -123,6 +123,10 @@ class Capacity(Protocol):
         """Nodes of ``route`` that could ever hold a rank of ``spec``, with units free now."""
         ...
 
+    def gang_domains(self, spec: JobSpec, route: Route) -> dict[str, str] | None:
+        """For a gang that requires one network domain, each node's domain; else None."""
+        ...
+
 
 class CycleDecisions:
     """The decisions of one scheduling cycle, on ``capacity`` under ``policy``
@@ -218,6 +222,7 @@ class CycleDecisions:
                 job.spec.nodes,
                 self.capacity.gang_candidates(job.spec, first_route),
                 job.spec.priority,
+                self.capacity.gang_domains(job.spec, first_route) if job.spec.topology is not None else None,
             )
             if reservation is None:
                 book.drop(job.job_id)

@@ -204,14 +204,20 @@ class Reservations:
         nodes: int,
         candidates: Mapping[str, int],
         priority: int = 0,
+        domains: Mapping[str, str] | None = None,
     ) -> Reservation | None:
         """The reservation of gang ``job_id`` that waits for ``nodes`` nodes with ``need``
         units each on ``cluster``: its nodes kept, with ``start_by`` computed again, or new
         ones picked when it has waited ``after`` (None: it has none, and does not wait
         long enough yet). ``candidates``: the nodes that could ever hold one of its ranks,
         with their units free now; ``priority`` and ``waiting_since``: its place in the
-        queue (what its reservation holds back: :meth:`Reservation.holds_back`)."""
+        queue (what its reservation holds back: :meth:`Reservation.holds_back`).
+        ``domains``: for a gang that requires one network domain (``JobSpec.topology``), each
+        candidate's domain: the nodes held are all of one domain, the one whose nodes have
+        room soonest (none when no domain has enough candidates)."""
         held = self.held.get(job_id)
+        if domains is not None:
+            candidates = {node: free for node, free in candidates.items() if node in domains}
         if held is not None and held.cluster == cluster and all(n in candidates for n in held.nodes):
             rooms = [self._room_at(cluster, node, need, candidates[node]) for node in held.nodes]
             if all(at is not None for at in rooms):
@@ -231,6 +237,12 @@ class Reservations:
             for order, (node, free) in enumerate(candidates.items())
             if (cluster, node) not in taken and (at := self._room_at(cluster, node, need, free)) is not None
         )
+        if domains is not None:  # the one domain whose nodes have room soonest
+            by_domain: dict[str, list[tuple]] = defaultdict(list)
+            for pick in soonest:
+                by_domain[domains[pick[2]]].append(pick)
+            able = [members[:nodes] for members in by_domain.values() if len(members) >= nodes]
+            soonest = min(able, key=lambda members: (members[-1][0], members[0][1])) if able else []
         if len(soonest) < nodes:
             return None
         picks = soonest[:nodes]

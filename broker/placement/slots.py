@@ -24,6 +24,7 @@ from functools import cache
 
 from broker.core.adapter import CapacityUnit, Sharing
 from broker.core.gpus import gpu_model
+from broker.core.topology import levels_of
 from broker.placement.fgd import (
     MILLI,
     TOLERANCE_MILLI,
@@ -67,6 +68,9 @@ class Slot:
     # Time-slicing has no memory isolation: the GPU memory still unclaimed on the
     # unit's GPU (a per-GPU unit) or on its node (a per-node unit).
     memory_free_gb: float | None = None
+    # Whole GPUs: which device indexes are free, sorted (None: unknown); kept in step with
+    # ``free`` by the view (broker.placement.topology_fit.take_gpus, return_gpus).
+    free_gpus: tuple[int, ...] | None = None
 
 
 class Shape:
@@ -85,6 +89,7 @@ class Shape:
         "order",
         "free",
         "total",
+        "topology",
     )
 
     def __init__(self, unit: CapacityUnit, first: int, per_gpu: bool):
@@ -102,6 +107,9 @@ class Shape:
         self.order: list[tuple] = []
         self.free = 0
         self.total = 0
+        # Whether a unit of this shape says how its GPUs are grouped: only then does a
+        # multi-GPU fit look at the topology (broker.placement.topology_fit).
+        self.topology = False
 
     def first_with(self, need: int, slots: list[Slot], ok: Callable[[Slot], bool] | None = None) -> tuple | None:
         """The best-fit entry among slots with at least ``need`` free that pass ``ok``."""
@@ -182,6 +190,8 @@ class SlotGroup:
         "node_levels",
         "fragmentation",
         "able",
+        "levels",
+        "topology",
     )
 
     def __init__(self, slots: list[Slot], sharing: Sharing, workload: WorkloadDistribution | None):
@@ -239,6 +249,8 @@ class SlotGroup:
                     shape.order.append((slot.free, self.node_free[k], k))
             shape.free += slot.free
             shape.total += unit.capacity
+            if unit.gpu_topology is not None and unit.gpu_topology.known:
+                shape.topology = True
             self.by_node[unit.node].append(position)
             if unit.mig_profile:
                 self.offered[None][unit.mig_profile] = unit.unit_memory_gb
@@ -248,6 +260,9 @@ class SlotGroup:
         self.fragmentation = SharedFragmentation(workload) if shared else None
         # What a job's filters leave of the shapes, by the job's fields: shapes never change.
         self.able: dict[tuple, tuple] = {}
+        # The network levels its units' positions name, widest first (broker.core.topology).
+        self.levels = levels_of(slot.unit.topology for slot in slots)
+        self.topology = any(shape.topology for shape in self.shapes.values())  # a fit may look at it
 
     def shapes_of(self, model: str | None) -> list[Shape]:
         return self.by_model.get(model, [])

@@ -13,8 +13,9 @@ one that only has to wait for room is accepted and queued
   the limit, as Slurm and ``activeDeadlineSeconds`` do.
 - **GPUs named in a placement.** Under MPS and time-slicing a placement's ``gpus`` (one
   device index per replica, or one for all of them; only with a ``node``) pin each
-  replica to its GPU. Whole GPUs and MIG instances are counted per node, not per
-  device, so ``gpus`` is ignored there.
+  replica to its GPU. Whole GPUs are taken as named when they are all free when the job
+  starts, else as the node's topology picks them (:mod:`broker.simulation.pools`); MIG
+  instances are counted per node, not per device, so ``gpus`` is ignored there.
 """
 
 from __future__ import annotations

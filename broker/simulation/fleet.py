@@ -29,6 +29,19 @@ A fleet file::
           - {name: t4, nodes: 4, gpus_per_node: 4, model: T4, timeslice_replicas: 4}
           - {name: a100, nodes: 1, gpus_per_node: 8, model: A100-SXM4-40GB, mig: [3g.20gb, 2g.10gb, 1g.5gb, 1g.5gb]}
           - {name: h100, nodes: 1, gpus_per_node: 8, model: H100-SXM5-80GB}
+
+Topology (issue 35; optional, per Slurm node entry or Kubernetes pool): ``gpu_topology``
+groups each node's GPUs (``nvswitch``: one NVLink island of all, PCIe switches of two;
+``nvlink-pairs``: NVLink pairs, PCIe switches of four; ``pcie``: no NVLink, PCIe switches
+of four; a CPU socket per half), and the network level ``block`` places the nodes:
+``block: b1`` puts them all in block b1, ``blocks: 8`` spreads them in order over blocks
+b1 to b8 (entries that name the same blocks share them). The simulated cluster reports
+both on its units (``gpu_topology``, ``topology``) with the free GPUs of each node
+(``free_gpus``), and picks a job's GPUs as its placement names them, else as
+:func:`broker.core.topology.choose_gpus` would::
+
+          - {name: h100, nodes: 16, gpus_per_node: 8, model: H100-SXM5-80GB,
+             gpu_topology: nvswitch, blocks: 4}
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from broker.core.errors import InvalidRequest
 from broker.core.gpus import MODELS, GpuModel, gpu_model, mig_layout_problem
 from broker.core.spec_values import parse_memory_mib
+from broker.core.topology import GpuTopology, Position
 from broker.core.yamltext import excerpt, load_yaml
 
 _NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
@@ -67,7 +81,24 @@ class SlurmGpuConfig(_Strict):
     mps: bool = False
 
 
-class SlurmNodeConfig(_Strict):
+GpuTopologyKind = Literal["nvswitch", "nvlink-pairs", "pcie"]
+
+
+class _Placed(_Strict):
+    """Where a node entry's nodes sit (see the module docstring's Topology)."""
+
+    gpu_topology: GpuTopologyKind | None = None
+    block: Name | None = None
+    blocks: int | None = Field(None, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _one_block_rule(self) -> _Placed:
+        if self.block is not None and self.blocks is not None:
+            raise ValueError("give block (all nodes in one) or blocks (spread over N), not both")
+        return self
+
+
+class SlurmNodeConfig(_Placed):
     name: Name
     count: int = Field(1, ge=1, le=100_000)
     cpus: int | None = Field(None, ge=1)
@@ -75,7 +106,7 @@ class SlurmNodeConfig(_Strict):
     gpus: list[SlurmGpuConfig] = Field(min_length=1)
 
 
-class K8sPoolConfig(_Strict):
+class K8sPoolConfig(_Placed):
     """A node pool: ``nodes`` identical nodes of ``gpus_per_node`` GPUs of one model."""
 
     name: Name
@@ -138,6 +169,8 @@ class FleetNode:
     memory_mib: int | None = None
     pool: str | None = None  # the Kubernetes node pool
     labels: Mapping[str, str] = field(default_factory=dict)
+    gpu_topology: GpuTopology | None = None  # how its GPUs are grouped (None: not said)
+    position: Position = ()  # its network block, (("block", name),), or none
 
 
 @dataclass(frozen=True)
@@ -303,8 +336,12 @@ def _expand(name: str, config: ClusterConfig, source: str) -> FleetCluster:
                 mode = "mig" if entry.mig is not None else "mps" if entry.mps else "whole"
                 for _ in range(entry.count):
                     gpus.append(FleetGpu(len(gpus), model, mode, tuple(entry.mig or ())))
-            for node_name in _numbered(template.name, template.count):
-                nodes.append(FleetNode(node_name, tuple(gpus), template.cpus, template.memory))
+            topology = gpu_topology_of(template.gpu_topology, len(gpus))
+            for i, node_name in enumerate(_numbered(template.name, template.count)):
+                position = _position(template, i, template.count)
+                nodes.append(
+                    FleetNode(node_name, tuple(gpus), template.cpus, template.memory, None, {}, topology, position)
+                )
     else:
         for pool in config.pools or []:
             where = f"{source}: cluster {name}, pool {pool.name} ({pool.model})"
@@ -319,8 +356,10 @@ def _expand(name: str, config: ClusterConfig, source: str) -> FleetCluster:
             replicas = pool.timeslice_replicas or 1
             gpus = tuple(FleetGpu(i, model, mode, tuple(pool.mig or ()), replicas) for i in range(pool.gpus_per_node))
             labels = MappingProxyType(_feature_labels(model, mode, pool.gpus_per_node, replicas, pool.mig or []))
-            for node_name in _numbered(pool.name, pool.nodes):
-                nodes.append(FleetNode(node_name, gpus, pool.cpus, pool.memory, pool.name, labels))
+            topology = gpu_topology_of(pool.gpu_topology, pool.gpus_per_node)
+            for i, node_name in enumerate(_numbered(pool.name, pool.nodes)):
+                position = _position(pool, i, pool.nodes)
+                nodes.append(FleetNode(node_name, gpus, pool.cpus, pool.memory, pool.name, labels, topology, position))
     seen: set[str] = set()
     for node in nodes:
         if node.name in seen:
@@ -330,6 +369,32 @@ def _expand(name: str, config: ClusterConfig, source: str) -> FleetCluster:
             )
         seen.add(node.name)
     return FleetCluster(name, config.flavor, tuple(nodes))
+
+
+def _position(entry: _Placed, i: int, count: int) -> Position:
+    """The network position of the ``i``-th of ``count`` nodes of a node entry or pool."""
+    if entry.block is not None:
+        return (("block", entry.block),)
+    if entry.blocks is not None:
+        return (("block", f"b{i * entry.blocks // count + 1}"),)
+    return ()
+
+
+def gpu_topology_of(kind: str | None, gpus: int) -> GpuTopology | None:
+    """The GPU groups of a node of ``gpus`` GPUs of topology ``kind`` (the module
+    docstring's Topology); None without one."""
+    if kind is None:
+        return None
+    indexes = range(gpus)
+    half = max(gpus // 2, 1)
+    sockets = [range(0, half), range(half, gpus)]
+    if kind == "nvswitch":
+        links = [(i, i + 1) for i in range(gpus - 1)]
+        pcie = [range(i, min(i + 2, gpus)) for i in range(0, gpus, 2)]
+    else:
+        links = [(i, i + 1) for i in range(0, gpus - 1, 2)] if kind == "nvlink-pairs" else []
+        pcie = [range(i, min(i + 4, gpus)) for i in range(0, gpus, 4)]
+    return GpuTopology.from_links(indexes, links, pcie=pcie, socket=sockets, source="simulated")
 
 
 def _feature_labels(model: GpuModel, mode: str, gpus: int, replicas: int, mig: list[str]) -> dict[str, str]:

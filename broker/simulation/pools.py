@@ -12,6 +12,11 @@ decides when a job starts; this module decides where it fits and what it holds:
 - **Fencing.** A fenced pool (its node fenced) reports no room to its unit classes and
   fits no job, so nothing new starts there; the jobs it holds run on, and its inventory
   is unchanged.
+- **Whole GPUs by device.** A whole-GPU pool knows which of its GPUs are free: a job
+  takes those its placement names (``gpus``, when all are free), else the ones
+  :func:`broker.core.topology.choose_gpus` picks on its node's topology (as Slurm picks
+  by gres.conf ``Links=``, the device plugin by NVLink). Its inventory says which are
+  free (``free_gpus``), with the node's ``gpu_topology`` and network ``topology``.
 - **Inventory.** Whole GPUs and MIG instances: one unit per node and kind. MPS and
   time-slicing: one unit per physical GPU (``gpus=(index,)``, capacity 100 or the GPU's
   replicas), time-sliced ones with the memory their jobs asked (``memory_allocated_gb``).
@@ -30,6 +35,7 @@ from collections import deque
 
 from broker.core.adapter import BackendState, CapacityUnit, Placement, Rejected, Sharing
 from broker.core.gpus import GpuModel
+from broker.core.topology import choose_gpus
 from broker.simulation.fleet import FleetGpu, FleetNode
 
 DEFAULT_DURATION_S = 300
@@ -189,6 +195,10 @@ class Pool:
         "waiting_count",
         "slots",
         "_units",
+        "topology",
+        "position",
+        "free_gpus",
+        "taken",
     )
 
     def __init__(
@@ -218,6 +228,12 @@ class Pool:
         self.waiting_count = 0
         self.slots: list[tuple[UnitClass, int]] = []
         self._units: list[CapacityUnit] | None = None  # what inventory() reports, until it changes
+        self.topology = node.gpu_topology
+        self.position = node.position
+        # Whole GPUs: the free device indexes, and those each job holds here (by job id).
+        whole = sharing in (Sharing.SLURM_EXCLUSIVE, Sharing.K8S_EXCLUSIVE)
+        self.free_gpus: list[int] | None = list(gpus) if whole else None
+        self.taken: dict[int, tuple[int, ...]] = {}
 
     def set_fenced(self, reason: str | None) -> None:
         """Fence the pool's node (``reason``) or unfence it (None)."""
@@ -252,6 +268,8 @@ class Pool:
             "gpu_equivalent": equivalent,
             "gpu_memory_gb": float(model.memory_gb),
             "labels": self.labels if self.fenced is None else {**self.labels, "unavailable": f"fenced: {self.fenced}"},
+            "gpu_topology": self.topology,
+            "topology": self.position,
         }
         fenced = self.fenced is not None
         if self.gpu_room is not None:
@@ -275,6 +293,7 @@ class Pool:
                     mig_profile=self.profile,
                     gpus=self.gpus,
                     in_mig_mode=sharing in MIG_SHARINGS,
+                    free_gpus=None if self.free_gpus is None else () if fenced else tuple(self.free_gpus),
                 )
             ]
         return self._units
@@ -333,6 +352,8 @@ class Pool:
         """Allocate ``job``'s units; returns the GPU positions whose memory it over-committed."""
         self._units = None
         self.free -= job.need
+        if self.free_gpus is not None:
+            self._take_gpus(job)
         room = self.gpu_room
         if room is None:
             return []
@@ -354,6 +375,24 @@ class Pool:
         job.holdings = tuple(held.items())
         return self._charge_memory(job)
 
+    def _take_gpus(self, job: SimJob) -> None:
+        """The whole GPUs ``job`` holds here: those its placement names when all are free
+        on this node, else choose_gpus's on the node's topology."""
+        free = self.free_gpus
+        named = job.placement.gpus
+        if job.placement.node == self.node and len(named) == job.need and set(named) <= set(free):
+            chosen = tuple(named)
+        else:
+            chosen = choose_gpus(self.topology, free, min(job.need, len(free))) or ()
+        gone = set(chosen)
+        self.free_gpus = [g for g in free if g not in gone]
+        self.taken[job.job_id] = chosen
+
+    def _give_gpus(self, job: SimJob) -> None:
+        back = self.taken.pop(job.job_id, ())
+        if back:
+            self.free_gpus = sorted({*self.free_gpus, *back})
+
     def _charge_memory(self, job: SimJob) -> list[int]:
         if self.gpu_memory is None:
             return []
@@ -365,9 +404,12 @@ class Pool:
         return over
 
     def restore(self, job: SimJob) -> None:
-        """Re-take a running job's recorded allocation (after a reload)."""
+        """Re-take a running job's recorded allocation (after a reload); whole GPUs as
+        :meth:`take` picks them (the state file does not keep which)."""
         self._units = None
         self.free -= job.need
+        if self.free_gpus is not None:
+            self._take_gpus(job)
         if self.gpu_room is not None:
             for pos, units in job.holdings:
                 self.gpu_room[pos] -= units
@@ -376,6 +418,8 @@ class Pool:
     def release(self, job: SimJob) -> None:
         self._units = None
         self.free += job.need
+        if self.free_gpus is not None:
+            self._give_gpus(job)
         if self.gpu_room is not None:
             for pos, units in job.holdings:
                 self.gpu_room[pos] += units

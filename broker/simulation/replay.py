@@ -43,6 +43,7 @@ from broker.placement.decision import CycleDecisions, Placed
 from broker.placement.fairshare import FairShare
 from broker.placement.preemption import Blocked, Planner, Running, Terms, Waiting
 from broker.placement.reservation import Reservation, Reservations, expected_end, running_ends
+from broker.placement.topology_fit import strip_topology
 from broker.routing.policy import Policy
 from broker.simulation.cluster import SimulatedCluster
 from broker.simulation.fleet import Fleet
@@ -91,8 +92,10 @@ class _FleetReplay(ReplayLoop):
         progress: Callable[[int], None] | None = None,
         preemption: Terms | None = None,
         reservations: bool = True,
+        topology: bool = True,
     ):
         self.whole = whole
+        self.topology = topology
         self.preemption = preemption
         self.preempted: set[int] = set()  # seqs stopped by a preemption (their end is not a finish)
         self.reclaims: list[datetime] = []  # when fair-share reclaims happened (the hourly budget)
@@ -312,6 +315,8 @@ class _FleetReplay(ReplayLoop):
             if p.sharing is Sharing.K8S_TIMESLICE and p.node and p.gpu_memory_gb:
                 memory[(p.cluster, p.node)] += p.gpu_memory_gb * p.units * p.replicas
         inventory = {name: sim.inventory() for name, sim in self.sims.items()}
+        if not self.topology:
+            inventory = {name: strip_topology(units) for name, units in inventory.items()}
         return CapacityView.build(inventory, not_started, memory)
 
     def _collect(self) -> None:
@@ -421,6 +426,7 @@ def replay(
     progress: Callable[[int], None] | None = None,
     preemption: Terms | None = None,
     reservations: bool = True,
+    topology: bool = True,
 ) -> ReplayResult:
     """Replay ``workload`` on simulated clusters of ``fleet`` under ``policy``
     (``whole_gpus``: the same on whole GPUs only; see the module docstring), with the
@@ -436,7 +442,10 @@ def replay(
     is called now and then with the number of jobs arrived so far. ``preemption``: the terms
     under which waiting jobs preempt the workload's ``preemptible`` jobs (None: never).
     ``reservations``: multi-node jobs get reservations as the policy says (its
-    ``scheduling`` section; False: never, to measure what they change)."""
+    ``scheduling`` section; False: never, to measure what they change). ``topology``:
+    False strips the topology fields from the clusters' units before placement sees them
+    (:func:`broker.placement.topology_fit.strip_topology`), to measure what topology-aware
+    placement changes; the simulated clusters still pick GPUs on their nodes' topology."""
     began = time.perf_counter()
     loop = _FleetReplay(
         fleet,
@@ -451,6 +460,7 @@ def replay(
         progress,
         preemption,
         reservations,
+        topology,
     )
     timeline, jobs = loop.run()
     notes = [

@@ -126,26 +126,25 @@ def _where(placement: dict | None) -> tuple:
     )
 
 
-def run_replay(workload: Workload) -> list[tuple[float, dict[int, tuple]]]:
+def run_replay(workload: Workload, fleet_yaml: str = FLEET) -> list[tuple[float, dict[int, tuple]]]:
     steps: list[tuple[float, dict[int, tuple]]] = []
 
     def observe(t: float, records: list[JobRecord]) -> None:
         steps.append((t, _snapshot((r.job_id, _replay_view(r)) for r in records if r.arrival <= t)))
 
-    replay(
-        load_fleet(FLEET, "fleet"), load_policy(POLICY), workload.arrivals, tenants=workload.tenants, observe=observe
-    )
+    fleet = load_fleet(fleet_yaml, "fleet")
+    replay(fleet, load_policy(POLICY), workload.arrivals, tenants=workload.tenants, observe=observe)
     return steps
 
 
-def run_live(engine, sessions, workload: Workload) -> list[tuple[float, dict[int, tuple]]]:
+def run_live(engine, sessions, workload: Workload, fleet_yaml: str = FLEET) -> list[tuple[float, dict[int, tuple]]]:
     clock = SettableClock(T0)
-    fleet = load_fleet(FLEET, "fleet")
+    fleet = load_fleet(fleet_yaml, "fleet")
     sims = [SimulatedCluster.from_fleet(fleet, name, clock=clock) for name in CLUSTERS]
     pool = AdapterPool(clock, overrides={sim.name: sim for sim in sims})
     with sessions() as session, session.begin():
         for name in CLUSTERS:
-            add_cluster(session, name=name, kind="sim", config={"fleet_yaml": FLEET}, actor="root", now=clock())
+            add_cluster(session, name=name, kind="sim", config={"fleet_yaml": fleet_yaml}, actor="root", now=clock())
         for name, terms in workload.tenants.items():
             tenant_store.set_tenant(
                 session, name, weight=terms.weight, gpu_quota=terms.gpu_quota, clear_quota=False, now=clock()
@@ -245,6 +244,40 @@ def test_workloads_with_gang_reservations_decide_alike_live_and_in_simulation(en
     # Gangs that waited past the policy's default (10 minutes) had nodes reserved, saying so.
     seen = [view for _, jobs in live for view in jobs.values()]
     assert any(kind == "waiting" and "; reserved " in (why or "") for kind, why in seen)
+
+
+# The demo fleet with topology (issue 35): four whole-GPU Slurm nodes of NVLink pairs in two
+# blocks, and the Kubernetes H100 node on an NVSwitch.
+TOPOLOGY_FLEET = FLEET.replace(
+    "        count: 2\n        cpus: 128",
+    "        count: 4\n        gpu_topology: nvlink-pairs\n        blocks: 2\n        cpus: 128",
+).replace("model: H100-SXM5-80GB}", "model: H100-SXM5-80GB, gpu_topology: nvswitch}")
+
+
+def topology_workload(seed: int) -> str:
+    """The random mix with gangs, some of them requiring one block, and 2-GPU jobs some of
+    which require one NVLink island."""
+    data = yaml.safe_load(random_workload(seed, 80, with_gangs=True))
+    for n, job in enumerate(data["jobs"]):
+        if job.get("nodes") and n % 10 == 0:
+            job["topology"] = {"level": "block", "mode": "required"}
+        elif job.get("gpus") == 2 and n % 2 == 0:
+            job["topology"] = {"level": "nvlink", "mode": "required"}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@pytest.mark.parametrize("seed", [7, 9])
+def test_workloads_on_a_fleet_with_topology_decide_alike_live_and_in_simulation(engine, sessions, seed) -> None:
+    assert "blocks: 2" in TOPOLOGY_FLEET and "gpu_topology: nvswitch" in TOPOLOGY_FLEET
+    workload = read_workload(topology_workload(seed), f"topology-{seed}.yaml")
+    live = run_live(engine, sessions, workload, TOPOLOGY_FLEET)
+    assert_same_steps(live, run_replay(workload, TOPOLOGY_FLEET))
+    # The decision named GPUs (known free on every whole-GPU node) and placed gangs.
+    seen = [view for _, jobs in live for view in jobs.values()]
+    assert any(kind == "placed" and dict(where).get("gpus") for kind, where in seen)
+    assert any(kind == "placed" and len(dict(where).get("nodes") or ()) == 2 for kind, where in seen)
+    # Jobs that required one island waited saying so.
+    assert any(kind == "waiting" and "GPUs in one NVLink island on slurm-a" in (why or "") for kind, why in seen)
 
 
 def test_a_difference_is_caught() -> None:
