@@ -136,6 +136,17 @@ def styled_state(state: str) -> str:
     return f"[{style}]{state}[/]" if style else state
 
 
+def gpu_ranges(group: list[int]) -> str:
+    """``0-3`` for 0,1,2,3; ``0,2`` for 0,2; ``0-1,4`` for 0,1,4."""
+    parts: list[str] = []
+    for i in sorted(group):
+        if parts and parts[-1][1] == i - 1:
+            parts[-1][1] = i
+        else:
+            parts.append([i, i])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
+
+
 def where(placement: dict[str, Any] | None, *, short: bool = False) -> str:
     """A placement in a few words: "slurm-a mig 1g.5gb mig-01" (``short``: "slurm-a/mig-01 1g.5gb")."""
     if not placement:
@@ -166,6 +177,8 @@ def where(placement: dict[str, Any] | None, *, short: bool = False) -> str:
         parts.append(",".join(placement["nodes"]))
     elif placement.get("node"):
         parts.append(placement["node"])
+        if placement.get("gpus"):  # the GPUs gpush chose there (one NVLink island where one fits)
+            parts.append(f"GPU{'s' * (len(set(placement['gpus'])) > 1)} {gpu_ranges(sorted(set(placement['gpus'])))}")
     return " ".join(parts)
 
 
@@ -292,6 +305,7 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
         ("GPUs", escape(job.gpu_request or "-")),
         *_nodes_rows(job.gang),
         *_tasks_rows(job.gang, spec),
+        *_topology_rows(spec),
         (
             "CPUs / memory",
             f"{spec.get('cpus', 1)} / {spec.get('memory') or 'cluster default'}"
@@ -311,6 +325,15 @@ def job_detail(job: Any, *, output: str | None = None) -> Table:
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def _topology_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """How close the job asked its GPUs or nodes to be (``--topology``), when it asked."""
+    ask = spec.get("topology")
+    if not ask:
+        return []
+    how = "wait for one" if ask.get("mode") == "required" else "the fewest possible"
+    return [("Topology", f"{escape(ask['level'])}, {ask.get('mode', 'preferred')} ({how} {escape(ask['level'])})")]
 
 
 def _nodes_rows(gang: Any) -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from broker.cli.console import Col, eq_text, fitted_table
+from broker.cli.console import Col, eq_text, fitted_table, gpu_ranges
 
 
 def inventory_clusters_table(inventory: dict[str, Any], *, width: int = 80) -> Table:
@@ -147,17 +147,6 @@ def finding_text(f: dict[str, Any]) -> str:
 
 
 # -- topology (gpush inventory --topology) ------------------------------------------------
-
-
-def gpu_ranges(group: list[int]) -> str:
-    """``0-3`` for 0,1,2,3; ``0,2`` for 0,2; ``0-1,4`` for 0,1,4."""
-    parts: list[str] = []
-    for i in sorted(group):
-        if parts and parts[-1][1] == i - 1:
-            parts[-1][1] = i
-        else:
-            parts.append([i, i])
-    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
 
 
 def _groups_text(groups: list[list[int]]) -> str:

@@ -51,6 +51,13 @@ if TYPE_CHECKING:  # imported where used: `gpush --help` need not load pydantic 
     "launcher (torchrun) how many to start.",
 )
 @click.option(
+    "--topology",
+    metavar="LEVEL[:required]",
+    help="Keep the GPUs (nvlink, pcie, socket) or the nodes (block, rack, switch: the cluster's levels, "
+    "`gpush inventory --topology`) within one domain of LEVEL: preferred (the fewest domains possible now), "
+    "or with :required wait until one domain has room.",
+)
+@click.option(
     "--gpu-memory-gb",
     "gpu_memory_gb",
     type=float,
@@ -131,12 +138,25 @@ def submit_command(
         }
     if command:
         fields["command"] = list(command)
+    if fields.get("topology") is not None:
+        fields["topology"] = topology_ask(fields["topology"])
     file_text = read_job_file(file, lambda: sys.stdin.read()) if file else None
     out = output(json_mode)
     memory = fields.get("memory")
     if memory is not None and memory.strip().isdigit():
         out.note(f"gpush: --memory {memory.strip()} is {memory.strip()} MB (a bare number is megabytes, as in sbatch)")
     return submit(settings.client(), out, file=file, file_text=file_text, fields=fields)
+
+
+def topology_ask(text: str) -> dict[str, str]:
+    """``block`` or ``block:preferred`` -> {level: block, mode: preferred}; ``block:required``."""
+    level, _, mode = text.strip().partition(":")
+    if mode and mode not in ("required", "preferred"):
+        raise InvalidRequest(
+            f"--topology {text}: after the level comes :required or :preferred, not :{mode} "
+            "(such as --topology block:required)"
+        )
+    return {"level": level, "mode": mode or "preferred"}
 
 
 def submit(client: GpushClient, out: Output, *, file: str | None, file_text: str | None, fields: dict[str, Any]) -> int:
