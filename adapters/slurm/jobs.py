@@ -78,6 +78,9 @@ class Submissions:
             node_addresses={n.name: n.address for n in self.ctx.nodes()}
             if placement.gang or spec.tasks_per_node > 1
             else None,
+            closeness=self.ctx.network().sbatch_closeness(placement.nodes, self.ctx.version_info())
+            if placement.gang
+            else None,
         )
         self.logs.make_log_dir(identity.user)
         try:

@@ -172,6 +172,11 @@ class RecordedSlurm:
     def finished(self, since: datetime | None) -> list[FinishedRecord]:
         return read_jobcomp(self.jobcomp, since) if self.jobcomp else []
 
+    topology_text = ""  # what scontrol show topology prints (tests set one)
+
+    def network_topology(self) -> str:
+        return self.topology_text
+
 
 def recorded_2205(**kwargs: Any) -> RecordedSlurm:
     return RecordedSlurm(jobs_of(V2205 / "squeue.json"), nodes_of(V2205 / "sinfo.json"), **kwargs)
