@@ -2,7 +2,8 @@
 squeue and sinfo answers, read at most once within ``cache_seconds`` (sinfo's never older
 than squeue's: :meth:`SlurmContext.nodes`); gpush's jobs found
 among Slurm's by their tag; what this process knows of the jobs it submitted; the Slurm
-user jobs run as; and the GPU model behind a GRES type.
+user jobs run as; the GPU model behind a GRES type; and the topology, read rarely (the
+network every ``topology_seconds``, gres.conf when it changes, Slurm's version once).
 
 **Whose job a tagged record is** (:meth:`SlurmContext.gpush_id`). Any Slurm user may name a
 job ``gpush-<id>`` or comment it ``gpush:job-<id>``, with any output path. A record is taken
