@@ -584,7 +584,7 @@ class RestBackend:
                 body["time_limit"] = job.time_limit_minutes
         else:
             if job.gres:
-                body["tres_per_node"] = _tres(job.gres)
+                body["tres_per_job" if job.gpus_per_job else "tres_per_node"] = _tres(job.gres)
             body["environment"] = [f"{k}={v}" for k, v in job.environment.items()]
             if job.memory_mb:
                 body["memory_per_node"] = {"set": True, "number": job.memory_mb}

@@ -218,7 +218,8 @@ class SlurmJob:
             reason=str(raw.get("state_reason") or "None"),
             nodes=str(raw.get("nodes") or ""),
             partition=str(raw.get("partition") or ""),
-            tres_per_node=tuple(parse_gres(raw.get("tres_per_node"))),
+            # A job that asked --gpus (gpush: one node, adapters.slurm.render) has it per job.
+            tres_per_node=tuple(parse_gres(raw.get("tres_per_node") or raw.get("tres_per_job"))),
             gres_detail=tuple(str(g) for g in raw.get("gres_detail") or ()),
             exit_code=exit_code(exit_raw),
             submit_time=timestamp(raw.get("submit_time")),
@@ -322,6 +323,9 @@ class Submission:
     # leaf switches (topology/tree), or its nodes in segments of this many (topology/block).
     switches: int | None = None
     segment: int | None = None
+    # Whole GPUs asked for the job (--gpus=<type>:<n>) rather than per node (--gres): Slurm
+    # 24.11 and 26.05 pick a node's GPUs by gres.conf Links= only then (measured); one node only.
+    gpus_per_job: bool = False
 
     def sbatch_args(self) -> list[str]:
         """sbatch options as argv (no shell ever sees them); the script goes on stdin."""
@@ -329,7 +333,8 @@ class Submission:
             "--parsable",
             f"--job-name={self.name}",
             f"--comment={self.comment}",
-            *([f"--gres={self.gres}"] if self.gres else []),
+            *([f"--gres={self.gres}"] if self.gres and not self.gpus_per_job else []),
+            *([f"--gpus={self.gres.removeprefix('gpu:')}"] if self.gres and self.gpus_per_job else []),
             f"--cpus-per-task={self.cpus_per_task}",
             f"--chdir={self.workdir}",
             f"--output={self.output}",

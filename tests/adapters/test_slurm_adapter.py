@@ -1339,7 +1339,7 @@ class RecordedRestd:
             job = json.loads(request.content)["job"]
             if job.get("hold") and (self.folder / "rest_submit_held_200.json").exists():
                 return httpx.Response(200, json=answer(self.folder / "rest_submit_held_200.json"))
-            asked = parse_gres(job.get("gres") or job.get("tres_per_node"))[0]
+            asked = parse_gres(job.get("gres") or job.get("tres_per_node") or job.get("tres_per_job"))[0]
             if (asked.name, asked.type) not in self.gres:
                 status, body = recorded_answer(self.folder, "rest_submit_refused")
                 return httpx.Response(status, json=body)

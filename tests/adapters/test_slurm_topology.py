@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.slurm.records import Gres, held_indexes
+from adapters.slurm.records import Gres, SlurmJob, held_indexes
 from adapters.slurm.render import render
 from adapters.slurm.topology import GresGpu, Network, gpu_topology, parse_topology, read_gres_conf
 from broker.core.adapter import Placement, Sharing
@@ -179,3 +179,35 @@ def test_rest_sends_switches_and_segment_where_the_api_has_them():
 def test_gpus_of_mig_lines_are_not_whole_gpus():
     gpus = [GresGpu(0, "1g.5gb", (), frozenset(), mig=True), GresGpu(1, "a100", (-1,), frozenset())]
     assert gpu_topology(gpus) == GpuTopology(nvlink=((1,),), source="gres.conf")
+
+
+@pytest.mark.parametrize(("release", "asked"), [("22.05.8", "--gres=gpu:h100:2"), ("24.11.5", "--gpus=h100:2")])
+def test_several_gpus_on_a_node_with_islands_are_asked_so_that_slurm_follows_links(tmp_path, release, asked):
+    slurm, conf = nvl_cluster(tmp_path)
+    slurm.release = release
+    gpush = adapter(slurm, gres_conf=str(conf))
+    on = Placement("slurm-a", Sharing.SLURM_EXCLUSIVE, 2, 2.0, node="nvl01", gpu_model="H100-SXM5-80GB")
+    gpush.submit(50, spec(isolation="exclusive"), on)
+    gpush.submit(51, spec(isolation="exclusive"), replace(on, units=1, gpu_equivalents=1.0))
+    two, one = (s.sbatch_args() for s in slurm.submitted)
+    assert asked in two and not ({"--gres=gpu:h100:2", "--gpus=h100:2"} - {asked}) & set(two)
+    assert "--gres=gpu:h100:1" in one  # one GPU: nothing to keep together
+
+
+def test_a_node_without_islands_keeps_the_per_node_request_on_24_11(tmp_path):
+    slurm, conf = nvl_cluster(tmp_path)
+    slurm.release = "24.11.5"
+    gpush = adapter(slurm, gres_conf=str(conf))
+    gpush.submit(52, spec(isolation="exclusive"), Placement("slurm-a", Sharing.SLURM_EXCLUSIVE, 2, 2.0, node="gpu01"))
+    assert "--gres=gpu:a100:2" in slurm.submitted[0].sbatch_args()
+
+
+def test_rest_asks_gpus_per_job_and_squeue_reads_them_back_as_the_jobs_request():
+    one = Placement("slurm-a", Sharing.SLURM_EXCLUSIVE, 2, 2.0, node="gpu01")
+    job = render(7, spec(), one, tag="gpush", gres_type="a100", gpus_per_job=True)
+    restd = RecordedRestd(V2411)
+    rest(restd).submit(job)
+    sent = json.loads(restd.requests[-1].content)["job"]
+    assert sent["tres_per_job"] == "gres/gpu:a100=2" and "tres_per_node" not in sent
+    listed = SlurmJob.of({"job_id": 9, "tres_per_node": "", "tres_per_job": "gres/gpu:h100:2"})
+    assert listed.tres_per_node == (Gres("gpu", "h100", 2),)
