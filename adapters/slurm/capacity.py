@@ -15,6 +15,7 @@ from adapters.slurm.restarts import RestartRecovery, phantom_words
 from adapters.slurm.topology import GresGpu, free_indexes, gpu_topology
 from broker.core.adapter import AdapterError, CapacityUnit, Health, Sharing
 from broker.core.gpus import GpuModel
+from broker.core.topology import Position
 
 
 class Capacity:
@@ -55,7 +56,7 @@ class Capacity:
         return units
 
     def _node_units(
-        self, node: SlurmNode, mps_used: int, position: tuple = (), layout: Sequence[GresGpu] = ()
+        self, node: SlurmNode, mps_used: int, position: Position = (), layout: Sequence[GresGpu] = ()
     ) -> list[CapacityUnit]:
         used = {(g.name, g.type): g.count for g in node.gres_used}
         unavailable = node.unavailable
