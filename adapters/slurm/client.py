@@ -25,7 +25,7 @@ have left squeue. What callers may assume:
 Production brokers use REST (one central broker, a JWT from ``scontrol token`` or the
 site's issuer); the CLI backend suits a broker on a login node.
 
-One module of about 760 lines, over the project's 600, on purpose: it is everything gpush
+One module of about 770 lines, over the project's 600, on purpose: it is everything gpush
 sends to Slurm (each command line, as which user; each HTTP call, with which token; the
 site's ``mig_reload`` command aside, adapters.slurm.mig_publish), kept in the one file
 DEVELOPERS.md names for an audit, and its two backends keep one contract (the same
