@@ -145,15 +145,22 @@ _MOUNTED_HERE: set[str] = set()  # suites whose chroot this session mounted
 
 
 def own_cluster(
-    prefix: str, ports: dict[str, str], what: str, *, accounting: bool = False, whole_nodes: int = 1
+    prefix: str,
+    ports: dict[str, str],
+    what: str,
+    *,
+    accounting: bool = False,
+    whole_nodes: int = 1,
+    topology: str | None = None,
 ) -> Iterator[SlurmTestCluster]:
     """A host Slurm test cluster of a test module's own (a fixture's body): its own ``ports``
     and files, for tests that drain nodes or rewrite its config; started fresh, stopped and
     deleted after (kept with GPUSH_KEEP_SLURM_STATE=1, to read its logs). ``accounting``:
-    with slurmdbd; ``whole_nodes``: its nodes of two whole A100s (two for multi-node jobs)."""
+    with slurmdbd; ``whole_nodes``: its nodes of two whole A100s (two for multi-node jobs);
+    ``topology``: ``tree`` or ``block``, a topology.conf and the NVLink node nvl01 (start.sh)."""
     state = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        cluster = start(state, fresh=True, env=ports, accounting=accounting, whole_nodes=whole_nodes)
+        cluster = start(state, fresh=True, env=ports, accounting=accounting, whole_nodes=whole_nodes, topology=topology)
     except SlurmClusterError as exc:
         pytest.fail(f"the Slurm test cluster {what} did not start in {state}:\n{exc}", pytrace=False)
     try:
@@ -168,9 +175,12 @@ def chroot_cluster(
     *,
     accounting: bool,
     whole_nodes: int = 1,
+    topology: str | None = None,
+    ports: dict[str, str] | None = None,
 ) -> Iterator[SlurmTestCluster]:
     """A test cluster on ``suite``'s Slurm (a fixture's body): started fresh, stopped after.
-    ``whole_nodes``: its nodes of two whole A100s (two for multi-node jobs)."""
+    ``whole_nodes``: its nodes of two whole A100s (two for multi-node jobs); ``topology`` as
+    :func:`own_cluster`'s; ``ports``: other than the suite's own (SUITE_PORTS)."""
     if suite not in SUITE_PORTS:
         pytest.fail(f"no ports set for Debian suite {suite!r} (integration/slurm_fixtures.py SUITE_PORTS)")
     for user in SITE_USERS:
@@ -185,10 +195,11 @@ def chroot_cluster(
         cluster = start(
             state,
             fresh=True,
-            env=SUITE_PORTS[suite],
+            env=ports or SUITE_PORTS[suite],
             accounting=accounting,
             chroot=chroots[suite],
             whole_nodes=whole_nodes,
+            topology=topology,
         )
     except SlurmClusterError as exc:
         pytest.fail(f"the Slurm test cluster on Debian {suite}'s Slurm did not start:\n{exc}", pytrace=False)

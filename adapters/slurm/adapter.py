@@ -23,7 +23,10 @@ caller may assume beyond the protocol's own guarantees:
   being held for good. The GPU model of a GRES type comes from the cluster's
   ``gpu_types`` (``a100=A100-SXM4-80GB``), else from the type's name when gpush knows
   it (``a100``, ``h100``), else, for MIG types, from the first model offering the
-  profile.
+  profile. Topology (adapters.slurm.topology): each unit's network position (topology/tree
+  switches or topology/block blocks, from ``scontrol show topology``), and for whole GPUs
+  the node's NVLink islands and sockets (gres.conf ``Links=``/``Cores=``, the ``gres_conf``
+  setting) and which are free (``GresUsed``'s ``IDX``); None or empty where not known.
 - **Statuses** (:meth:`SlurmAdapter.statuses`, adapters.slurm.status): the cursor is
   Slurm's own time of the last change seen, so clocks of broker and controller need
   not agree. A page holds every pending job (with its reason in the user's terms,

@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from adapters.slurm.context import SlurmContext
-from adapters.slurm.records import MIG_TYPE, Gres, SlurmJob, SlurmNode
+from adapters.slurm.records import MIG_TYPE, Gres, SlurmJob, SlurmNode, held_indexes
 from adapters.slurm.restarts import RestartRecovery, phantom_words
+from adapters.slurm.topology import GresGpu, free_indexes, gpu_topology
 from broker.core.adapter import AdapterError, CapacityUnit, Health, Sharing
 from broker.core.gpus import GpuModel
+from broker.core.topology import Position
 
 
 class Capacity:
@@ -42,12 +44,20 @@ class Capacity:
     def inventory(self) -> list[CapacityUnit]:
         nodes = self.ctx.nodes()
         mps_used = mps_in_use(self.ctx.jobs())
+        network = self.ctx.network()
+        layout = self.ctx.gres_layout()
         units: list[CapacityUnit] = []
         for node in nodes:
-            units.extend(self._node_units(node, mps_used.get(node.name, 0)))
+            units.extend(
+                self._node_units(
+                    node, mps_used.get(node.name, 0), network.position(node.name), layout.get(node.name, [])
+                )
+            )
         return units
 
-    def _node_units(self, node: SlurmNode, mps_used: int) -> list[CapacityUnit]:
+    def _node_units(
+        self, node: SlurmNode, mps_used: int, position: Position = (), layout: Sequence[GresGpu] = ()
+    ) -> list[CapacityUnit]:
         used = {(g.name, g.type): g.count for g in node.gres_used}
         unavailable = node.unavailable
         labels = {"state": "+".join(s.lower() for s in node.states), "partitions": ",".join(node.partitions)}
@@ -69,6 +79,7 @@ class Capacity:
                 allocated=allocated,
                 gpu_memory_gb=float(model.memory_gb) if model else None,
                 labels={**labels, "gres": gres.spec()} | ({"unavailable": unavailable} if unavailable else {}),
+                topology=position,
                 **fields,
             )
 
@@ -121,9 +132,26 @@ class Capacity:
                     allocated=taken,
                     unit_memory_gb=float(model.memory_gb) if model else 0.0,
                     gpu_equivalent=1.0,
+                    free_gpus=None if mps else _free_gpus(node, gres, gpus, layout),
+                    gpu_topology=gpu_topology(layout, node.cores_per_socket),
                 )
             )
         return units
+
+
+def _free_gpus(node: SlurmNode, gres: Gres, gpus: Sequence[Gres], layout: Sequence[GresGpu]) -> tuple[int, ...] | None:
+    """Which of the node's GPUs of ``gres``'s type are free: Slurm's indexes of that type
+    (gres.conf's, else 0..n-1 when it is the node's one GPU GRES) less those GresUsed holds
+    (IDX). None when either is not known."""
+    if node.unavailable:
+        return ()
+    indexes = [g.index for g in layout if g.type == gres.type and not g.mig]
+    if not indexes and len(gpus) == 1:
+        indexes = list(range(gres.count))
+    held = held_indexes(node.gres_used_text, "gpu", gres.type)
+    if not indexes or len(indexes) != gres.count or held is None:
+        return None
+    return free_indexes(held, indexes)
 
 
 def mps_in_use(jobs: Sequence[SlurmJob]) -> dict[str, int]:

@@ -25,7 +25,7 @@ have left squeue. What callers may assume:
 Production brokers use REST (one central broker, a JWT from ``scontrol token`` or the
 site's issuer); the CLI backend suits a broker on a login node.
 
-One module of about 720 lines, over the project's 600, on purpose: it is everything gpush
+One module of about 770 lines, over the project's 600, on purpose: it is everything gpush
 sends to Slurm (each command line, as which user; each HTTP call, with which token; the
 site's ``mig_reload`` command aside, adapters.slurm.mig_publish), kept in the one file
 DEVELOPERS.md names for an audit, and its two backends keep one contract (the same
@@ -115,6 +115,7 @@ class SlurmClient(Protocol):
     def finished(self, since: datetime | None) -> list[FinishedRecord]: ...
     def drain(self, node: str, reason: str) -> None: ...
     def resume(self, node: str) -> None: ...
+    def network_topology(self) -> str: ...
 
 
 def _outage(message: str, numbers: tuple[int, ...] = ()) -> bool:
@@ -261,6 +262,18 @@ class CliBackend:
         return [SlurmNode.of(raw) for raw in data.get("nodes", [])]
 
     @_read_retry
+    def network_topology(self) -> str:
+        """``scontrol show topology``'s text (adapters.slurm.topology reads it); empty when
+        the cluster has no topology plugin."""
+        done = self._run("scontrol", "show", "topology")
+        if done.returncode != 0:
+            message = _last_line(done.stderr) or f"exit {done.returncode}"
+            if _outage(message):
+                raise Unreachable(f"scontrol show topology: {message}")
+            return ""  # "No topology information available" and the like
+        return done.stdout
+
+    @_read_retry
     def cancel(self, job_id: str) -> None:
         done = self._run("scancel", job_id)
         if done.returncode != 0 and "Invalid job id" not in done.stderr and "already completing" not in done.stderr:
@@ -395,8 +408,12 @@ class RestBackend:
         transport: httpx.BaseTransport | None = None,
         jwt_key_file: str | None = None,
         token_lifetime: int = 600,
+        scontrol: CliBackend | None = None,
     ):
         self.user = user
+        # slurmrestd has no topology endpoint (22.05's v0.0.38 to 26.05's v0.0.45): the
+        # network is read with scontrol where the broker has it (CLI settings), else unknown.
+        self.scontrol = scontrol
         # Tokens for the users jobs run as, minted with the site's key; without a key a
         # job runs as its user by proxy: the service token names the user in its header.
         self._minted = TokenCache(jwt_key_file, token_lifetime) if jwt_key_file else None
@@ -567,7 +584,7 @@ class RestBackend:
                 body["time_limit"] = job.time_limit_minutes
         else:
             if job.gres:
-                body["tres_per_node"] = _tres(job.gres)
+                body["tres_per_job" if job.gpus_per_job else "tres_per_node"] = _tres(job.gres)
             body["environment"] = [f"{k}={v}" for k, v in job.environment.items()]
             if job.memory_mb:
                 body["memory_per_node"] = {"set": True, "number": job.memory_mb}
@@ -578,6 +595,12 @@ class RestBackend:
             # or 2), v0.0.40 on takes "nodes" as a count range string.
             body["nodes"] = str(job.nodes)
             body["tasks_per_node"] = job.tasks_per_node
+        if job.switches and not legacy:
+            # v0.0.38 refuses "required_switches" ("Disabled key") and knows no other name for
+            # it: a gang there runs on its --nodelist alone, which holds the same nodes.
+            body["required_switches"] = job.switches
+        if job.segment:
+            body["segment_size"] = job.segment  # v0.0.41 on (Slurm 24.11 on)
         if job.nodelist:
             # sbatch's -w: v0.0.38 refuses "required_nodes" ("Disabled key") and takes
             # "nodelist"; v0.0.39 on take "required_nodes", a list of names.
@@ -658,6 +681,9 @@ class RestBackend:
             return read_jobcomp(Path(self.jobcomp_file), since)
         return []
 
+    def network_topology(self) -> str:
+        return self.scontrol.network_topology() if self.scontrol is not None else ""
+
 
 class UserRefused(Unreachable):
     """slurmrestd did not accept the identity of the user a job runs as."""
@@ -717,6 +743,14 @@ def _last_line(text: str) -> str:
 def make_client(config: Mapping[str, Any]) -> SlurmClient:
     """The backend a cluster's config asks for: ``rest_url`` → REST, else the command line."""
     timeout = float(config.get("timeout", 30))
+    cli = CliBackend(
+        slurm_conf=config.get("slurm_conf"),
+        bin_dir=config.get("bin_dir"),
+        jobcomp_file=config.get("jobcomp_file"),
+        timeout=timeout,
+        command_prefix=shlex.split(config.get("command_prefix") or ""),
+        switch_user=config.get("switch_user"),
+    )
     if config.get("rest_url") or config.get("rest_socket"):
         return RestBackend(
             url=str(config.get("rest_url") or "http://localhost"),
@@ -730,12 +764,6 @@ def make_client(config: Mapping[str, Any]) -> SlurmClient:
             timeout=timeout,
             jwt_key_file=config.get("jwt_key_file"),
             token_lifetime=int(config.get("token_lifetime") or 600),
+            scontrol=cli,
         )
-    return CliBackend(
-        slurm_conf=config.get("slurm_conf"),
-        bin_dir=config.get("bin_dir"),
-        jobcomp_file=config.get("jobcomp_file"),
-        timeout=timeout,
-        command_prefix=shlex.split(config.get("command_prefix") or ""),
-        switch_user=config.get("switch_user"),
-    )
+    return cli

@@ -2,7 +2,8 @@
 squeue and sinfo answers, read at most once within ``cache_seconds`` (sinfo's never older
 than squeue's: :meth:`SlurmContext.nodes`); gpush's jobs found
 among Slurm's by their tag; what this process knows of the jobs it submitted; the Slurm
-user jobs run as; and the GPU model behind a GRES type.
+user jobs run as; the GPU model behind a GRES type; and the topology, read rarely (the
+network every ``topology_seconds``, gres.conf when it changes, Slurm's version once).
 
 **Whose job a tagged record is** (:meth:`SlurmContext.gpush_id`). Any Slurm user may name a
 job ``gpush-<id>`` or comment it ``gpush:job-<id>``, with any output path. A record is taken
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import re
 import threading
 import time
 from collections import defaultdict
@@ -34,7 +36,8 @@ from adapters.slurm.identity import runs_jobs_as
 from adapters.slurm.records import MIG_TYPE, FinishedRecord, SlurmJob, SlurmNode
 from adapters.slurm.render import job_id_of
 from adapters.slurm.settings import SlurmSettings
-from broker.core.adapter import Rejected
+from adapters.slurm.topology import GresGpu, Network, parse_topology, read_gres_conf
+from broker.core.adapter import AdapterError, Rejected
 from broker.core.gpus import MODELS, GpuModel, gpu_model
 
 _log = logging.getLogger(__name__)
@@ -58,6 +61,10 @@ class SlurmContext:
         self.active: set[int] = set()  # gpush ids not yet final at the last status read
         self._listing: tuple[float, list[SlurmJob]] | None = None
         self._node_listing: tuple[float, list[SlurmNode]] | None = None
+        self._network: tuple[float, Network] | None = None
+        self._gres_conf: tuple[tuple[str, float, int], dict[str, list[GresGpu]]] | None = None
+        self._version: tuple[int, int] | None = None
+        self._topology_said: set[str] = set()  # why topology could not be read, each said once
 
     # -- reads, shared within cache_seconds ---------------------------------------------
 
@@ -89,6 +96,55 @@ class SlurmContext:
         """The nodes changed (drained, resumed, reconfigured): the next read asks Slurm."""
         with self.lock:
             self._node_listing = None
+
+    # -- topology (adapters.slurm.topology): read rarely, it changes rarely ------------------
+
+    def network(self) -> Network:
+        """The network (``scontrol show topology``), kept ``topology_seconds``; an empty one
+        when it cannot be read (said once in the log): placement then knows no domains."""
+        with self.lock:
+            now = time.monotonic()
+            if self._network is None or now - self._network[0] > self.settings.topology_seconds:
+                read = getattr(self.client, "network_topology", None)  # a client of before topology: none
+                try:
+                    network = parse_topology(read() if read else "")
+                except AdapterError as exc:
+                    self._say_once(f"cannot read the network topology (scontrol show topology): {exc}")
+                    network = self._network[1] if self._network else Network()
+                self._network = (now, network)
+            return self._network[1]
+
+    def gres_layout(self) -> dict[str, list[GresGpu]]:
+        """Each node's GPUs as the cluster's gres.conf lists them (``gres_conf``, else
+        ``mig_gres_conf``), re-read when the file changes; {} without one."""
+        path = self.settings.gres_conf or self.settings.mig_gres_conf
+        if not path:
+            return {}
+        try:
+            stat = os.stat(path)
+            key = (path, stat.st_mtime, stat.st_size)
+            with self.lock:
+                if self._gres_conf is None or self._gres_conf[0] != key:
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        self._gres_conf = (key, read_gres_conf(f.read()))
+                return self._gres_conf[1]
+        except OSError as exc:
+            self._say_once(f"cannot read gres.conf {path} for the GPUs' Links= and Cores=: {exc}")
+            return {}
+
+    def version_info(self) -> tuple[int, int]:
+        """Slurm's (major, minor), (0, 0) when it does not say."""
+        if self._version is None:
+            numbers = re.findall(r"\d+", self.client.version())
+            self._version = (int(numbers[0]), int(numbers[1])) if len(numbers) >= 2 else (0, 0)
+        return self._version
+
+    def _say_once(self, why: str) -> None:
+        with self.lock:
+            if why in self._topology_said:
+                return
+            self._topology_said.add(why)
+        _log.warning("%s: %s", self.name, why)
 
     def node(self, node: str, fresh: bool = False) -> SlurmNode:
         found = next((n for n in self.nodes(fresh) if n.name == node), None)

@@ -16,6 +16,7 @@ from adapters.slurm.records import MIG_TYPE
 from adapters.slurm.render import render
 from adapters.slurm.restarts import RestartRecovery
 from adapters.slurm.states import JobStates
+from adapters.slurm.topology import gpu_topology
 from broker.core.adapter import (
     PREEMPT_SIGNALS,
     AdapterError,
@@ -78,6 +79,10 @@ class Submissions:
             node_addresses={n.name: n.address for n in self.ctx.nodes()}
             if placement.gang or spec.tasks_per_node > 1
             else None,
+            closeness=self.ctx.network().sbatch_closeness(placement.nodes, self.ctx.version_info())
+            if placement.gang
+            else None,
+            gpus_per_job=self._gpus_by_links(placement),
         )
         self.logs.make_log_dir(identity.user)
         try:
@@ -141,6 +146,15 @@ class Submissions:
             if self.ctx.gpush_id(record) == job_id:
                 return self.states.finished(job_id, record)
         return None
+
+    def _gpus_by_links(self, placement: Placement) -> bool:
+        """Whether to ask for the job's GPUs with --gpus, so that Slurm 24.11 on picks
+        them by the node's Links= (adapters.slurm.render)."""
+        if placement.sharing != Sharing.SLURM_EXCLUSIVE or placement.gang or placement.units < 2:
+            return False
+        layout = self.ctx.gres_layout().get(placement.node or "", [])
+        topology = gpu_topology(layout)
+        return bool(topology and topology.islands()) and self.ctx.version_info() >= (24, 11)
 
     def _gres_type(self, placement: Placement) -> str | None:
         """The GRES type to ask for whole GPUs of the placement's model (on its node first)."""

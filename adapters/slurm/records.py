@@ -61,6 +61,28 @@ def parse_gres(text: Any) -> list[Gres]:
     return out
 
 
+def held_indexes(text: Any, name: str, gres_type: str | None) -> set[int] | None:
+    """The device indexes GresUsed says are in use for ``name:gres_type``
+    (``gpu:h100:3(IDX:0,2-3)`` -> {0, 2, 3}; ``(IDX:N/A)`` -> none); None when it names
+    that GRES without indexes, or not at all."""
+    if isinstance(text, list):
+        text = ",".join(str(t) for t in text)
+    for item in _split_outside_parens(str(text or "")):
+        match = _GRES_ITEM.match(item.strip())
+        if match is None or match["name"] != name or (match["type"] or None) != gres_type:
+            continue
+        found = re.search(r"IDX:([^)]*)", match["extra"] or "")
+        if found is None:
+            return None
+        held: set[int] = set()
+        for part in found[1].split(","):
+            low, _, high = part.partition("-")
+            if low.isdigit() and (not high or high.isdigit()):
+                held.update(range(int(low), int(high or low) + 1))
+        return held
+    return None
+
+
 def _split_outside_parens(text: str) -> list[str]:
     """Split on commas that are not inside parentheses (``IDX:0,2`` stays whole)."""
     parts, depth, start = [], 0, 0
@@ -196,7 +218,8 @@ class SlurmJob:
             reason=str(raw.get("state_reason") or "None"),
             nodes=str(raw.get("nodes") or ""),
             partition=str(raw.get("partition") or ""),
-            tres_per_node=tuple(parse_gres(raw.get("tres_per_node"))),
+            # A job that asked --gpus (gpush: one node, adapters.slurm.render) has it per job.
+            tres_per_node=tuple(parse_gres(raw.get("tres_per_node") or raw.get("tres_per_job"))),
             gres_detail=tuple(str(g) for g in raw.get("gres_detail") or ()),
             exit_code=exit_code(exit_raw),
             submit_time=timestamp(raw.get("submit_time")),
@@ -234,6 +257,9 @@ class SlurmNode:
     reason: str = ""
     # NodeAddr: where Slurm reaches the node (a multi-node job's rank 0 is reached there too)
     address: str = ""
+    sockets: int = 0
+    cores_per_socket: int = 0
+    gres_used_text: str = ""  # GresUsed as Slurm spells it, device indexes (IDX) included
 
     @property
     def unavailable(self) -> str | None:
@@ -257,6 +283,9 @@ class SlurmNode:
             memory_mb=number(raw.get("real_memory")) or 0,
             reason=str(raw.get("reason") or ""),
             address=str(raw.get("address") or ""),
+            sockets=number(raw.get("sockets")) or 0,
+            cores_per_socket=number(raw.get("cores")) or 0,
+            gres_used_text=str(raw.get("gres_used") or ""),
         )
 
 
@@ -290,6 +319,13 @@ class Submission:
     nodes: int = 1
     tasks_per_node: int = 1
     nodelist: tuple[str, ...] = ()
+    # Keep a gang as close as gpush placed it (adapters.slurm.topology): at most this many
+    # leaf switches (topology/tree), or its nodes in segments of this many (topology/block).
+    switches: int | None = None
+    segment: int | None = None
+    # Whole GPUs asked for the job (--gpus=<type>:<n>) rather than per node (--gres): Slurm
+    # 24.11 and 26.05 pick a node's GPUs by gres.conf Links= only then (measured); one node only.
+    gpus_per_job: bool = False
 
     def sbatch_args(self) -> list[str]:
         """sbatch options as argv (no shell ever sees them); the script goes on stdin."""
@@ -297,7 +333,8 @@ class Submission:
             "--parsable",
             f"--job-name={self.name}",
             f"--comment={self.comment}",
-            *([f"--gres={self.gres}"] if self.gres else []),
+            *([f"--gres={self.gres}"] if self.gres and not self.gpus_per_job else []),
+            *([f"--gpus={self.gres.removeprefix('gpu:')}"] if self.gres and self.gpus_per_job else []),
             f"--cpus-per-task={self.cpus_per_task}",
             f"--chdir={self.workdir}",
             f"--output={self.output}",
@@ -315,6 +352,10 @@ class Submission:
             args += [f"--nodes={self.nodes}", f"--ntasks-per-node={self.tasks_per_node}"]
         if self.nodelist:
             args.append(f"--nodelist={','.join(self.nodelist)}")
+        if self.switches:
+            args.append(f"--switches={self.switches}")
+        if self.segment:
+            args.append(f"--segment={self.segment}")
         if self.memory_mb:
             args.append(f"--mem={self.memory_mb}M")
         if self.time_limit_minutes:

@@ -28,7 +28,15 @@ What callers may assume:
 - **Where it runs**: ``--nodelist`` names the nodes gpush placed the job on, a one-node
   job's one node too, so that Slurm and gpush agree: left to choose, Slurm put 19 of 45
   one-node jobs on other nodes than gpush's (integration/bench/gangs_slurm.py), nodes
-  gpush had reserved for a gang among them.
+  gpush had reserved for a gang among them. A gang gpush placed under one leaf switch
+  (topology/tree) also gets ``--switches=1``, one in one block (topology/block, Slurm 24.11
+  on) ``--segment=<its nodes>``, so that Slurm holds it to that domain too; a gang across
+  domains gets neither (adapters.slurm.topology).
+- **Its GPUs on a node**: Slurm picks them. On 24.11 and later a one-node job of several
+  whole GPUs on a node whose gres.conf has NVLink islands asks ``--gpus=<type>:<n>``
+  rather than ``--gres``: those versions place a per-node ``--gres`` request on the lowest
+  free indexes and follow ``Links=`` only for ``--gpus`` (measured on 24.11 and 26.05);
+  22.05 follows ``Links=`` for ``--gres`` too.
 - **Multi-node jobs** (:func:`launch_environment`): a gang is one batch job with
   ``--nodes=N --ntasks-per-node=T --nodelist=<gpush's nodes>``, the GRES, ``--mem`` and
   CPUs per node (``cpus`` split over the node's tasks), and its command run through
@@ -257,8 +265,13 @@ def render(
     log_dir: str = "gpush-logs",
     user: str | None = None,
     node_addresses: Mapping[str, str] | None = None,
+    closeness: Mapping[str, int] | None = None,
+    gpus_per_job: bool = False,
 ) -> Submission:
-    """``node_addresses``: NodeAddr of the placement's nodes, for a multi-node job's rendezvous."""
+    """``node_addresses``: NodeAddr of the placement's nodes, for a multi-node job's rendezvous;
+    ``closeness``: ``{"switches": 1}`` or ``{"segment": n}`` for a gang gpush placed in one leaf
+    switch or block (adapters.slurm.topology.Network.sbatch_closeness), only with several nodes;
+    ``gpus_per_job``: ask a one-node job's whole GPUs with ``--gpus`` (see Submission)."""
     if not spec.command:
         raise Rejected("Slurm runs a command: the job has none (give `command`, or `--` and the command)")
     if placement.replicas > 1:
@@ -310,4 +323,7 @@ def render(
         nodes=nodes,
         tasks_per_node=tasks,
         nodelist=placement.nodes or ((placement.node,) if placement.node else ()),
+        switches=(closeness or {}).get("switches") if nodes > 1 else None,
+        segment=(closeness or {}).get("segment") if nodes > 1 else None,
+        gpus_per_job=gpus_per_job and nodes == 1 and placement.sharing == Sharing.SLURM_EXCLUSIVE,
     )

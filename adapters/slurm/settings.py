@@ -81,6 +81,15 @@ class SlurmSettings(BaseModel):
         "unfinished cannot have ended normally, so slurmctld lost it (a crash) and it runs again",
     )
     cache_seconds: float = Field(1.0, ge=0)
+    # Topology (adapters.slurm.topology): read, never written.
+    gres_conf: str | None = Field(
+        None,
+        description="the gres.conf the broker reads each node's GPU Links= (NVLink islands) and Cores= (sockets) "
+        "from, re-read when it changes (default: mig_gres_conf; unset both: GPU topology unknown)",
+    )
+    topology_seconds: float = Field(
+        300.0, ge=0, description="how long the network read from scontrol show topology is kept before read again"
+    )
     # MIG layouts gpush changes (adapters.slurm.mig): where Slurm reads them, how it re-reads.
     mig_gres_conf: str | None = Field(
         None,
@@ -100,7 +109,7 @@ class SlurmSettings(BaseModel):
         "Slurm 23.11; before, a script of the site's that restarts slurmctld and the node's slurmd",
     )
 
-    @field_validator("mig_gres_conf", "mig_slurm_conf")
+    @field_validator("mig_gres_conf", "mig_slurm_conf", "gres_conf")
     @classmethod
     def _a_path(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None and not value.strip():

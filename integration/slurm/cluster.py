@@ -354,6 +354,7 @@ def start(
     accounting: bool = False,
     chroot: Path | None = None,
     whole_nodes: int = 1,
+    topology: str | None = None,
 ) -> SlurmTestCluster:
     """Start (or restart) the cluster in ``state`` and return it once it is usable.
 
@@ -367,7 +368,8 @@ def start(
     on the machine's MariaDB, associations enforced). Raises :class:`SlurmClusterError` with the daemons'
     log tails when the cluster does not come up; start.sh then leaves nothing running.
     ``whole_nodes``: how many nodes of two whole A100s (gpu01, gpu02, ...): two for
-    multi-node jobs.
+    multi-node jobs. ``topology``: ``tree`` or ``block`` (24.11 on), a topology.conf and the
+    node nvl01 of four H100s in two NVLink pairs (start.sh --topology).
     """
     if test := os.environ.get(NOT_A_SLURM_TEST):
         raise SlurmClusterError(
@@ -391,6 +393,7 @@ def start(
         *(["--fresh"] if fresh else []),
         *(["--accounting"] if accounting else []),
         *([f"--whole-nodes={whole_nodes}"] if whole_nodes != 1 else []),
+        *([f"--topology={topology}"] if topology else []),
         env=env,
         chroot=chroot,
     )

@@ -6,6 +6,8 @@
 #   mps01  one A100 shared through MPS: gpu:a100:1 + mps:100
 #   gpu01  two whole A100s: gpu:a100:2
 #   gpu02  (with --whole-nodes=2) two more whole A100s, for multi-node jobs
+#   nvl01  (with --topology) four H100s in two NVLink pairs, GPUs 0+2 and 1+3 (gres.conf
+#          Links=; no Cores=, so that Slurm picks GPUs by Links= alone), two sockets
 #
 # Partitions: gpu (default, every node), mig, mps, exclusive (the whole-GPU nodes: gpu01,
 # and gpu02 .. with --whole-nodes).
@@ -13,7 +15,7 @@
 # on 127.0.0.1 and a unix socket; with --accounting also slurmdbd on MariaDB. No
 # systemd, no cgroups.
 #
-# Usage: start.sh STATE [--fresh] [--accounting] [--whole-nodes=N]
+# Usage: start.sh STATE [--fresh] [--accounting] [--whole-nodes=N] [--topology=tree|block]
 #   --fresh       forget the jobs and node state of an earlier run in STATE (job ids
 #                 restart at 1; with --accounting the accounting database too);
 #                 without it a restart keeps them, as a real cluster does.
@@ -29,6 +31,11 @@
 #                 gpu partition: a multi-node job of whole GPUs needs two. One by
 #                 default, so that the suites' jobs that wait for, or preempt, the
 #                 whole GPUs find them on gpu01 alone.
+#   --topology=tree|block  the network in topology.conf, and the node nvl01: tree
+#                 (TopologyPlugin=topology/tree): switch leaf1 over the whole-GPU nodes
+#                 and nvl01, leaf2 over mig01 and mps01, spine over both; block (24.11
+#                 on, topology/block): block b1 of the whole-GPU nodes and nvl01, b2 of
+#                 mig01 and mps01.
 # Ports (TCP, 127.0.0.1): GPUSH_SLURMCTLD_PORT (6817), GPUSH_SLURMD_PORT (6821; the
 # nodes take it, +1, +2, and one more per extra whole-GPU node), GPUSH_SLURMRESTD_PORT (6820). A second cluster on the
 # same machine needs another STATE and other ports.
@@ -42,13 +49,14 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 started=$(date +%s%N)
 
-usage() { echo "usage: $0 STATE [--fresh] [--accounting] [--whole-nodes=N]" >&2; exit 2; }
-STATE="" FRESH=0 ACCOUNTING=0 WHOLE_NODES=1
+usage() { echo "usage: $0 STATE [--fresh] [--accounting] [--whole-nodes=N] [--topology=tree|block]" >&2; exit 2; }
+STATE="" FRESH=0 ACCOUNTING=0 WHOLE_NODES=1 TOPOLOGY=""
 for arg in "$@"; do
     case $arg in
         --fresh) FRESH=1 ;;
         --accounting) ACCOUNTING=1 ;;
         --whole-nodes=[1-9]) WHOLE_NODES=${arg#--whole-nodes=} ;;
+        --topology=tree | --topology=block) TOPOLOGY=${arg#--topology=} ;;
         -*) usage ;;
         *) [ -z "$STATE" ] || usage; STATE=$arg ;;
     esac
@@ -66,6 +74,9 @@ DBD_PORT=${GPUSH_SLURMDBD_PORT:-6819}
 WHOLE=()
 for ((i = 1; i <= WHOLE_NODES; i++)); do WHOLE+=("gpu$(printf %02d "$i")"); done
 NODES=(mig01 mps01 "${WHOLE[@]}")
+NVLINK=()
+[ -z "$TOPOLOGY" ] || NVLINK=(nvl01)
+NODES+=("${NVLINK[@]}")
 ETC=$STATE/etc RUN=$STATE/run LOG=$STATE/log DEV=$STATE/dev
 CONF=$ETC/slurm.conf
 MUNGE_SOCKET=$STATE/munge/munge.socket.2
@@ -155,6 +166,7 @@ devfile "$DEV/mig01/nvidia0" 195 0
 devfile "$DEV/mig01/nvidia1" 195 1
 devfile "$DEV/mps01/nvidia0" 195 0
 for n in "${WHOLE[@]}"; do devfile "$DEV/$n/nvidia0" 195 0; devfile "$DEV/$n/nvidia1" 195 1; done
+for n in "${NVLINK[@]}"; do for i in 0 1 2 3; do devfile "$DEV/$n/nvidia$i" 195 "$i"; done; done
 # A MIG instance is reached through its access capability file, one File= per
 # instance. The driver numbers them (mig-minors) as 3 + 135 * gpu + 9 * instance.
 # A layout an A100-40GB really accepts: GPU 0 as seven 1g.5gb (GPU instances 7..13),
@@ -185,9 +197,9 @@ if [ ! -s "$ETC/jwt_hs256.key" ]; then
 fi
 
 # --- configuration
-node_line() { # name slurmd-port-offset gres
+node_line() { # name slurmd-port-offset gres [cpu layout]
     echo "NodeName=$1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((NODE_PORT + $2))" \
-        "CPUs=16 RealMemory=64000 Gres=$3 State=UNKNOWN"
+        "${4:-CPUs=16} RealMemory=64000 Gres=$3 State=UNKNOWN"
 }
 # --- accounting (--accounting): slurmdbd and its MariaDB database, one per cluster
 # port so that several test clusters can share the server. The database user's
@@ -248,6 +260,23 @@ JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30"
 fi
 
+# --- the network (--topology): topology.conf beside slurm.conf, which names the plugin
+TOPOLOGY_CONF=""
+rm -f "$ETC/topology.conf"
+if [ -n "$TOPOLOGY" ]; then
+    GROUP1=$(IFS=,; echo "${WHOLE[*]},${NVLINK[*]}")
+    if [ "$TOPOLOGY" = tree ]; then
+        printf '%s\n' "# Written by integration/slurm/start.sh (--topology=tree)." \
+            "SwitchName=leaf1 Nodes=$GROUP1" "SwitchName=leaf2 Nodes=mig01,mps01" \
+            "SwitchName=spine Switches=leaf1,leaf2" >"$ETC/topology.conf"
+    else
+        ((VERSION_NUM >= 2411)) || die "--topology=block needs Slurm 24.11 or later (this is $SLURM_VERSION)"
+        printf '%s\n' "# Written by integration/slurm/start.sh (--topology=block)." \
+            "BlockName=b1 Nodes=$GROUP1" "BlockName=b2 Nodes=mig01,mps01" "BlockSizes=2" >"$ETC/topology.conf"
+    fi
+    TOPOLOGY_CONF="TopologyPlugin=topology/$TOPOLOGY"
+fi
+
 # Options whose default is "none" (accounting storage, job accounting, switch, task
 # and MPI plugins) are left out on purpose: newer Slurm builds dropped several
 # */none plugin files, and the defaults mean the same in every version.
@@ -301,6 +330,8 @@ $ACCOUNTING_CONF
 $(node_line mig01 0 gpu:1g.5gb:7,gpu:3g.20gb:2)
 $(node_line mps01 1 gpu:a100:1,mps:100)
 $(for ((i = 0; i < WHOLE_NODES; i++)); do node_line "${WHOLE[i]}" $((2 + i)) gpu:a100:2; done)
+$(for n in "${NVLINK[@]}"; do node_line "$n" $((2 + WHOLE_NODES)) gpu:h100:4 "Sockets=2 CoresPerSocket=8 ThreadsPerCore=1"; done)
+$TOPOLOGY_CONF
 PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
 PartitionName=mig Nodes=mig01 MaxTime=INFINITE State=UP
 PartitionName=mps Nodes=mps01 MaxTime=INFINITE State=UP
@@ -315,6 +346,13 @@ NodeName=mig01 Name=gpu Type=3g.20gb File=$MIG_3G_20GB
 NodeName=mps01 Name=gpu Type=a100 File=$DEV/mps01/nvidia0
 NodeName=mps01 Name=mps Count=100 File=$DEV/mps01/nvidia0
 $(for n in "${WHOLE[@]}"; do echo "NodeName=$n Name=gpu Type=a100 File=$DEV/$n/nvidia0,$DEV/$n/nvidia1"; done)
+$(for n in "${NVLINK[@]}"; do
+    # one line per GPU: Links= counts the NVLinks to each GPU of the node (-1: itself)
+    echo "NodeName=$n Name=gpu Type=h100 File=$DEV/$n/nvidia0 Links=-1,0,2,0"
+    echo "NodeName=$n Name=gpu Type=h100 File=$DEV/$n/nvidia1 Links=0,-1,0,2"
+    echo "NodeName=$n Name=gpu Type=h100 File=$DEV/$n/nvidia2 Links=2,0,-1,0"
+    echo "NodeName=$n Name=gpu Type=h100 File=$DEV/$n/nvidia3 Links=0,2,0,-1"
+done)
 EOF
 
 # No cgroup-based plugin is configured, but slurmd of 24.x initialises the cgroup

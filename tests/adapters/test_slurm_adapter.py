@@ -172,6 +172,11 @@ class RecordedSlurm:
     def finished(self, since: datetime | None) -> list[FinishedRecord]:
         return read_jobcomp(self.jobcomp, since) if self.jobcomp else []
 
+    topology_text = ""  # what scontrol show topology prints (tests set one)
+
+    def network_topology(self) -> str:
+        return self.topology_text
+
 
 def recorded_2205(**kwargs: Any) -> RecordedSlurm:
     return RecordedSlurm(jobs_of(V2205 / "squeue.json"), nodes_of(V2205 / "sinfo.json"), **kwargs)
@@ -1334,7 +1339,7 @@ class RecordedRestd:
             job = json.loads(request.content)["job"]
             if job.get("hold") and (self.folder / "rest_submit_held_200.json").exists():
                 return httpx.Response(200, json=answer(self.folder / "rest_submit_held_200.json"))
-            asked = parse_gres(job.get("gres") or job.get("tres_per_node"))[0]
+            asked = parse_gres(job.get("gres") or job.get("tres_per_node") or job.get("tres_per_job"))[0]
             if (asked.name, asked.type) not in self.gres:
                 status, body = recorded_answer(self.folder, "rest_submit_refused")
                 return httpx.Response(status, json=body)
