@@ -1,5 +1,9 @@
 """`gpush inventory --topology` at a terminal's width: domains, islands, where each was read."""
 
+import re
+from pathlib import Path
+
+import pytest
 from rich.console import Console
 
 from broker.cli.inventory_tables import gpu_ranges, topology_notes, topology_tables
@@ -73,3 +77,69 @@ def test_each_node_shows_its_domain_islands_and_source_at_80_columns():
 def test_the_notes_count_idle_nodes_per_block():
     notes = topology_notes(INVENTORY)
     assert notes == ["slurm-a block (none): 1 node, 1 idle; b1: 1 node, 1 idle; b2: 1 node, 0 idle"]
+
+
+# -- end to end, on the topology demo fleet (simulated, embedded broker) -----------------
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = """rules:
+  - {name: training, match: {kind: training}, route: {cluster: slurm-a, sharing: slurm/exclusive}}
+  - {name: rest, match: {}, route: {cluster: k8s-a, sharing: k8s/exclusive}}
+"""
+
+
+@pytest.fixture
+def topology_fleet(gpush, tmp_path):
+    fleet = ROOT / "examples" / "fleet-topology.yaml"
+    for name in ("slurm-a", "k8s-a"):
+        assert gpush("cluster", "add", name, "--kind", "sim", "--fleet", fleet, "--speed", 600).code == 0
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    assert gpush("policy", "apply", policy, "-m", "test").code == 0
+
+    def submit(*args) -> int:
+        result = gpush("submit", "-k", "training", "-l", "sim-duration=86400", *args, "--", "./train.sh")
+        assert result.code == 0, result.err
+        return int(result.out)
+
+    return submit
+
+
+def test_a_gang_asking_for_one_block_gets_one_and_the_inventory_shows_blocks_and_islands(
+    gpush, topology_fleet, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "80")
+    gang = topology_fleet("-N", "3", "-G", "8", "--topology", "block:required")
+    too_big = topology_fleet("-N", "5", "-G", "8", "--topology", "block:required")
+    pair = topology_fleet("-G", "2")
+    assert gpush("scheduler", "run", "--cycles", 2, "--interval", 0.1).code == 0
+
+    status = gpush("status", gang).out
+    nodes = re.search(r"Where\s+slurm-a exclusive x8 (\S+)", status).group(1).split(",")
+    assert len(nodes) == 3 and len({n.startswith("pcie-b") for n in nodes}) == 1  # all in b1 or all in b2
+    assert re.search(r"Topology\s+block, required \(wait for one block\)", status)
+
+    held = gpush("status", too_big).out
+    assert "needs 5 nodes with 8 A100-SXM4-80GBs in one block; the most in one block of slurm-a" in " ".join(
+        held.split()
+    )
+    # The pair goes on one NVLink island of a node the gang left whole, named in its placement.
+    where = re.search(r"Where\s+(.*)", gpush("status", pair).out).group(1)
+    assert re.fullmatch(r"slurm-a exclusive x2 \S+ GPUs (0-1|2-3|4-5|6-7)", where.strip()), where
+
+    inventory = gpush("inventory", "--topology")
+    assert inventory.code == 0
+    lines = inventory.out.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert "slurm-a: network levels block (widest first)" in lines
+    row = next(line for line in lines if line.split()[1:2] == ["pcie-01"])
+    assert row.split()[:6] == ["b1", "pcie-01", "0-1", "2-3", "4-5", "6-7"]
+    assert any(line.startswith("slurm-a block b1: 4 nodes") for line in lines)
+
+
+@pytest.mark.parametrize("bad", ["block:maybe", "", "a b", "block:required:x"])
+def test_a_bad_topology_ask_is_refused_and_stores_nothing(gpush, topology_fleet, bad):
+    result = gpush("submit", "-k", "training", "--topology", bad, "--", "x")
+    assert result.code == 2, (result.out, result.err)
+    assert "topology" in result.err
+    assert gpush("list", "-o", "name").out.strip() == ""
