@@ -73,3 +73,16 @@ def test_each_node_shows_its_domain_islands_and_source_at_80_columns():
 def test_the_notes_count_idle_nodes_per_block():
     notes = topology_notes(INVENTORY)
     assert notes == ["slurm-a block (none): 1 node, 1 idle; b1: 1 node, 1 idle; b2: 1 node, 0 idle"]
+
+
+def test_gpush_status_says_the_topology_ask_in_words():
+    from broker.cli.console import _topology_rows
+
+    def said(level, mode):
+        return _topology_rows({"topology": {"level": level, "mode": mode}})[0][1]
+
+    assert said("nvlink", "required") == "nvlink, required (waits until one NVLink island has room)"
+    assert said("pcie", "preferred") == "pcie, preferred (as few PCIe switches as possible)"
+    assert said("block", "preferred") == "block, preferred (as few block domains as possible)"
+    assert said("rack", "required") == "rack, required (waits until one rack domain has room)"
+    assert _topology_rows({"topology": None}) == []
