@@ -332,8 +332,13 @@ def _topology_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
     ask = spec.get("topology")
     if not ask:
         return []
-    how = "wait for one" if ask.get("mode") == "required" else "the fewest possible"
-    return [("Topology", f"{escape(ask['level'])}, {ask.get('mode', 'preferred')} ({how} {escape(ask['level'])})")]
+    from broker.core.topology import GPU_LEVEL_WORDS
+
+    level, mode = ask["level"], ask.get("mode", "preferred")
+    one = GPU_LEVEL_WORDS.get(level, f"{level} domain")
+    many = one + ("es" if one.endswith("h") else "s")
+    how = f"waits until one {one} has room" if mode == "required" else f"as few {many} as possible"
+    return [("Topology", escape(f"{level}, {mode} ({how})"))]
 
 
 def _nodes_rows(gang: Any) -> list[tuple[str, str]]:

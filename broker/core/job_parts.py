@@ -4,9 +4,10 @@ job is told of a preemption, how close its GPUs or nodes must be (the spec itsel
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from broker.core.spec_values import MAX_GRACE_SECONDS, not_a_bool, parse_grace, short_text
 
@@ -65,6 +66,19 @@ class Checkpoint(BaseModel):
     )
 
 
+def topology_text(value: Any) -> Any:
+    """``block:required`` or ``nvlink`` (as the CLI's --topology writes it) as {level, mode}."""
+    if value is None or isinstance(value, (dict, TopologyAsk)):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("give LEVEL[:required], such as block:required, or {level: block, mode: required}")
+    level, _, mode = value.strip().partition(":")
+    return {"level": level, "mode": mode or "preferred"}
+
+
+_LEVEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+
 class TopologyAsk(BaseModel):
     """How close a job's GPUs or nodes must be (broker.core.topology): ``level`` names a
     level inside a node (``nvlink``, ``pcie``, ``socket``) or one of its cluster's network
@@ -75,6 +89,17 @@ class TopologyAsk(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     level: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="nvlink, pcie, socket, or a network level"
+        json_schema_extra={"pattern": _LEVEL_PATTERN}, description="nvlink, pcie, socket, or a network level"
     )
     mode: Literal["required", "preferred"] = Field("preferred", description="required | preferred")
+
+    @field_validator("level")
+    @classmethod
+    def _a_level_name(cls, level: str) -> str:
+        if not re.match(_LEVEL_PATTERN, level):
+            raise ValueError(
+                "name a level: nvlink, pcie or socket (inside a node), or one of the cluster's network levels "
+                "such as block or rack (`gpush inventory --topology` lists them); letters, digits, '_', '.' "
+                "and '-', at most 63"
+            )
+        return level

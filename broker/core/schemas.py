@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, ValidationError
 
-from broker.core.job_parts import Checkpoint, Elastic, TopologyAsk, checkpoint_text
+from broker.core.job_parts import Checkpoint, Elastic, TopologyAsk, checkpoint_text, topology_text
 from broker.core.job_shape import GangOut
 from broker.core.names import Isolation, JobState, Kind
 from broker.core.spec_values import (
@@ -176,8 +176,10 @@ class JobSpec(BaseModel):
         description="nodes of a multi-node job (sbatch -N), each with gpus, cpus and memory; placed all or nothing",
     )
     tasks_per_node: Int = Field(1, ge=1, le=1024, description="processes (ranks) per node (sbatch --ntasks-per-node)")
-    topology: TopologyAsk | None = Field(
-        None, description="{level, mode}: keep the GPUs (nvlink, pcie, socket) or nodes (block, rack, ...) close"
+    topology: Annotated[TopologyAsk | None, BeforeValidator(topology_text)] = Field(
+        None,
+        description="{level, mode} or LEVEL[:required]: keep the GPUs (nvlink, pcie, socket) or nodes (block, rack, "
+        "...) close",
     )
     cpus: Int = Field(1, ge=1, le=4096, description="CPUs per replica, or per node of a multi-node job")
     memory: Memory | None = Field(

@@ -234,4 +234,8 @@ def gang_domain_reason(
         )
     positions = dict(now)
     most = most_in_one(list(positions), positions, level)
-    return f"waiting for {n} nodes in one {level}: the most free in one {level} is {most}", False
+    return (
+        f"waiting for {n} nodes with {what} in one {level} of {cluster}: at most {most} in one {level} "
+        f"{'has' if most == 1 else 'have'} them now",
+        False,
+    )

@@ -35,7 +35,9 @@ groups each node's GPUs (``nvswitch``: one NVLink island of all, PCIe switches o
 ``nvlink-pairs``: NVLink pairs, PCIe switches of four; ``pcie``: no NVLink, PCIe switches
 of four; a CPU socket per half), and the network level ``block`` places the nodes:
 ``block: b1`` puts them all in block b1, ``blocks: 8`` spreads them in order over blocks
-b1 to b8 (entries that name the same blocks share them). The simulated cluster reports
+b1 to b8 (entries that name the same blocks share them); a node of an entry with neither,
+in a cluster where others have blocks, has no block (``gpush inventory drift``'s
+``network_level_missing``). The simulated cluster reports
 both on its units (``gpu_topology``, ``topology``) with the free GPUs of each node
 (``free_gpus``), and picks a job's GPUs as its placement names them, else as
 :func:`broker.core.topology.choose_gpus` would::
@@ -49,7 +51,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
@@ -360,6 +362,10 @@ def _expand(name: str, config: ClusterConfig, source: str) -> FleetCluster:
             for i, node_name in enumerate(_numbered(pool.name, pool.nodes)):
                 position = _position(pool, i, pool.nodes)
                 nodes.append(FleetNode(node_name, gpus, pool.cpus, pool.memory, pool.name, labels, topology, position))
+    if any(node.position for node in nodes):
+        # The cluster has blocks: a node left out of them has none (a drift finding), as a
+        # Kubernetes node without the level's label does.
+        nodes = [node if node.position else replace(node, position=(("block", None),)) for node in nodes]
     seen: set[str] = set()
     for node in nodes:
         if node.name in seen:

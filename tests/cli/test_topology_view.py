@@ -117,7 +117,7 @@ def test_a_gang_asking_for_one_block_gets_one_and_the_inventory_shows_blocks_and
     status = gpush("status", gang).out
     nodes = re.search(r"Where\s+slurm-a exclusive x8 (\S+)", status).group(1).split(",")
     assert len(nodes) == 3 and len({n.startswith("pcie-b") for n in nodes}) == 1  # all in b1 or all in b2
-    assert re.search(r"Topology\s+block, required \(wait for one block\)", status)
+    assert re.search(r"Topology\s+block, required \(waits until one block domain has room\)", status)
 
     held = gpush("status", too_big).out
     assert "needs 5 nodes with 8 A100-SXM4-80GBs in one block; the most in one block of slurm-a" in " ".join(
@@ -143,3 +143,16 @@ def test_a_bad_topology_ask_is_refused_and_stores_nothing(gpush, topology_fleet,
     assert result.code == 2, (result.out, result.err)
     assert "topology" in result.err
     assert gpush("list", "-o", "name").out.strip() == ""
+
+
+def test_gpush_status_says_the_topology_ask_in_words():
+    from broker.cli.console import _topology_rows
+
+    def said(level, mode):
+        return _topology_rows({"topology": {"level": level, "mode": mode}})[0][1]
+
+    assert said("nvlink", "required") == "nvlink, required (waits until one NVLink island has room)"
+    assert said("pcie", "preferred") == "pcie, preferred (as few PCIe switches as possible)"
+    assert said("block", "preferred") == "block, preferred (as few block domains as possible)"
+    assert said("rack", "required") == "rack, required (waits until one rack domain has room)"
+    assert _topology_rows({"topology": None}) == []

@@ -528,3 +528,22 @@ def test_a_label_key_far_too_long_is_refused_without_repeating_it():
 
     assert "[prefix/]name" in error.message
     assert len(error.message) < 2000
+
+
+# -- topology: the job file takes what --topology takes -------------------------------
+
+
+def test_topology_as_text_reads_as_the_cli_flag_does():
+    # `topology: block:required` in a job file, as `--topology block:required` on the CLI.
+    assert job(topology="block:required").topology.model_dump() == {"level": "block", "mode": "required"}
+    assert job(topology="nvlink").topology.model_dump() == {"level": "nvlink", "mode": "preferred"}
+    assert "'required' or 'preferred'" in str(refused(topology="block:maybe"))
+    for bad in (5, ["block"], True):
+        assert "such as block:required" in str(refused(topology=bad))
+
+
+def test_a_bad_topology_level_says_what_a_level_is():
+    for bad in ({"level": ""}, {"level": "a b"}, ":required"):
+        message = str(refused(topology=bad))
+        assert "nvlink, pcie or socket" in message and "gpush inventory --topology" in message, message
+        assert "should match pattern" not in message

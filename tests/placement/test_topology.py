@@ -213,7 +213,9 @@ def test_a_gang_that_requires_one_block_waits_saying_the_most_free_in_one():
     units = blocks({"a": 4, "b": 4}, busy={"a-1": 8, "b-1": 4})
     outcome = fit(view_of(*units), gpus=8, nodes=4, topology={"level": "block", "mode": "required"})
     assert isinstance(outcome, NoFit) and not outcome.never
-    assert outcome.reason == "waiting for 4 nodes in one block: the most free in one block is 3"
+    assert outcome.reason == (
+        "waiting for 4 nodes with 8 free A100-SXM4-80GBs in one block of slurm-a: at most 3 in one block have them now"
+    )
     # Preferred: over two blocks now.
     placed = fit(view_of(*units), gpus=8, nodes=4, topology={"level": "block", "mode": "preferred"}).placement
     assert len({n.split("-")[0] for n in placed.nodes}) == 2

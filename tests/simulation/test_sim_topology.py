@@ -124,3 +124,17 @@ def test_a_reloaded_simulated_cluster_keeps_the_gpus_its_running_jobs_were_named
     first.submit(1, spec(duration=600, gpus=2), named)
     again = SimulatedCluster("slurm-a", config, clock=clock)
     assert whole_units(again)["n-02"].free_gpus == (0, 1, 2, 3, 4, 5)
+
+
+def test_a_node_without_a_block_in_a_fleet_with_blocks_has_no_domain_there():
+    # As a Kubernetes node without the level's label, or a Slurm node that topology.conf
+    # leaves out: the level is the cluster's, the node has no domain at it (a drift finding).
+    fleet = load_fleet(
+        "clusters:\n  slurm-a:\n    flavor: slurm\n    nodes:\n"
+        "      - {name: a, count: 2, block: b1, gpus: [{model: A100-SXM4-80GB, count: 8}]}\n"
+        "      - {name: loose, gpus: [{model: A100-SXM4-80GB, count: 8}]}\n",
+        "fleet.yaml",
+    )
+    units = whole_units(SimulatedCluster.from_fleet(fleet, "slurm-a", clock=VirtualClock()))
+    assert units["loose"].topology == (("block", None),)
+    assert units["a-01"].topology == (("block", "b1"),)
