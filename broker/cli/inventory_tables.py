@@ -193,7 +193,13 @@ def topology_tables(inventory: dict[str, Any], *, width: int = 80) -> list[tuple
                 ]
             )
         title = f"{escape(c['name'])}: " + (
-            f"network levels {escape(' > '.join(levels))} (widest first)" if levels else "no network levels"
+            (
+                f"network levels {escape(' > '.join(levels))} (widest first)"
+                if len(levels) > 1
+                else f"network level {escape(levels[0])}"
+            )
+            if levels
+            else "no network levels"
         )
         columns = [
             Col("/".join(levels).upper() or "DOMAIN", min=6, give=3, least=4),

@@ -518,8 +518,8 @@ class CapacityView:
             return NoFit(f"{cluster} has no {gpu_model} GPUs offering {sharing.value}", never=True)
         of = f" of {shapes[0].model_name}" if model else ""
         ask = spec.topology
-        if ask is not None and ask.mode == "required" and ask.level not in GPU_LEVELS + tuple(group.levels):
-            return NoFit(unknown_level(ask.level, cluster, group.levels), never=True)
+        if ask is not None and ask.level not in GPU_LEVELS + tuple(group.levels):
+            return NoFit(unknown_level(ask.level, cluster, group.levels, ask.mode == "required"), never=True)
         if spec.nodes > 1:
             return self._fit_gang(spec, cluster, sharing, group, shapes, model, partition)
         if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG):

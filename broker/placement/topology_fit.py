@@ -206,13 +206,15 @@ def gpu_level_reason(level: str, units: int, cluster: str, now: int, ever: int) 
     return f"waiting for {units} GPUs in one {word} on {cluster}: the most free in one {group} is {now}", False
 
 
-def unknown_level(level: str, cluster: str, levels: list[str]) -> str:
-    """The held reason of a job that requires a level its cluster does not have."""
+def unknown_level(level: str, cluster: str, levels: list[str], required: bool = True) -> str:
+    """The held reason of a job that asks for a level its cluster does not have (required or
+    preferred alike: a level no node has is a mistake in the ask, as Kueue takes it)."""
     has = ", ".join([*GPU_LEVELS, *levels])
-    network = f"network levels {', '.join(levels)}" if levels else "no network levels"
+    plural = "s" * (len(levels) != 1)
+    network = f"network level{plural} {', '.join(levels)}" if levels else "no network levels"
     return (
-        f"requires topology level {level!r}, which {cluster} does not have: it has the GPU levels "
-        f"{', '.join(GPU_LEVELS)} and {network}; ask for one of {has}"
+        f"{'requires' if required else 'prefers'} topology level {level!r}, which {cluster} does not have: it "
+        f"has the GPU levels {', '.join(GPU_LEVELS)} and {network}; ask for one of {has}"
     )
 
 

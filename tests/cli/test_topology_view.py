@@ -71,7 +71,7 @@ def test_each_node_shows_its_domain_islands_and_source_at_80_columns():
     assert "(none)" in missing and "[yellow]" not in missing and "?" in missing
     lone = next(line for line in lines if "kube-01" in line)
     assert " none " in lone and "0-1" in lone
-    assert "slurm-a: network levels block (widest first)" in lines and "k8s-b: no network levels" in lines
+    assert "slurm-a: network level block" in lines and "k8s-b: no network levels" in lines
 
 
 def test_the_notes_count_idle_nodes_per_block():
@@ -131,7 +131,7 @@ def test_a_gang_asking_for_one_block_gets_one_and_the_inventory_shows_blocks_and
     assert inventory.code == 0
     lines = inventory.out.splitlines()
     assert all(len(line) <= 80 for line in lines)
-    assert "slurm-a: network levels block (widest first)" in lines
+    assert "slurm-a: network level block" in lines
     row = next(line for line in lines if line.split()[1:2] == ["pcie-01"])
     assert row.split()[:6] == ["b1", "pcie-01", "0-1", "2-3", "4-5", "6-7"]
     assert any(line.startswith("slurm-a block b1: 4 nodes") for line in lines)

@@ -168,12 +168,14 @@ def test_a_required_level_the_cluster_does_not_have_is_held_saying_which_it_has(
     assert held.never
     assert held.reason == (
         "requires topology level 'rack', which slurm-a does not have: it has the GPU levels nvlink, pcie, socket "
-        "and network levels block; ask for one of nvlink, pcie, socket, block"
+        "and network level block; ask for one of nvlink, pcie, socket, block"
     )
     # A level it has: one node is always in one block.
     assert isinstance(fit(view, gpus=1, topology={"level": "block", "mode": "required"}), Fit)
-    # Preferred, an unknown level is no reason to wait.
-    assert isinstance(fit(view, gpus=1, topology={"level": "rack", "mode": "preferred"}), Fit)
+    # Preferred alike: a level the cluster does not have is a mistake in the ask (a typo), held, not ignored.
+    preferred = fit(view, gpus=1, topology={"level": "nvlnk", "mode": "preferred"})
+    assert isinstance(preferred, NoFit) and preferred.never
+    assert preferred.reason.startswith("prefers topology level 'nvlnk', which slurm-a does not have")
 
 
 # -- gangs -------------------------------------------------------------------------------
