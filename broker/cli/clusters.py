@@ -215,10 +215,8 @@ def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bo
         out.note("no clusters and no agent reports: add a cluster (gpush cluster add) or run `gpush agent` on a node")
         return EXIT_OK
     if topology:
-        for title, table in inventory_tables.topology_tables(view, width=out.console.width):
-            out.print(title)
-            out.print(table)
-            out.line("")
+        for part in inventory_tables.topology_tables(view, width=out.console.width):
+            out.print(part)
         for note in inventory_tables.topology_notes(view):
             out.print(note)
         if not any(n.get("gpu_topology") or n.get("topology") for c in view["clusters"] for n in c["nodes"]):

@@ -206,6 +206,11 @@ class Col:
 
 def fitted_table(columns: list[Col], rows: list[list[str]], width: int) -> Table:
     """A borderless table of ``rows`` (rich markup) whose columns fit ``width``."""
+    return table_of(columns, fitted_widths(columns, rows, width), rows)
+
+
+def fitted_widths(columns: list[Col], rows: list[list[str]], width: int) -> list[int]:
+    """The widths of ``columns`` that fit ``rows`` into ``width`` (see :class:`Col`)."""
     natural = [max([len(c.header)] + [Text.from_markup(r[i]).cell_len for r in rows]) for i, c in enumerate(columns)]
     widths = [min(n, c.max) if c.max else n for n, c in zip(natural, columns, strict=True)]
     widths = [max(w, c.min, len(c.header) if not c.give else 0) for w, c in zip(widths, columns, strict=True)]
@@ -220,7 +225,12 @@ def fitted_table(columns: list[Col], rows: list[list[str]], width: int) -> Table
             if cut > 0:
                 widths[i] -= cut
                 over -= cut
-    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1))
+    return widths
+
+
+def table_of(columns: list[Col], widths: list[int], rows: list[list[str]], *, header: bool = True) -> Table:
+    """A borderless table of ``rows`` with these column ``widths`` (tables of one width line up)."""
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1), show_header=header)
     for c, w in zip(columns, widths, strict=True):
         table.add_column(c.header, width=w, no_wrap=True, overflow="ellipsis")
     for row in rows:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from rich.console import RenderableType
 from rich.markup import escape
 from rich.table import Table
 
-from broker.cli.console import Col, eq_text, fitted_table, gpu_ranges
+from broker.cli.console import Col, eq_text, fitted_table, fitted_widths, gpu_ranges, table_of
 
 
 def inventory_clusters_table(inventory: dict[str, Any], *, width: int = 80) -> Table:
@@ -169,22 +170,39 @@ def _domain_path(node: dict[str, Any]) -> str:
     )
 
 
-def topology_tables(inventory: dict[str, Any], *, width: int = 80) -> list[tuple[str, Table]]:
-    """Per cluster, a title (its network levels) and one row per node, by network domain: its
-    domain at each level (widest first, ``(none)`` where it has none), its NVLink islands,
-    PCIe switches and sockets (device indexes), where they were read, and its free
-    GPU-equivalents."""
-    out = []
+def _domain_heading(node: dict[str, Any]) -> str:
+    """``block b1, rack r3`` (``(none)`` where the node has no domain at a level)."""
+    return ", ".join(
+        f"{escape(d['level'])} " + (escape(d["domain"]) if d["domain"] is not None else "[yellow](none)[/]")
+        for d in node.get("topology") or []
+    )
+
+
+def topology_tables(inventory: dict[str, Any], *, width: int = 80) -> list[RenderableType]:
+    """Per cluster, a title (its network levels) and its nodes by network domain: a heading
+    line per domain (``block b1, rack r3``; ``(none)`` where a node has none) over its nodes,
+    with their NVLink islands, PCIe switches and sockets (device indexes), where they were
+    read, and their free GPU-equivalents. One column width for the cluster's tables, so they
+    line up; a domain heads its rows rather than filling a column, so long domain names leave
+    the islands their width."""
+    out: list[RenderableType] = []
+    columns = [
+        Col("NODE"),  # never cut: a reader types it in the next command
+        Col("NVLINK", min=6, give=4, least=4),
+        Col("PCIE", min=4, give=5, least=4),
+        Col("SOCKETS", min=4, give=5, least=4),
+        Col("FROM", min=4, give=6, least=4),
+        Col("FREE/ALL"),
+    ]
     for c in inventory["clusters"]:
-        rows: list[list[str]] = []
+        groups: dict[str, list[list[str]]] = {}
         levels: list[str] = []
         for n in sorted(c["nodes"], key=lambda n: (_domain_path(n), n["name"])):
             levels = levels or [d["level"] for d in n.get("topology") or []]
             topology = n.get("gpu_topology")
-            rows.append(
+            groups.setdefault(_domain_heading(n), []).append(
                 [
-                    _domain_path(n) or "[dim]-[/]",
-                    n["name"],
+                    ("  " if n.get("topology") else "") + n["name"],
                     _islands_text(topology),
                     _groups_text(topology["pcie"]) if topology and topology.get("pcie") else "[dim]?[/]",
                     _groups_text(topology["socket"]) if topology and topology.get("socket") else "[dim]?[/]",
@@ -192,25 +210,19 @@ def topology_tables(inventory: dict[str, Any], *, width: int = 80) -> list[tuple
                     f"{eq_text(n['free_gpu_equivalents'])}/{eq_text(n['capacity_gpu_equivalents'])}",
                 ]
             )
-        title = f"{escape(c['name'])}: " + (
-            (
-                f"network levels {escape(' > '.join(levels))} (widest first)"
-                if len(levels) > 1
-                else f"network level {escape(levels[0])}"
+        if len(levels) > 1:
+            out.append(f"{escape(c['name'])}: network levels {escape(' > '.join(levels))} (widest first)")
+        else:
+            out.append(
+                f"{escape(c['name'])}: " + (f"network level {escape(levels[0])}" if levels else "no network levels")
             )
-            if levels
-            else "no network levels"
-        )
-        columns = [
-            Col("/".join(levels).upper() or "DOMAIN", min=6, give=3, least=4),
-            Col("NODE"),  # never cut: a reader types it in the next command
-            Col("NVLINK", min=6, give=4, least=4),
-            Col("PCIE", min=4, give=5, least=4),
-            Col("SOCKETS", min=4, give=5, least=4),
-            Col("FROM", min=4, give=6, least=4),
-            Col("FREE/ALL"),
-        ]
-        out.append((title, fitted_table(columns, rows, width)))
+        widths = fitted_widths(columns, [row for rows in groups.values() for row in rows], width)
+        out.append(table_of(columns, widths, [], header=True))
+        for heading, rows in groups.items():
+            if heading:
+                out.append(f"[bold]{heading}[/]")
+            out.append(table_of(columns, widths, rows, header=False))
+        out.append("")
     return out
 
 

@@ -45,9 +45,8 @@ INVENTORY = {
 
 def rendered(width=80):
     console = Console(width=width, record=True, color_system=None)
-    for title, table in topology_tables(INVENTORY, width=width):
-        console.print(title)
-        console.print(table)
+    for part in topology_tables(INVENTORY, width=width):
+        console.print(part)
     for note in topology_notes(INVENTORY):
         console.print(note)
     return console.export_text()
@@ -64,11 +63,13 @@ def test_each_node_shows_its_domain_islands_and_source_at_80_columns():
     lines = text.splitlines()
     assert all(len(line) <= 80 for line in lines)
     row = next(line for line in lines if "gpu-node-long-01" in line)
-    assert "b1" in row and "0-1 2-3 4-5 6-7" in row and "nvml" in row and "8/8" in row
+    assert "0-1 2-3 4-5 6-7" in row and "nvml" in row and "8/8" in row
+    # Each node under its domain's heading row.
+    assert lines[lines.index(row) - 1].strip() == "block b1"
     dgx = next(line for line in lines if "gpu-node-long-17" in line)
     assert "0-7" in dgx and "gres.conf" in dgx and "0/8" in dgx
     missing = next(line for line in lines if "gpu-node-long-02" in line)
-    assert "(none)" in missing and "[yellow]" not in missing and "?" in missing
+    assert lines[lines.index(missing) - 1].strip() == "block (none)" and "?" in missing
     lone = next(line for line in lines if "kube-01" in line)
     assert " none " in lone and "0-1" in lone
     assert "slurm-a: network level block" in lines and "k8s-b: no network levels" in lines
@@ -132,8 +133,9 @@ def test_a_gang_asking_for_one_block_gets_one_and_the_inventory_shows_blocks_and
     lines = inventory.out.splitlines()
     assert all(len(line) <= 80 for line in lines)
     assert "slurm-a: network level block" in lines
-    row = next(line for line in lines if line.split()[1:2] == ["pcie-01"])
-    assert row.split()[:6] == ["b1", "pcie-01", "0-1", "2-3", "4-5", "6-7"]
+    row = next(line for line in lines if line.split()[:1] == ["pcie-01"])
+    assert row.split()[:5] == ["pcie-01", "0-1", "2-3", "4-5", "6-7"]
+    assert lines[lines.index(row) - 1].strip() == "block b1"
     assert any(line.startswith("slurm-a block b1: 4 nodes") for line in lines)
 
 
@@ -156,3 +158,29 @@ def test_gpush_status_says_the_topology_ask_in_words():
     assert said("block", "preferred") == "block, preferred (as few block domains as possible)"
     assert said("rack", "required") == "rack, required (waits until one rack domain has room)"
     assert _topology_rows({"topology": None}) == []
+
+
+def test_long_node_and_domain_names_leave_the_islands_whole_at_80_columns():
+    inventory = {
+        "clusters": [
+            {
+                "name": "gke-prod",
+                "nodes": [
+                    node(
+                        "gke-a3-highgpu-pool-7f3c9a1b-zzzz",
+                        [("block", "us-central1-a-blk-7"), ("subblock", "sb-3"), ("rack", "rack-17")],
+                        PAIRS,
+                        free=3.5,
+                    )
+                ],
+            }
+        ]
+    }
+    console = Console(width=80, record=True, color_system=None)
+    for part in topology_tables(inventory, width=80):
+        console.print(part)
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert "block us-central1-a-blk-7, subblock sb-3, rack rack-17" in lines
+    row = next(line for line in lines if "gke-a3-highgpu-pool-7f3c9a1b-zzzz" in line)
+    assert "0-1 2-3 4-5 6-7" in row and "3.5/8" in row
