@@ -138,6 +138,17 @@ def test_reports_need_a_token(http, clock):
         (lambda r: r["gpus"][1].update(index="one"), "gpus.1.index", "integer"),
         (lambda r: r.update(collected_at="yesterday"), "collected_at", "datetime"),
         (lambda r: r["gpus"][0]["mig_instances"][0].pop("profile"), "gpus.0.mig_instances.0.profile", "required"),
+        # its topology (issue 35)
+        (lambda r: r["topology"].update(nvlink=[[0, 1], [1]]), "topology", "more than one group"),
+        (lambda r: r["topology"].update(socket=[[0, 99]]), "topology.socket.0.1", "less than 64"),
+        (lambda r: r["topology"].update(pcie=[[0]] * 65), "topology.pcie", "at most 64"),
+        (lambda r: r["topology"].update(source="gres.conf"), "topology.source", "'nvml'"),
+        (lambda r: r["gpus"][0].update(cpu_affinity="0-3;reboot"), "gpus.0.cpu_affinity", "pattern"),
+        (lambda r: r["gpus"][0].update(cpu_affinity="0," * 600), "gpus.0.cpu_affinity", "at most 1024"),
+        (lambda r: r["gpus"][0].update(numa_node=-1), "gpus.0.numa_node", "greater than or equal to 0"),
+        (lambda r: r["gpus"][0]["nvlinks"][0].update(links=0), "gpus.0.nvlinks.0.links", "greater than or equal"),
+        (lambda r: r["gpus"][0]["nvlinks"][0].update(kind="cable"), "gpus.0.nvlinks.0.kind", "'gpu'"),
+        (lambda r: r["gpus"][0].update(nvlinks=r["gpus"][0]["nvlinks"] * 40), "gpus.0.nvlinks", "at most 36"),
     ],
 )
 def test_a_malformed_report_is_refused_with_the_field_and_nothing_is_stored(
