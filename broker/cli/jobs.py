@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from broker.cli import console
+from broker.cli import console, job_detail
 from broker.cli.console import Output
 from broker.cli.settings import CONTEXT, Settings, format_option, json_option, output
 from broker.core.errors import EXIT_ERROR, EXIT_OK, Conflict, GpushError, InvalidRequest
@@ -47,7 +47,7 @@ def status(client: GpushClient, out: Output, job_id: int, *, watch: float | None
 
     def view() -> Any:
         job = latest[0] = client.get(job_id)
-        parts: list[Any] = [console.job_detail(job, output=_output_location(client, job))]
+        parts: list[Any] = [job_detail.job_detail(job, output=_output_location(client, job))]
         events = client.events(job_id)
         if events:
             parts += ["", console.events_table(events[-5:], width=out.console.width)]

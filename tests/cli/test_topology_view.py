@@ -148,16 +148,16 @@ def test_a_bad_topology_ask_is_refused_and_stores_nothing(gpush, topology_fleet,
 
 
 def test_gpush_status_says_the_topology_ask_in_words():
-    from broker.cli.console import _topology_rows
+    from broker.cli.job_detail import topology_rows
 
     def said(level, mode):
-        return _topology_rows({"topology": {"level": level, "mode": mode}})[0][1]
+        return topology_rows({"topology": {"level": level, "mode": mode}})[0][1]
 
     assert said("nvlink", "required") == "nvlink, required (waits until one NVLink island has room)"
     assert said("pcie", "preferred") == "pcie, preferred (as few PCIe switches as possible)"
     assert said("block", "preferred") == "block, preferred (as few block domains as possible)"
     assert said("rack", "required") == "rack, required (waits until one rack domain has room)"
-    assert _topology_rows({"topology": None}) == []
+    assert topology_rows({"topology": None}) == []
 
 
 def test_long_node_and_domain_names_leave_the_islands_whole_at_80_columns():

@@ -109,12 +109,12 @@ def test_list_shows_the_shape_and_status_every_node_with_its_ranks(gpush):
 
 
 def test_one_task_per_node_reads_as_one_rank_and_the_placement_event_names_every_node():
-    from broker.cli.console import _nodes_rows
+    from broker.cli.job_detail import nodes_rows
     from broker.core.adapter import Placement, Sharing
     from broker.core.job_shape import GangOut, gang
     from broker.scheduling.submission import describe
 
-    rows = dict(_nodes_rows(GangOut(**gang({"nodes": 2, "tasks_per_node": 1}, {"nodes": ["gpu-01", "gpu-02"]}))))
+    rows = dict(nodes_rows(GangOut(**gang({"nodes": 2, "tasks_per_node": 1}, {"nodes": ["gpu-01", "gpu-02"]}))))
     assert rows["Nodes"] == "2, 1 task (rank) per node, 2 ranks in all"
     gang = Placement(
         cluster="slurm-a",
