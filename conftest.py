@@ -43,7 +43,7 @@ def _isolated_environment(tmp_path_factory, monkeypatch):
     for name in ("GPUSH_URL", "GPUSH_TOKEN", "GPUSH_DATABASE_URL", "COLUMNS", "LINES"):
         monkeypatch.delenv(name, raising=False)
     # Commands run the API in the test's process unless a test asks for the local server
-    # (tests/cli/test_local_server.py), so no test leaves a server behind.
+    # (integration/test_local_server.py), so no test leaves a server behind.
     monkeypatch.setenv("GPUSH_LOCAL_SERVER", "0")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 WHOLE = "rules:\n  - name: whole\n    match: {}\n    route: {cluster: slurm-a, sharing: slurm/exclusive}\n"
 GPUSH = [sys.executable, "-c", "import sys; from broker.cli.main import main; main(sys.argv[1:])"]
 
