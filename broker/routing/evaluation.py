@@ -87,6 +87,8 @@ def _job_facts(spec: JobSpec, tenant: str | None) -> dict[str, Any]:
         "isolation": isolation.value,
         "gpus": spec.gpus,
         "gpu_memory_gb": spec.gpu_memory_gb,
+        "nodes": spec.nodes,
+        "topology": spec.topology.model_dump() if spec.topology else None,
         "tenant": tenant or spec.tenant,
         "labels": dict(spec.labels),
     }
@@ -96,6 +98,10 @@ def _job_text(job: Mapping[str, Any]) -> str:
     parts = [f"kind={job['kind']}", f"isolation={job['isolation']}", f"gpus={job['gpus']}"]
     if job.get("gpu_memory_gb") is not None:
         parts.append(f"gpu_memory_gb={number_text(job['gpu_memory_gb'])}")
+    if (job.get("nodes") or 1) > 1:
+        parts.append(f"nodes={job['nodes']}")
+    if topology := job.get("topology"):
+        parts.append(f"topology={topology['level']}:{topology.get('mode', 'preferred')}")
     if job.get("tenant"):
         parts.append(f"tenant={job['tenant']}")
     parts += [f"label {k}={v}" for k, v in sorted(job.get("labels", {}).items())]

@@ -228,6 +228,17 @@ def test_explain_shows_every_rule_tried_and_why() -> None:
     assert "route: slurm-a slurm/mig" in routed.explain()
 
 
+def test_explain_says_a_multi_node_jobs_nodes_and_topology_ask() -> None:
+    rules = policy(rule("training", "slurm-a slurm/exclusive", kind="training"))
+    gang = job(kind="training", gpus=8, nodes=4, topology={"level": "block", "mode": "required"})
+    assert (
+        evaluate(rules, gang, None)
+        .explain()
+        .startswith("job: kind=training isolation=exclusive gpus=8 nodes=4 topology=block:required")
+    )
+    assert "nodes=" not in evaluate(rules, job(kind="training"), None).explain().splitlines()[0]
+
+
 @pytest.mark.parametrize(
     ("gpu_memory_gb", "matched"), [(3.9, False), (4, True), (12.5, True), (20, True), (20.5, False)]
 )
