@@ -112,6 +112,7 @@ from broker.placement.topology_fit import (
     closest,
     gang_domain_reason,
     gpu_level_reason,
+    gpu_level_unkept,
     initial_free_gpus,
     most_in_group,
     rank_of,
@@ -520,6 +521,10 @@ class CapacityView:
         ask = spec.topology
         if ask is not None and ask.level not in GPU_LEVELS + tuple(group.levels):
             return NoFit(unknown_level(ask.level, cluster, group.levels, ask.mode == "required"), never=True)
+        if ask is not None and ask.mode == "required" and ask.level in GPU_LEVELS and spec.gpus > 1:
+            unkept = gpu_level_unkept(ask.level, spec.gpus, cluster, sharing.value, replicas_of(spec))
+            if unkept:
+                return NoFit(unkept, never=True)
         if spec.nodes > 1:
             return self._fit_gang(spec, cluster, sharing, group, shapes, model, partition)
         if sharing in (Sharing.SLURM_MIG, Sharing.K8S_MIG):

@@ -218,6 +218,24 @@ def unknown_level(level: str, cluster: str, levels: list[str], required: bool = 
     )
 
 
+def gpu_level_unkept(level: str, units: int, cluster: str, sharing: str, replicas: int) -> str | None:
+    """The held reason of a job that requires its GPUs in one group of a GPU ``level`` where
+    gpush does not keep it: only whole GPUs of one replica (a gang's ranks each) are placed by
+    island, switch or socket; None where it does."""
+    word = GPU_LEVEL_WORDS[level]
+    if sharing not in ("slurm/exclusive", "k8s/exclusive"):
+        return (
+            f"requires its {units} GPUs in one {word}, which gpush keeps for whole GPUs, not for {sharing} on "
+            f"{cluster}; ask for isolation exclusive, or for topology {level}:preferred"
+        )
+    if replicas > 1:
+        return (
+            f"requires each of its {replicas} replicas' GPUs in one {word}, which gpush keeps only for a job of "
+            f"one replica; ask for topology {level}:preferred, or for one replica"
+        )
+    return None
+
+
 # -- gangs ---------------------------------------------------------------------------
 
 

@@ -306,3 +306,24 @@ def test_preemption_for_a_gang_that_requires_one_block_frees_nodes_of_one_block(
 def test_a_placed_gang_in_one_block_through_the_decision():
     outcome = decide(view_of(*blocks({"a": 3, "b": 4})), Job(gpus=8, nodes=4))
     assert isinstance(outcome, Placed) and outcome.placement.nodes[0] == "b-1"
+
+
+def test_a_required_gpu_level_where_gpush_does_not_keep_it_is_held_not_ignored():
+    # MIG slices: gpush places them by profile, not by island.
+    mig = CapacityUnit(
+        "slurm-a", "m", Sharing.SLURM_MIG, A100, 10.0, 7, 0, 1 / 7, mig_profile="1g.10gb", gpus=(0,),
+        gpu_topology=PAIRS,
+    )  # fmt: skip
+    view = CapacityView.build({"slurm-a": [mig]})
+    spec = Job(gpus=2, isolation="hardware", gpu_memory_gb=10, topology={"level": "nvlink", "mode": "required"}).spec
+    held = view.fit(spec, "slurm-a", Sharing.SLURM_MIG)
+    assert isinstance(held, NoFit) and held.never
+    assert held.reason.startswith("requires its 2 GPUs in one NVLink island, which gpush keeps for whole GPUs, not")
+    # Elastic replicas of whole GPUs: each replica's GPUs are not kept on one island.
+    elastic = fit(
+        view_of(node("a")), kind="inference", isolation="exclusive", gpus=2, elastic={"min_replicas": 2,
+        "max_replicas": 4}, image="serve", topology="nvlink:required",
+    )  # fmt: skip
+    assert isinstance(elastic, NoFit) and elastic.never and "each of its 2 replicas" in elastic.reason
+    # Preferred, or one GPU (always within one island): placed.
+    assert isinstance(view.fit(spec.model_copy(update={"topology": None}), "slurm-a", Sharing.SLURM_MIG), Fit)
