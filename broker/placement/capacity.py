@@ -72,13 +72,14 @@ scan. Every change of a slot's free units goes through the view, which keeps tha
 order. The index, and FGD's bounded search over it (:func:`~broker.placement.slots.fgd_gpu`),
 are :mod:`broker.placement.slots`.
 
-This module is one piece of about 800 lines on purpose: :class:`CapacityView` is one
+This module is one piece of about 1,100 lines on purpose: :class:`CapacityView` is one
 invariant (every change of free units goes through it, so the index, the replicas it
 spread and the memory guard stay in step), and its per-mode fits (whole GPUs, MIG, MPS,
 time-slicing) take, refund and record through that one state; split across modules,
 the invariant would be too. What does not touch that state lives elsewhere: the index
 and FGD's search over it in :mod:`broker.placement.slots`, the measure in
-:mod:`broker.placement.fgd`.
+:mod:`broker.placement.fgd`, the topology rules and their words in
+:mod:`broker.placement.topology_fit`.
 """
 
 from __future__ import annotations
