@@ -222,7 +222,8 @@ def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bo
         if not any(n.get("gpu_topology") or n.get("topology") for c in view["clusters"] for n in c["nodes"]):
             out.note(
                 "no topology known: run `gpush agent` on the nodes (NVML), give Slurm a topology.conf and "
-                "gres.conf Links=, or name a Kubernetes cluster's topology_levels"
+                "gres.conf Links=, name a Kubernetes cluster's topology_levels, or give a simulated fleet's "
+                "nodes gpu_topology: and block:"
             )
         return EXIT_OK
     out.print(inventory_tables.inventory_clusters_table(view, width=out.console.width))
@@ -238,7 +239,7 @@ def inventory(client: GpushClient, out: Output, *, cluster: str | None, gpus: bo
 
 
 @inventory_group.command("drift", context_settings=CONTEXT)
-@click.option("--cluster", help="Only this cluster.")
+@click.option("-M", "--cluster", help="Only this cluster.")
 @click.option(
     "--severity",
     type=click.Choice(SEVERITIES),

@@ -718,8 +718,12 @@ def network_level_missing(ctx: HostContext) -> Iterator[Finding]:
             WARNING,
             entry.cluster.name,
             node,
-            f"{node} has no {' and no '.join(missing)} in {entry.cluster.name}'s network topology "
-            f"({position_words(position)})",
+            f"{node} has no {' and no '.join(missing)} in {entry.cluster.name}'s network topology"
+            + (
+                f" (it has {known})"
+                if (known := position_words(tuple(p for p in position if p[1] is not None)))
+                else ""
+            ),
             "placement counts it as a domain of its own: jobs that require their nodes in one domain of that "
             "level never get it, jobs that prefer it take it last",
             "; ".join(network_level_fix(kind, node, level, position) for level in missing),

@@ -184,3 +184,17 @@ def test_long_node_and_domain_names_leave_the_islands_whole_at_80_columns():
     assert "block us-central1-a-blk-7, subblock sb-3, rack rack-17" in lines
     row = next(line for line in lines if "gke-a3-highgpu-pool-7f3c9a1b-zzzz" in line)
     assert "0-1 2-3 4-5 6-7" in row and "3.5/8" in row
+
+
+def test_drift_names_a_node_with_no_block_in_a_cluster_with_blocks_and_takes_dash_m(gpush, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    fleet = ROOT / "examples" / "fleet.yaml"  # gpu-01, gpu-02 in block b1; mig-01, mps-01 in none
+    for name in ("slurm-a", "k8s-a"):
+        assert gpush("cluster", "add", name, "--kind", "sim", "--fleet", fleet).code == 0
+    slurm = gpush("inventory", "drift", "-M", "slurm-a", "--severity", "warning")
+    assert slurm.code == 0, slurm.err
+    text = " ".join(slurm.out.split())
+    assert "slurm-a/mps-01 (network_level_missing) mps-01 has no block in slurm-a's network topology why:" in text
+    assert "fix: give mps-01 a block in the simulated cluster's fleet file" in text
+    assert "gpu-01" not in text  # it has its block
+    assert "block" not in " ".join(gpush("inventory", "drift", "-M", "k8s-a").out.split())

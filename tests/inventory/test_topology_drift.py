@@ -171,7 +171,7 @@ def test_a_slurm_node_outside_the_tree_gets_the_topology_conf_line():
     inventory = run(slurm([unit]))
     (finding,) = of_kind(inventory, "network_level_missing")
     assert (finding.severity, finding.node, finding.breaks) == ("warning", "gpu07", ())
-    assert finding.what == "gpu07 has no switch2 in slurm-a's network topology (switch2 (none), switch s1)"
+    assert finding.what == "gpu07 has no switch2 in slurm-a's network topology (it has switch s1)"
     assert "`SwitchName=<switch2 switch> Switches=<its switches>,s1`" in finding.fix
     assert "scontrol reconfigure" in finding.fix
     assert inventory.units("slurm-a")[0].broken is None
