@@ -186,9 +186,17 @@ def test_long_node_and_domain_names_leave_the_islands_whole_at_80_columns():
     assert "0-1 2-3 4-5 6-7" in row and "3.5/8" in row
 
 
-def test_drift_names_a_node_with_no_block_in_a_cluster_with_blocks_and_takes_dash_m(gpush, monkeypatch):
+def test_drift_names_a_node_with_no_block_in_a_cluster_with_blocks_and_takes_dash_m(gpush, monkeypatch, tmp_path):
     monkeypatch.setenv("COLUMNS", "200")
-    fleet = ROOT / "examples" / "fleet.yaml"  # gpu-01, gpu-02 in block b1; mig-01, mps-01 in none
+    # The demo fleet with gpu-01 and gpu-02 in block b1: mig-01 and mps-01 are in none.
+    demo = (ROOT / "examples" / "fleet.yaml").read_text()
+    assert "        count: 2\n        cpus: 128\n" in demo
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        demo.replace(
+            "        count: 2\n        cpus: 128\n", "        count: 2\n        block: b1\n        cpus: 128\n"
+        )
+    )
     for name in ("slurm-a", "k8s-a"):
         assert gpush("cluster", "add", name, "--kind", "sim", "--fleet", fleet).code == 0
     slurm = gpush("inventory", "drift", "-M", "slurm-a", "--severity", "warning")
