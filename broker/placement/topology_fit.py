@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable
+from functools import lru_cache
 
 from broker.core.adapter import CapacityUnit, Sharing
 from broker.core.topology import GPU_LEVEL_WORDS, GPU_LEVELS, GpuTopology, choose_gpus, most_in_one
@@ -96,7 +97,8 @@ def return_gpus(slot: Slot, units: int, named: Iterable[int] = ()) -> None:
     free = slot.free_gpus
     if free is None:
         return
-    busy = [g for g in slot.unit.gpus if g not in set(free)]
+    free_set = set(free)
+    busy = [g for g in slot.unit.gpus if g not in free_set]
     named = tuple(named)
     back = [g for g in named if g in busy] if named else busy[:units]
     slot.free_gpus = tuple(sorted({*free, *back}))
@@ -114,22 +116,12 @@ def strip_topology(units: Iterable[CapacityUnit]) -> list[CapacityUnit]:
 # -- one node ------------------------------------------------------------------------
 
 
-# (topology, free GPUs, count) -> (rank, GPUs): nodes of one kind repeat few free sets, so a
-# cycle's fits mostly find theirs here (cleared when it grows past CHOSEN_MAX).
-_chosen: dict[tuple, tuple[int, tuple[int, ...] | None]] = {}
-CHOSEN_MAX = 65_536
-
-
+# Nodes of one kind repeat few free sets, so a cycle's fits mostly find theirs cached.
+@lru_cache(maxsize=65_536)
 def _choose(topology: GpuTopology | None, free: tuple[int, ...], units: int) -> tuple[int, tuple[int, ...] | None]:
-    key = (topology, free, units)
-    found = _chosen.get(key)
-    if found is None:
-        gpus = choose_gpus(topology, free, units)
-        rank = UNKNOWN if gpus is None or topology is None else topology.closeness(gpus)
-        if len(_chosen) >= CHOSEN_MAX:
-            _chosen.clear()
-        found = _chosen[key] = (rank, gpus)
-    return found
+    """(closeness rank, the GPUs choose_gpus picks) of ``units`` of ``free``."""
+    gpus = choose_gpus(topology, free, units)
+    return (UNKNOWN if gpus is None or topology is None else topology.closeness(gpus)), gpus
 
 
 def rank_of(slot: Slot, units: int) -> tuple[int, tuple[int, ...] | None]:
